@@ -1,0 +1,92 @@
+package datastore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+// GetJSON reads key and decodes it into out, returning its ModRevision.
+func (s *Store) GetJSON(ctx context.Context, key string, out any) (int64, error) {
+	kv, err := s.Get(ctx, key)
+	if err != nil {
+		return 0, err
+	}
+	if err := json.Unmarshal(kv.Value, out); err != nil {
+		return 0, fmt.Errorf("decoding %s: %w", key, err)
+	}
+	return kv.ModRevision, nil
+}
+
+// MustJSON encodes records that are plain structs; they cannot fail to
+// marshal, so a failure is a programming error worth surfacing loudly.
+func MustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("datastore: encoding %T: %v", v, err))
+	}
+	return b
+}
+
+// Key layout. Keys are relative to the store prefix.
+const (
+	NetworksPrefix  = "networks/"
+	EndpointsPrefix = "endpoints/"
+	NodesPrefix     = "nodes/"
+	BGPPeersPrefix  = "bgp/peers/"
+)
+
+// NetworkKey is the record of one Docker network.
+func NetworkKey(networkID string) string { return NetworksPrefix + networkID }
+
+// EndpointKey is the record of one workload endpoint on a node.
+func EndpointKey(node, endpointID string) string { return EndpointsPrefix + node + "/" + endpointID }
+
+// NodeKey is the record of one host.
+func NodeKey(node string) string { return NodesPrefix + node }
+
+// Network is a Docker network served by the calico driver.
+type Network struct {
+	ID       string            `json:"id"`
+	Name     string            `json:"name,omitempty"`
+	Pools    []string          `json:"pools,omitempty"` // the calico pools (CIDRs) its subnets belong to
+	Subnets  []string          `json:"subnets,omitempty"`
+	Gateways []string          `json:"gateways,omitempty"`
+	IPv6     bool              `json:"ipv6,omitempty"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Options  map[string]string `json:"options,omitempty"`
+}
+
+// Endpoint is one container interface on one node.
+type Endpoint struct {
+	ID         string   `json:"id"`
+	Network    string   `json:"network"`
+	Node       string   `json:"node"`
+	IPv4       string   `json:"ipv4,omitempty"` // CIDR, /32
+	IPv6       string   `json:"ipv6,omitempty"` // CIDR, /128
+	MAC        string   `json:"mac"`
+	HostIfName string   `json:"hostIfName"`
+	Container  string   `json:"container,omitempty"` // sandbox key, set at Join
+	Joined     bool     `json:"joined,omitempty"`
+	Labels     []string `json:"labels,omitempty"`
+}
+
+// Node is one host running the daemon.
+type Node struct {
+	Name           string `json:"name"`
+	IPv4           string `json:"ipv4,omitempty"` // BGP address
+	ASN            uint32 `json:"asn,omitempty"`
+	RouteReflector bool   `json:"routeReflector,omitempty"`
+	ClusterID      string `json:"clusterID,omitempty"`
+}
+
+// EndpointNodeAndID splits an endpoint key into node and endpoint id.
+func EndpointNodeAndID(key string) (node, id string, ok bool) {
+	rest, found := strings.CutPrefix(key, EndpointsPrefix)
+	if !found {
+		return "", "", false
+	}
+	node, id, ok = strings.Cut(rest, "/")
+	return node, id, ok && node != "" && id != ""
+}
