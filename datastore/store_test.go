@@ -154,4 +154,3 @@ func TestTLSFilesWithPlainEndpointRejected(t *testing.T) {
 		t.Fatal("want an error for TLS files with missing CA")
 	}
 }
-
