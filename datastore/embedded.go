@@ -42,7 +42,10 @@ func startEmbedded(ctx context.Context, cfg Config, log logrus.FieldLogger) (*em
 	ec.ListenPeerUrls = []url.URL{*peerURL}
 	ec.AdvertisePeerUrls = []url.URL{*peerURL}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
-	ec.LogLevel = "error"
+	ec.LogLevel = cfg.EmbeddedLogLevel
+	if ec.LogLevel == "" {
+		ec.LogLevel = "error"
+	}
 	ec.Logger = "zap"
 	ec.LogOutputs = []string{"stderr"}
 	// Restarting on an existing data dir must rejoin, not bootstrap anew.

@@ -61,6 +61,9 @@ type Config struct {
 	EmbeddedName      string
 	EmbeddedClientURL string
 	EmbeddedPeerURL   string
+	// EmbeddedLogLevel is the embedded member's own (zap) log level;
+	// default "error".
+	EmbeddedLogLevel string
 }
 
 func (c *Config) setDefaults() {
@@ -292,8 +295,17 @@ func Check(key string, rev int64) Op { return Op{kind: opCheck, key: key, rev: r
 
 // Txn applies all ops atomically, or none when any guard fails (ErrConflict).
 func (s *Store) Txn(ctx context.Context, ops ...Op) error {
+	_, err := s.TxnRev(ctx, ops...)
+	return err
+}
+
+// TxnRev is Txn that also returns the store revision the transaction
+// committed at, which is the new ModRevision of every key it wrote. Callers
+// that keep a record cached (IPAM's affine blocks) use it to guard their next
+// write without reading the record back. 0 when ops is empty.
+func (s *Store) TxnRev(ctx context.Context, ops ...Op) (int64, error) {
 	if len(ops) == 0 {
-		return nil
+		return 0, nil
 	}
 	var cmps []clientv3.Cmp
 	var thens []clientv3.Op
@@ -326,16 +338,16 @@ func (s *Store) Txn(ctx context.Context, ops ...Op) error {
 	s.txns.Add(1)
 	resp, err := s.client.Txn(ctx).If(cmps...).Then(thens...).Commit()
 	if err != nil {
-		return s.wrap(err)
+		return 0, s.wrap(err)
 	}
 	if !resp.Succeeded {
 		keys := make([]string, 0, len(ops))
 		for _, op := range ops {
 			keys = append(keys, op.key)
 		}
-		return fmt.Errorf("%w on %s", ErrConflict, strings.Join(keys, ", "))
+		return 0, fmt.Errorf("%w on %s", ErrConflict, strings.Join(keys, ", "))
 	}
-	return nil
+	return resp.Header.Revision, nil
 }
 
 // DefaultRetries bounds optimistic-concurrency retries; with a handful of

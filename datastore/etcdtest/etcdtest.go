@@ -41,6 +41,8 @@ func Start(t testing.TB) *Member {
 		EmbeddedClientURL: fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)),
 		EmbeddedPeerURL:   fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)),
 		RequestTimeout:    10 * time.Second,
+		// Shutdown races in etcd log at error level; tests need none of it.
+		EmbeddedLogLevel: "fatal",
 	}
 	log := logrus.New()
 	log.SetLevel(logrus.WarnLevel)

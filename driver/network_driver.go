@@ -1,0 +1,586 @@
+package driver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/docker/go-plugins-helpers/network"
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/dataplane"
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/ipam"
+)
+
+// Docker's option keys in CreateNetwork.
+const (
+	optGeneric    = "com.docker.network.generic"
+	optEnableIPv6 = "com.docker.network.enable_ipv6"
+)
+
+// Scopes a driver can report (GetCapabilities).
+const (
+	ScopeLocal  = "local"
+	ScopeGlobal = "global"
+)
+
+// cleanupTimeout bounds undoing a half-done Join after its request failed.
+const cleanupTimeout = 30 * time.Second
+
+// Options tune the network driver.
+type Options struct {
+	// Scope reported to Docker: "local" (default) or "global".
+	Scope string
+	// MTU of the workload veths; 0 lets the dataplane choose (1500).
+	MTU int
+	// IPAM, when set, lets CreateNetwork record which calico pool holds each
+	// --subnet (Network.Pools). Without it Pools records the subnets.
+	IPAM IPAM
+}
+
+// NetworkDriver is the "calico" libnetwork network driver.
+type NetworkDriver struct {
+	store *datastore.Store
+	dp    Dataplane
+	ipam  IPAM
+	host  string
+	log   logrus.FieldLogger
+	scope string
+	mtu   int
+}
+
+// NewNetworkDriver records networks and endpoints in store and plumbs
+// endpoints on this host (host is the node name) through dp.
+func NewNetworkDriver(store *datastore.Store, dp Dataplane, host string, log logrus.FieldLogger, opts Options) *NetworkDriver {
+	if log == nil {
+		log = logrus.StandardLogger()
+	}
+	log = log.WithField("driver", "calico")
+	scope := opts.Scope
+	switch scope {
+	case ScopeLocal, ScopeGlobal:
+	case "":
+		scope = ScopeLocal
+	default:
+		log.Warnf("unknown driver scope %q: using %q", scope, ScopeLocal)
+		scope = ScopeLocal
+	}
+	return &NetworkDriver{store: store, dp: dp, ipam: opts.IPAM, host: host, log: log, scope: scope, mtu: opts.MTU}
+}
+
+// GetCapabilities reports the scope; connectivity has the same scope.
+func (d *NetworkDriver) GetCapabilities(ctx context.Context) (*network.CapabilitiesResponse, error) {
+	return &network.CapabilitiesResponse{Scope: d.scope, ConnectivityScope: d.scope}, nil
+}
+
+func ourAddressSpace(s string) bool {
+	return s == CalicoLocalAddressSpace || s == CalicoGlobalAddressSpace
+}
+
+// flattenOptions turns Docker's network options into strings: the generic
+// (-o key=value) options by their own keys, the others (e.g.
+// com.docker.network.enable_ipv6) by theirs.
+func flattenOptions(in map[string]interface{}) map[string]string {
+	out := map[string]string{}
+	for k, v := range in {
+		if k == optGeneric {
+			if m, ok := v.(map[string]interface{}); ok {
+				for gk, gv := range m {
+					out[gk] = optString(gv)
+				}
+				continue
+			}
+		}
+		out[k] = optString(v)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+func optString(v interface{}) string {
+	switch t := v.(type) {
+	case string:
+		return t
+	case nil:
+		return ""
+	case bool, float64, int:
+		return fmt.Sprint(t)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
+}
+
+// CreateNetwork records a network whose addresses come from calico-ipam.
+func (d *NetworkDriver) CreateNetwork(ctx context.Context, req *network.CreateNetworkRequest) error {
+	log := d.log.WithField("network", short(req.NetworkID))
+	if req.NetworkID == "" {
+		return userError("CreateNetwork without a network id", ErrInvalidRequest)
+	}
+	if len(req.IPv4Data) == 0 {
+		return userError(fmt.Sprintf("network %s has no IPv4 address pool: calico networks need IPv4 addresses from --ipam-driver calico-ipam", short(req.NetworkID)), ErrInvalidRequest)
+	}
+	nw := datastore.Network{ID: req.NetworkID, Options: flattenOptions(req.Options), IPv6: len(req.IPv6Data) > 0}
+	if b, ok := req.Options[optEnableIPv6].(bool); ok && b {
+		nw.IPv6 = true
+	}
+	seenPools := map[string]bool{}
+	for _, data := range append(append([]*network.IPAMData{}, req.IPv4Data...), req.IPv6Data...) {
+		if data == nil {
+			continue
+		}
+		if !ourAddressSpace(data.AddressSpace) {
+			return userError(fmt.Sprintf("network driver calico needs --ipam-driver calico-ipam (the network's addresses come from address space %q)", data.AddressSpace), ErrForeignIPAM)
+		}
+		_, subnet, err := net.ParseCIDR(data.Pool)
+		if err != nil {
+			return userError(fmt.Sprintf("network %s has an invalid address pool %q", short(req.NetworkID), data.Pool), ErrInvalidRequest, err)
+		}
+		nw.Subnets = append(nw.Subnets, subnet.String())
+		if data.Gateway != "" {
+			nw.Gateways = append(nw.Gateways, data.Gateway)
+		}
+		pool, err := d.poolOf(ctx, subnet)
+		if err != nil {
+			return err
+		}
+		if pool != "" && !seenPools[pool] {
+			seenPools[pool] = true
+			nw.Pools = append(nw.Pools, pool)
+		}
+	}
+
+	key := datastore.NetworkKey(req.NetworkID)
+	err := d.store.Retry(ctx, func(ctx context.Context) error {
+		var old datastore.Network
+		if _, err := d.store.GetJSON(ctx, key, &old); err == nil {
+			return userError(fmt.Sprintf("network %s already exists in the calico datastore", short(req.NetworkID)), ErrAlreadyExists)
+		} else if !errors.Is(err, datastore.ErrNotFound) {
+			return err
+		}
+		return d.store.Txn(ctx, datastore.Create(key, datastore.MustJSON(nw)))
+	})
+	if errors.Is(err, ErrAlreadyExists) {
+		return err
+	}
+	if err != nil {
+		return storeErr("recording network "+short(req.NetworkID), err)
+	}
+	log.WithFields(logrus.Fields{"subnets": nw.Subnets, "pools": nw.Pools}).Info("network created")
+	return nil
+}
+
+// poolOf is the calico pool holding subnet ("" for the any-pool network).
+func (d *NetworkDriver) poolOf(ctx context.Context, subnet *net.IPNet) (string, error) {
+	if ones, _ := subnet.Mask.Size(); ones == 0 {
+		return "", nil // 0.0.0.0/0: any enabled pool
+	}
+	if d.ipam == nil {
+		return subnet.String(), nil
+	}
+	p, err := d.ipam.FindPool(ctx, subnet)
+	if errors.Is(err, ipam.ErrPoolNotFound) {
+		return "", userError(fmt.Sprintf("subnet %s is not inside any calico pool (was the pool deleted?)", subnet), err)
+	}
+	if err != nil {
+		return "", storeErr("looking up the calico pool of subnet "+subnet.String(), err)
+	}
+	return p.CIDR, nil
+}
+
+// DeleteNetwork forgets a network. Docker may retry, so an unknown network is
+// fine.
+func (d *NetworkDriver) DeleteNetwork(ctx context.Context, req *network.DeleteNetworkRequest) error {
+	log := d.log.WithField("network", short(req.NetworkID))
+	if req.NetworkID == "" {
+		return userError("DeleteNetwork without a network id", ErrInvalidRequest)
+	}
+	key := datastore.NetworkKey(req.NetworkID)
+	found := true
+	err := d.store.Retry(ctx, func(ctx context.Context) error {
+		kv, err := d.store.Get(ctx, key)
+		if errors.Is(err, datastore.ErrNotFound) {
+			found = false
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return d.store.Txn(ctx, datastore.Delete(key, kv.ModRevision))
+	})
+	if err != nil {
+		return storeErr("deleting network "+short(req.NetworkID), err)
+	}
+	if !found {
+		log.Debug("DeleteNetwork of a network not in the datastore: nothing to do")
+		return nil
+	}
+	log.Info("network deleted")
+	return nil
+}
+
+// AllocateNetwork is the swarm manager's call for global-scope networks.
+func (d *NetworkDriver) AllocateNetwork(ctx context.Context, req *network.AllocateNetworkRequest) (*network.AllocateNetworkResponse, error) {
+	return nil, userError("calico-cnm does not support swarm network allocation yet: create the network on each host with --scope local", ErrNotSupported)
+}
+
+// FreeNetwork is the swarm manager's counterpart of AllocateNetwork.
+func (d *NetworkDriver) FreeNetwork(ctx context.Context, req *network.FreeNetworkRequest) error {
+	return userError("calico-cnm does not support swarm network allocation yet", ErrNotSupported)
+}
+
+// endpointAddrs parses the addresses Docker got from calico-ipam; whatever
+// mask Docker sends, the endpoint gets a /32 (/128).
+func endpointAddrs(iface *network.EndpointInterface, endpointID string) (v4, v6 *net.IPNet, err error) {
+	if iface == nil || (iface.Address == "" && iface.AddressIPv6 == "") {
+		return nil, nil, userError(fmt.Sprintf("endpoint %s has no IP address: calico networks need addresses from --ipam-driver calico-ipam", short(endpointID)), ErrInvalidRequest)
+	}
+	if iface.Address != "" {
+		ip, _, err := net.ParseCIDR(iface.Address)
+		if err != nil || !isIPv4(ip) {
+			return nil, nil, userError(fmt.Sprintf("endpoint %s has an invalid IPv4 address %q", short(endpointID), iface.Address), ErrInvalidRequest, err)
+		}
+		n := hostNet(ip)
+		v4 = &n
+	}
+	if iface.AddressIPv6 != "" {
+		ip, _, err := net.ParseCIDR(iface.AddressIPv6)
+		if err != nil || isIPv4(ip) {
+			return nil, nil, userError(fmt.Sprintf("endpoint %s has an invalid IPv6 address %q", short(endpointID), iface.AddressIPv6), ErrInvalidRequest, err)
+		}
+		n := hostNet(ip)
+		v6 = &n
+	}
+	return v4, v6, nil
+}
+
+// CreateEndpoint records an endpoint of a calico network on this host. The
+// veth only comes at Join. The reply carries the fixed MAC unless Docker
+// chose one, and never the addresses (Docker set them: echoing them back
+// makes Docker roll back).
+func (d *NetworkDriver) CreateEndpoint(ctx context.Context, req *network.CreateEndpointRequest) (*network.CreateEndpointResponse, error) {
+	log := d.log.WithFields(logrus.Fields{"network": short(req.NetworkID), "endpoint": short(req.EndpointID)})
+	if req.NetworkID == "" || req.EndpointID == "" {
+		return nil, userError("CreateEndpoint needs a network id and an endpoint id", ErrInvalidRequest)
+	}
+	v4, v6, err := endpointAddrs(req.Interface, req.EndpointID)
+	if err != nil {
+		return nil, err
+	}
+	mac := FixedMAC
+	dockerMAC := req.Interface.MacAddress != ""
+	if dockerMAC {
+		hw, err := net.ParseMAC(req.Interface.MacAddress)
+		if err != nil {
+			return nil, userError(fmt.Sprintf("endpoint %s has an invalid MAC address %q", short(req.EndpointID), req.Interface.MacAddress), ErrInvalidRequest, err)
+		}
+		mac = hw.String()
+	}
+	ep := datastore.Endpoint{
+		ID:         req.EndpointID,
+		Network:    req.NetworkID,
+		Node:       d.host,
+		MAC:        mac,
+		HostIfName: dataplane.HostIfName(req.EndpointID),
+	}
+	if v4 != nil {
+		ep.IPv4 = v4.String()
+		log = log.WithField("ip", v4.IP.String())
+	}
+	if v6 != nil {
+		ep.IPv6 = v6.String()
+		log = log.WithField("ipv6", v6.IP.String())
+	}
+
+	netKey := datastore.NetworkKey(req.NetworkID)
+	epKey := datastore.EndpointKey(d.host, req.EndpointID)
+	err = d.store.Retry(ctx, func(ctx context.Context) error {
+		netKV, err := d.store.Get(ctx, netKey)
+		if errors.Is(err, datastore.ErrNotFound) {
+			return userError(fmt.Sprintf("network %s is not a calico network in the datastore (was it created while calico-cnm used another datastore?)", short(req.NetworkID)), ErrNetworkNotFound, err)
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := d.store.Get(ctx, epKey); err == nil {
+			return userError(fmt.Sprintf("endpoint %s already exists on host %s", short(req.EndpointID), d.host), ErrAlreadyExists)
+		} else if !errors.Is(err, datastore.ErrNotFound) {
+			return err
+		}
+		// The network must still be there when the endpoint is written.
+		return d.store.Txn(ctx,
+			datastore.Check(netKey, netKV.ModRevision),
+			datastore.Create(epKey, datastore.MustJSON(ep)))
+	})
+	if errors.Is(err, ErrNetworkNotFound) || errors.Is(err, ErrAlreadyExists) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, storeErr("recording endpoint "+short(req.EndpointID), err)
+	}
+	log.Info("endpoint created")
+
+	resp := &network.CreateEndpointResponse{}
+	if !dockerMAC {
+		resp.Interface = &network.EndpointInterface{MacAddress: FixedMAC}
+	}
+	return resp, nil
+}
+
+// getEndpoint reads this host's record of an endpoint.
+func (d *NetworkDriver) getEndpoint(ctx context.Context, endpointID string) (datastore.Endpoint, int64, error) {
+	var ep datastore.Endpoint
+	rev, err := d.store.GetJSON(ctx, datastore.EndpointKey(d.host, endpointID), &ep)
+	if errors.Is(err, datastore.ErrNotFound) {
+		return ep, 0, userError(fmt.Sprintf("endpoint %s is not known on host %s", short(endpointID), d.host), ErrEndpointNotFound, err)
+	}
+	if err != nil {
+		return ep, 0, storeErr("reading endpoint "+short(endpointID), err)
+	}
+	return ep, rev, nil
+}
+
+// EndpointInfo tells `docker inspect` about the endpoint's plumbing.
+func (d *NetworkDriver) EndpointInfo(ctx context.Context, req *network.InfoRequest) (*network.InfoResponse, error) {
+	ep, _, err := d.getEndpoint(ctx, req.EndpointID)
+	if err != nil {
+		return nil, err
+	}
+	var ips []string
+	for _, s := range []string{ep.IPv4, ep.IPv6} {
+		if s != "" {
+			ips = append(ips, s)
+		}
+	}
+	v := map[string]string{
+		"hostIfName": ep.HostIfName,
+		"ips":        strings.Join(ips, ","),
+		"mac":        ep.MAC,
+		"node":       ep.Node,
+	}
+	if ep.Container != "" {
+		v["sandbox"] = ep.Container
+	}
+	return &network.InfoResponse{Value: v}, nil
+}
+
+// epIPs are the endpoint's addresses as /32 and /128.
+func epIPs(ep datastore.Endpoint) (v4, v6 *net.IPNet, all []net.IPNet) {
+	if ip, _, err := net.ParseCIDR(ep.IPv4); err == nil {
+		h := hostNet(ip)
+		v4 = &h
+		all = append(all, h)
+	}
+	if ip, _, err := net.ParseCIDR(ep.IPv6); err == nil {
+		h := hostNet(ip)
+		v6 = &h
+		all = append(all, h)
+	}
+	return v4, v6, all
+}
+
+// DeleteEndpoint forgets an endpoint; Docker may retry, so an unknown one is
+// fine. A veth that a failed Leave left behind goes too.
+func (d *NetworkDriver) DeleteEndpoint(ctx context.Context, req *network.DeleteEndpointRequest) error {
+	log := d.log.WithFields(logrus.Fields{"network": short(req.NetworkID), "endpoint": short(req.EndpointID)})
+	ep, _, err := d.getEndpoint(ctx, req.EndpointID)
+	if errors.Is(err, ErrEndpointNotFound) {
+		log.Debug("DeleteEndpoint of an endpoint not in the datastore: nothing to do")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	log = log.WithField("ip", ep.IPv4)
+	if ep.Joined {
+		_, _, ips := epIPs(ep)
+		if err := d.dp.RemoveWorkload(ctx, req.EndpointID, ips); err != nil {
+			return fmt.Errorf("removing the veth %s of endpoint %s failed: %w", ep.HostIfName, short(req.EndpointID), err)
+		}
+		log.Warn("endpoint was still joined at DeleteEndpoint: removed its veth")
+	}
+	key := datastore.EndpointKey(d.host, req.EndpointID)
+	err = d.store.Retry(ctx, func(ctx context.Context) error {
+		kv, err := d.store.Get(ctx, key)
+		if errors.Is(err, datastore.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return d.store.Txn(ctx, datastore.Delete(key, kv.ModRevision))
+	})
+	if err != nil {
+		return storeErr("deleting endpoint "+short(req.EndpointID), err)
+	}
+	log.Info("endpoint deleted")
+	return nil
+}
+
+// Join plumbs the endpoint into a container: the dataplane creates the veth
+// (the container side, TempIfName, goes to Docker, which moves it into the
+// sandbox as eth*) and the host route; the container routes everything via
+// the virtual gateway 169.254.1.1, reachable through an on-link route. A
+// failed Join leaves nothing behind.
+func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*network.JoinResponse, error) {
+	log := d.log.WithFields(logrus.Fields{"network": short(req.NetworkID), "endpoint": short(req.EndpointID)})
+	ep, _, err := d.getEndpoint(ctx, req.EndpointID)
+	if err != nil {
+		return nil, err
+	}
+	if ep.Network != req.NetworkID {
+		return nil, userError(fmt.Sprintf("endpoint %s belongs to network %s, not %s", short(req.EndpointID), short(ep.Network), short(req.NetworkID)), ErrInvalidRequest)
+	}
+	v4, v6, ips := epIPs(ep)
+	if v4 != nil {
+		log = log.WithField("ip", v4.IP.String())
+	}
+	mac, err := net.ParseMAC(ep.MAC)
+	if err != nil {
+		mac, _ = net.ParseMAC(FixedMAC)
+	}
+	w := dataplane.Workload{
+		EndpointID: req.EndpointID,
+		HostIfName: dataplane.HostIfName(req.EndpointID),
+		TempIfName: dataplane.TempIfName(req.EndpointID),
+		MAC:        mac,
+		IPv4:       v4,
+		IPv6:       v6,
+		MTU:        d.mtu,
+	}
+	if err := d.dp.AddWorkload(ctx, w); err != nil {
+		return nil, fmt.Errorf("setting up the veth %s of endpoint %s failed: %w", w.HostIfName, short(req.EndpointID), err)
+	}
+	// From here on, any failure must remove the workload again.
+	undo := func(cause error) error {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if rerr := d.dp.RemoveWorkload(cctx, req.EndpointID, ips); rerr != nil {
+			log.WithError(rerr).Error("removing the veth of a failed Join")
+		}
+		return cause
+	}
+
+	resp := &network.JoinResponse{
+		InterfaceName:         network.InterfaceName{SrcName: w.TempIfName, DstPrefix: "eth"},
+		DisableGatewayService: true,
+	}
+	if v4 != nil {
+		resp.Gateway = dataplane.GatewayIPv4
+		resp.StaticRoutes = append(resp.StaticRoutes, &network.StaticRoute{
+			Destination: dataplane.GatewayIPv4 + "/32",
+			RouteType:   RouteTypeConnected,
+		})
+	}
+	if v6 != nil {
+		ll, err := d.dp.HostLinkLocalIPv6(ctx, w.HostIfName)
+		if err != nil {
+			return nil, undo(fmt.Errorf("finding the IPv6 gateway (link-local address of %s) for endpoint %s failed: %w", w.HostIfName, short(req.EndpointID), err))
+		}
+		resp.GatewayIPv6 = ll.String()
+		resp.StaticRoutes = append(resp.StaticRoutes, &network.StaticRoute{
+			Destination: ll.String() + "/128",
+			RouteType:   RouteTypeConnected,
+		})
+	}
+
+	key := datastore.EndpointKey(d.host, req.EndpointID)
+	err = d.store.Retry(ctx, func(ctx context.Context) error {
+		var cur datastore.Endpoint
+		rev, err := d.store.GetJSON(ctx, key, &cur)
+		if errors.Is(err, datastore.ErrNotFound) {
+			return userError(fmt.Sprintf("endpoint %s was deleted while joining", short(req.EndpointID)), ErrEndpointNotFound, err)
+		}
+		if err != nil {
+			return err
+		}
+		cur.Joined = true
+		cur.Container = req.SandboxKey
+		return d.store.Txn(ctx, datastore.Update(key, datastore.MustJSON(cur), rev))
+	})
+	if errors.Is(err, ErrEndpointNotFound) {
+		return nil, undo(err)
+	}
+	if err != nil {
+		return nil, undo(storeErr("recording the join of endpoint "+short(req.EndpointID), err))
+	}
+	log.WithField("sandbox", req.SandboxKey).Info("endpoint joined")
+	return resp, nil
+}
+
+// RouteTypeConnected is libnetwork's route type of an on-link route
+// (types.CONNECTED); 0 is a route via NextHop.
+const RouteTypeConnected = 1
+
+// Leave removes the endpoint's veth and host route. An unknown endpoint is
+// fine (Docker may retry).
+func (d *NetworkDriver) Leave(ctx context.Context, req *network.LeaveRequest) error {
+	log := d.log.WithFields(logrus.Fields{"network": short(req.NetworkID), "endpoint": short(req.EndpointID)})
+	ep, _, err := d.getEndpoint(ctx, req.EndpointID)
+	if errors.Is(err, ErrEndpointNotFound) {
+		log.Debug("Leave of an endpoint not in the datastore: removing any leftover veth")
+		if rerr := d.dp.RemoveWorkload(ctx, req.EndpointID, nil); rerr != nil {
+			log.WithError(rerr).Debug("no leftover veth removed")
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	_, _, ips := epIPs(ep)
+	if err := d.dp.RemoveWorkload(ctx, req.EndpointID, ips); err != nil {
+		return fmt.Errorf("removing the veth %s of endpoint %s failed: %w", ep.HostIfName, short(req.EndpointID), err)
+	}
+	key := datastore.EndpointKey(d.host, req.EndpointID)
+	err = d.store.Retry(ctx, func(ctx context.Context) error {
+		var cur datastore.Endpoint
+		rev, err := d.store.GetJSON(ctx, key, &cur)
+		if errors.Is(err, datastore.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if !cur.Joined && cur.Container == "" {
+			return nil
+		}
+		cur.Joined = false
+		cur.Container = ""
+		return d.store.Txn(ctx, datastore.Update(key, datastore.MustJSON(cur), rev))
+	})
+	if err != nil {
+		return storeErr("recording the leave of endpoint "+short(req.EndpointID), err)
+	}
+	log.WithField("ip", ep.IPv4).Info("endpoint left")
+	return nil
+}
+
+// DiscoverNew: calico learns about other hosts through its datastore and BGP.
+func (d *NetworkDriver) DiscoverNew(ctx context.Context, req *network.DiscoveryNotification) error {
+	return nil
+}
+
+// DiscoverDelete: see DiscoverNew.
+func (d *NetworkDriver) DiscoverDelete(ctx context.Context, req *network.DiscoveryNotification) error {
+	return nil
+}
+
+// ProgramExternalConnectivity: published ports are Docker's business
+// (docker-proxy); nothing to do.
+func (d *NetworkDriver) ProgramExternalConnectivity(ctx context.Context, req *network.ProgramExternalConnectivityRequest) error {
+	return nil
+}
+
+// RevokeExternalConnectivity: see ProgramExternalConnectivity.
+func (d *NetworkDriver) RevokeExternalConnectivity(ctx context.Context, req *network.RevokeExternalConnectivityRequest) error {
+	return nil
+}

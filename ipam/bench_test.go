@@ -1,0 +1,69 @@
+package ipam
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// BenchmarkAutoAssign measures assignments per second and etcd round trips
+// per assignment on an embedded member, for one host and for three hosts
+// assigning at the same time (each with its own client and engine). Block
+// claims are included (one per 64 assignments); the warm path alone is one
+// transaction (see TestWarmPathIsOneTransaction).
+func BenchmarkAutoAssign(b *testing.B) {
+	for _, hosts := range []int{1, 3} {
+		b.Run(fmt.Sprintf("hosts=%d", hosts), func(b *testing.B) {
+			v := newEnv(b, Options{})
+			v.pool("10.0.0.0/12", 0)
+			engines := make([]*Engine, hosts)
+			for i := range engines {
+				engines[i] = v.engine(Options{})
+			}
+			var txns0, reads0 int64
+			for _, e := range engines {
+				st := e.store.Stats()
+				txns0 += st.Txns
+				reads0 += st.Reads
+			}
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for h, e := range engines {
+				n := b.N / hosts
+				if h < b.N%hosts {
+					n++
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					host := fmt.Sprintf("bench-%d", h)
+					for i := 0; i < n; i++ {
+						_, err := e.AutoAssign(context.Background(), AutoAssignArgs{Host: host, HandleID: fmt.Sprintf("%s-%d", host, i)})
+						if err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			elapsed := time.Since(start)
+			b.StopTimer()
+			var txns, reads int64
+			for _, e := range engines {
+				st := e.store.Stats()
+				txns += st.Txns
+				reads += st.Reads
+			}
+			txns -= txns0
+			reads -= reads0
+			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "assign/s")
+			b.ReportMetric(float64(txns+reads)/float64(b.N), "roundtrips/op")
+			b.ReportMetric(float64(txns)/float64(b.N), "txns/op")
+			b.ReportMetric(float64(reads)/float64(b.N), "reads/op")
+		})
+	}
+}

@@ -1,0 +1,309 @@
+package ipam
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Key layout, relative to the store prefix (see /work/shared/DESIGN.md).
+const (
+	poolsPrefix    = "pools/"
+	blocksPrefix   = "ipam/blocks/"
+	affinityPrefix = "ipam/affinity/"
+	handlesPrefix  = "ipam/handles/"
+	configKey      = "ipam/config"
+	// poolsSerialKey is bumped by every pool creation and deletion. Pool
+	// writes compare it, so two hosts adding overlapping pools at the same
+	// time cannot both pass the overlap check.
+	poolsSerialKey = "ipam/pools-serial"
+)
+
+func poolKey(p netip.Prefix) string  { return poolsPrefix + escapeCIDR(p) }
+func blockKey(p netip.Prefix) string { return blocksPrefix + escapeCIDR(p) }
+func handleKey(id string) string     { return handlesPrefix + id }
+func hostAffinityPrefix(host string) string {
+	return affinityPrefix + host + "/"
+}
+func affinityKey(host string, p netip.Prefix) string {
+	return hostAffinityPrefix(host) + escapeCIDR(p)
+}
+
+// parseAffinityKey splits ipam/affinity/<node>/<cidr> into node and block.
+func parseAffinityKey(key string) (string, netip.Prefix, bool) {
+	rest, ok := strings.CutPrefix(key, affinityPrefix)
+	if !ok {
+		return "", netip.Prefix{}, false
+	}
+	host, cidr, ok := strings.Cut(rest, "/")
+	if !ok || host == "" {
+		return "", netip.Prefix{}, false
+	}
+	p, ok := unescapeCIDR(cidr)
+	return host, p, ok
+}
+
+// Affinity states. A claim writes "pending" together with the block, then
+// confirms it; watchers (routing) only act on "confirmed". pendingDeletion is
+// understood when read (Calico's three-step release) but this package
+// releases a block and its affinity in one transaction and never writes it.
+const (
+	statePending         = "pending"
+	stateConfirmed       = "confirmed"
+	statePendingDeletion = "pendingDeletion"
+)
+
+type affinityRecord struct {
+	State string `json:"state"`
+}
+
+// affinityOf is the block.Affinity value for a host.
+func affinityOf(host string) string { return "host:" + host }
+
+// handleRecord counts, per block CIDR, the addresses a handle holds there.
+// It is written in the same transaction as the block(s) it describes.
+type handleRecord struct {
+	Blocks map[string]int `json:"blocks"`
+}
+
+func (h handleRecord) clone() handleRecord {
+	return handleRecord{Blocks: maps.Clone(h.Blocks)}
+}
+
+func (h handleRecord) total() int {
+	n := 0
+	for _, c := range h.Blocks {
+		n += c
+	}
+	return n
+}
+
+func (h *handleRecord) add(block netip.Prefix, n int) {
+	if h.Blocks == nil {
+		h.Blocks = map[string]int{}
+	}
+	k := block.String()
+	h.Blocks[k] += n
+	if h.Blocks[k] <= 0 {
+		delete(h.Blocks, k)
+	}
+}
+
+type attribute struct {
+	HandleID  string            `json:"handleID"`
+	Secondary map[string]string `json:"secondary,omitempty"`
+}
+
+// block is one allocation block, Calico's AllocationBlock: allocations[i] is
+// the index into attributes of the holder of ordinal i, or null when free;
+// unallocated lists the free ordinals in the order they are handed out.
+// Released ordinals go to the end of that list (as in Calico), so an address
+// is not reused straight away while its old holder may still be cleaning up.
+type block struct {
+	CIDR        string      `json:"cidr"`
+	Affinity    string      `json:"affinity"`
+	Allocations []*int      `json:"allocations"`
+	Unallocated []int       `json:"unallocated"`
+	Attributes  []attribute `json:"attributes"`
+	// EmptiedAt is when the block last became empty; an affine block empty
+	// for longer than the grace period is given back to the pool.
+	EmptiedAt *time.Time `json:"emptiedAt,omitempty"`
+	// Sequence grows with every write: a cheap way to see that a block
+	// changed when comparing two reads.
+	Sequence uint64 `json:"sequence"`
+
+	prefix netip.Prefix
+}
+
+// newBlock is an empty block affine to host ("" for none). Every address is
+// usable: like Calico, the network and broadcast addresses of a block are
+// ordinary host addresses because blocks are routed, not attached to a link.
+func newBlock(p netip.Prefix, host string) *block {
+	n := blockAddrCount(p)
+	b := &block{
+		CIDR:        p.String(),
+		Allocations: make([]*int, n),
+		Unallocated: make([]int, n),
+		Attributes:  []attribute{},
+		prefix:      p,
+	}
+	if host != "" {
+		b.Affinity = affinityOf(host)
+	}
+	for i := range b.Unallocated {
+		b.Unallocated[i] = i
+	}
+	return b
+}
+
+func decodeBlock(key string, value []byte) (*block, error) {
+	var b block
+	if err := json.Unmarshal(value, &b); err != nil {
+		return nil, fmt.Errorf("decoding block %s: %w", key, err)
+	}
+	p, err := netip.ParsePrefix(b.CIDR)
+	if err != nil || len(b.Allocations) != blockAddrCount(p) {
+		return nil, fmt.Errorf("block %s is corrupt: cidr %q with %d allocations", key, b.CIDR, len(b.Allocations))
+	}
+	b.prefix = p
+	return &b, nil
+}
+
+func (b *block) clone() *block {
+	c := *b
+	c.Allocations = make([]*int, len(b.Allocations))
+	for i, a := range b.Allocations {
+		if a != nil {
+			v := *a
+			c.Allocations[i] = &v
+		}
+	}
+	c.Unallocated = append([]int(nil), b.Unallocated...)
+	c.Attributes = make([]attribute, len(b.Attributes))
+	for i, a := range b.Attributes {
+		c.Attributes[i] = attribute{HandleID: a.HandleID, Secondary: maps.Clone(a.Secondary)}
+	}
+	if b.EmptiedAt != nil {
+		t := *b.EmptiedAt
+		c.EmptiedAt = &t
+	}
+	return &c
+}
+
+// host is the node the block is affine to, "" when none.
+func (b *block) host() string {
+	h, _ := strings.CutPrefix(b.Affinity, "host:")
+	return h
+}
+
+func (b *block) used() int {
+	n := 0
+	for _, a := range b.Allocations {
+		if a != nil {
+			n++
+		}
+	}
+	return n
+}
+
+func (b *block) empty() bool { return b.used() == 0 }
+
+// freeOrdinal is the next ordinal to hand out whose address is inside within
+// (nil: anywhere).
+func (b *block) freeOrdinal(within *netip.Prefix) (int, bool) {
+	for _, o := range b.Unallocated {
+		if within == nil || within.Contains(nthAddr(b.prefix, o)) {
+			return o, true
+		}
+	}
+	return 0, false
+}
+
+func (b *block) handleAt(ordinal int) (string, bool) {
+	a := b.Allocations[ordinal]
+	if a == nil || *a < 0 || *a >= len(b.Attributes) {
+		return "", false
+	}
+	return b.Attributes[*a].HandleID, true
+}
+
+// allocate takes ordinal for handleID. The caller checked it is free.
+func (b *block) allocate(ordinal int, handleID string, attrs map[string]string) {
+	idx := -1
+	for i, a := range b.Attributes {
+		if a.HandleID == handleID && maps.Equal(a.Secondary, attrs) {
+			idx = i
+			break
+		}
+	}
+	if idx < 0 {
+		b.Attributes = append(b.Attributes, attribute{HandleID: handleID, Secondary: maps.Clone(attrs)})
+		idx = len(b.Attributes) - 1
+	}
+	b.Allocations[ordinal] = &idx
+	for i, o := range b.Unallocated {
+		if o == ordinal {
+			b.Unallocated = append(b.Unallocated[:i], b.Unallocated[i+1:]...)
+			break
+		}
+	}
+	b.EmptiedAt = nil
+	b.Sequence++
+}
+
+// release frees the given allocated ordinals and returns how many each handle
+// lost. Attributes nobody references any more are dropped and the indexes
+// renumbered, so blocks do not accumulate dead handles.
+func (b *block) release(ordinals []int, now time.Time) map[string]int {
+	lost := map[string]int{}
+	for _, o := range ordinals {
+		h, ok := b.handleAt(o)
+		if !ok {
+			continue
+		}
+		lost[h]++
+		b.Allocations[o] = nil
+		b.Unallocated = append(b.Unallocated, o)
+	}
+	b.compactAttributes()
+	if b.empty() && b.EmptiedAt == nil {
+		t := now.UTC()
+		b.EmptiedAt = &t
+	}
+	b.Sequence++
+	return lost
+}
+
+func (b *block) compactAttributes() {
+	refs := make([]bool, len(b.Attributes))
+	for _, a := range b.Allocations {
+		if a != nil && *a >= 0 && *a < len(refs) {
+			refs[*a] = true
+		}
+	}
+	newIdx := make([]int, len(b.Attributes))
+	kept := b.Attributes[:0:0]
+	for i, a := range b.Attributes {
+		if refs[i] {
+			newIdx[i] = len(kept)
+			kept = append(kept, a)
+		}
+	}
+	for i, a := range b.Allocations {
+		if a != nil && *a >= 0 && *a < len(newIdx) {
+			v := newIdx[*a]
+			b.Allocations[i] = &v
+		}
+	}
+	b.Attributes = kept
+}
+
+// ordinalsOf lists the ordinals held by handleID.
+func (b *block) ordinalsOf(handleID string) []int {
+	var out []int
+	for o := range b.Allocations {
+		if h, ok := b.handleAt(o); ok && h == handleID {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// handleCounts is how many addresses each handle holds in the block.
+func (b *block) handleCounts() map[string]int {
+	out := map[string]int{}
+	for o := range b.Allocations {
+		if h, ok := b.handleAt(o); ok {
+			out[h]++
+		}
+	}
+	return out
+}
+
+func sortBlocks(bs []cachedBlock) {
+	slices.SortFunc(bs, func(a, b cachedBlock) int { return comparePrefix(a.b.prefix, b.b.prefix) })
+}

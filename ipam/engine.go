@@ -1,0 +1,381 @@
+// Package ipam is calico-cnm's address manager, with Calico's semantics: IP
+// pools cut into fixed-size blocks (/26, /122), each block affine to one host
+// so that the host can route the whole block, handles that tie addresses to
+// their owner, borrowing from other hosts' blocks when the pool has no free
+// block left (unless strictAffinity).
+//
+// Every mutation is one guarded etcd transaction; in particular an address is
+// always written together with its handle. The engine keeps an in-memory copy
+// of the blocks affine to the hosts it serves, with their ModRevision, and
+// writes against that copy optimistically: an assignment on the warm path
+// (the host owns a block with room) is exactly one etcd round trip, and a
+// stale copy costs a conflict and a re-read, never a wrong write. Every
+// write that uses a pool also compares the pool's revision, so disabling or
+// deleting a pool stops all hosts at once even with their caches.
+//
+// Semantics the callers rely on:
+//
+//   - Block order: a host walks a pool's blocks from a start derived from a
+//     hash of its name, then consecutively, wrapping (Calico's choice):
+//     racing hosts rarely collide and a host's blocks tend to be adjacent.
+//     Within a block, addresses go lowest first and freed ones are reused
+//     last. All addresses of a block are usable (no network/broadcast).
+//   - Handles: every assignment names a handle (the driver uses the
+//     endpoint id); a handle may hold several addresses (dual stack). The
+//     handle record counts its addresses per block and is written in the
+//     same transaction as the block. Assigning a specific address again to
+//     the same handle is a no-op.
+//   - Release: ReleaseIP of a free address is nil; of an address outside
+//     every pool, ErrNotInPool. ReleaseByHandle of an unknown handle is nil.
+//     An affine block that becomes empty stays with its host for the grace
+//     period (DefaultReleaseGracePeriod, 30s) and is given back by
+//     ReleaseEmptyBlocks, which the daemon calls periodically; with
+//     ReleaseImmediately it goes in the releasing transaction. A block
+//     without affinity is deleted as soon as it is empty.
+//   - Routing learns about blocks through WatchHostBlocks (confirmed
+//     affinities). An address outside the host's blocks was borrowed and
+//     needs its own /32 (/128) route and advertisement.
+package ipam
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+)
+
+// DefaultReleaseGracePeriod is how long an affine block must stay empty before
+// ReleaseEmptyBlocks gives it back. Long enough that a container restart (or
+// a `docker run --rm` loop) does not make the host drop its block, withdraw
+// the route and claim a new one; short enough that an idle host returns its
+// blocks within a couple of reconcile cycles.
+const DefaultReleaseGracePeriod = 30 * time.Second
+
+// ReleaseImmediately as Options.ReleaseGracePeriod gives an affine block back
+// in the very transaction that frees its last address.
+const ReleaseImmediately time.Duration = -1
+
+// maxAttempts bounds optimistic retries of one operation; conflicts resolve
+// after a re-read, so reaching it means something keeps changing under us.
+const maxAttempts = 20
+
+// Options tunes an Engine; the zero value is usable.
+type Options struct {
+	// ReleaseGracePeriod: 0 means DefaultReleaseGracePeriod, a negative
+	// value (ReleaseImmediately) releases emptied blocks at once.
+	ReleaseGracePeriod time.Duration
+	Log                logrus.FieldLogger
+	// Now is the clock (tests move it to cross the grace period).
+	Now func() time.Time
+}
+
+// Config is the cluster-wide IPAM configuration (record ipam/config).
+// SetConfig writes all fields: read, modify, write.
+type Config struct {
+	StrictAffinity     bool `json:"strictAffinity"`
+	AutoAllocateBlocks bool `json:"autoAllocateBlocks"`
+	MaxBlocksPerHost   int  `json:"maxBlocksPerHost"` // 0: unlimited
+}
+
+// DefaultConfig is what GetConfig returns before anyone set a config.
+func DefaultConfig() Config { return Config{AutoAllocateBlocks: true} }
+
+// Engine is the IPAM implementation. It is safe for concurrent use; one
+// Engine per process (it may serve several hosts, e.g. in tests).
+type Engine struct {
+	store *datastore.Store
+	log   logrus.FieldLogger
+	now   func() time.Time
+	grace time.Duration
+
+	mu      sync.Mutex
+	hosts   map[string]*hostState
+	pools   []poolEntry // nil: not loaded
+	blocks  map[netip.Prefix]cachedBlock
+	handles map[string]cachedHandle
+
+	// lostClaims counts block claims lost to another host (tests, logs).
+	lostClaims atomic.Int64
+}
+
+// hostState serialises the assignments of one host inside this process:
+// they would otherwise race for the same free ordinal of the same cached
+// block and turn every parallel request into an etcd conflict.
+type hostState struct {
+	sem    chan struct{}
+	loaded bool // affine blocks read from etcd at least once
+}
+
+type cachedBlock struct {
+	b   *block
+	rev int64
+}
+
+type cachedHandle struct {
+	rec handleRecord
+	rev int64
+}
+
+// maxCachedHandles bounds the handle cache; entries normally leave when the
+// handle is released, this only guards against handles released elsewhere.
+const maxCachedHandles = 8192
+
+// New returns an Engine on store.
+func New(store *datastore.Store, opts Options) *Engine {
+	if opts.Log == nil {
+		opts.Log = logrus.StandardLogger()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.ReleaseGracePeriod == 0 {
+		opts.ReleaseGracePeriod = DefaultReleaseGracePeriod
+	}
+	return &Engine{
+		store:   store,
+		log:     opts.Log.WithField("component", "ipam"),
+		now:     opts.Now,
+		grace:   opts.ReleaseGracePeriod,
+		hosts:   map[string]*hostState{},
+		blocks:  map[netip.Prefix]cachedBlock{},
+		handles: map[string]cachedHandle{},
+	}
+}
+
+func validHost(host string) error {
+	if host == "" || strings.ContainsAny(host, "/ \t\n") {
+		return newError(ErrInvalidArgument, "invalid host name %q: it must be non-empty and contain no '/' or spaces", host)
+	}
+	return nil
+}
+
+func validHandle(id string) error {
+	if id == "" || strings.ContainsAny(id, "\n\r") {
+		return newError(ErrInvalidArgument, "invalid handle id %q: every assignment needs a handle (e.g. the endpoint id)", id)
+	}
+	return nil
+}
+
+func (e *Engine) host(name string) *hostState {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	h := e.hosts[name]
+	if h == nil {
+		h = &hostState{sem: make(chan struct{}, 1)}
+		e.hosts[name] = h
+	}
+	return h
+}
+
+func (h *hostState) lock(ctx context.Context) error {
+	select {
+	case h.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (h *hostState) unlock() { <-h.sem }
+
+// --- block cache ---
+
+// cacheBlock remembers b at rev if it is affine to a host this engine serves;
+// older revisions never replace newer ones.
+func (e *Engine) cacheBlock(b *block, rev int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if old, ok := e.blocks[b.prefix]; ok && old.rev > rev {
+		return
+	}
+	if _, served := e.hosts[b.host()]; !served || b.host() == "" {
+		delete(e.blocks, b.prefix)
+		return
+	}
+	e.blocks[b.prefix] = cachedBlock{b: b.clone(), rev: rev}
+}
+
+func (e *Engine) uncacheBlock(p netip.Prefix) {
+	e.mu.Lock()
+	delete(e.blocks, p)
+	e.mu.Unlock()
+}
+
+func (e *Engine) cachedBlock(p netip.Prefix) (*block, int64, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	c, ok := e.blocks[p]
+	if !ok {
+		return nil, 0, false
+	}
+	return c.b.clone(), c.rev, true
+}
+
+// affineCached lists copies of the cached blocks affine to host, lowest
+// address first (so a host fills its first block before the next).
+func (e *Engine) affineCached(host string) []cachedBlock {
+	aff := affinityOf(host)
+	e.mu.Lock()
+	var out []cachedBlock
+	for _, c := range e.blocks {
+		if c.b.Affinity == aff {
+			out = append(out, c)
+		}
+	}
+	e.mu.Unlock()
+	sortBlocks(out)
+	for i := range out {
+		out[i].b = out[i].b.clone()
+	}
+	return out
+}
+
+// readBlock gets a block from etcd and refreshes the cache; ok is false when
+// it does not exist.
+func (e *Engine) readBlock(ctx context.Context, p netip.Prefix) (*block, int64, bool, error) {
+	kv, err := e.store.Get(ctx, blockKey(p))
+	if errors.Is(err, datastore.ErrNotFound) {
+		e.uncacheBlock(p)
+		return nil, 0, false, nil
+	}
+	if err != nil {
+		return nil, 0, false, err
+	}
+	b, err := decodeBlock(kv.Key, kv.Value)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	e.cacheBlock(b, kv.ModRevision)
+	return b, kv.ModRevision, true, nil
+}
+
+// blockFor returns the cached block when there is one, else reads it.
+func (e *Engine) blockFor(ctx context.Context, p netip.Prefix) (*block, int64, bool, error) {
+	if b, rev, ok := e.cachedBlock(p); ok {
+		return b, rev, true, nil
+	}
+	return e.readBlock(ctx, p)
+}
+
+// --- handle cache ---
+
+// handleState is a handle as the next transaction will compare it: rev 0
+// means "must not exist yet".
+type handleState struct {
+	id  string
+	rec handleRecord
+	rev int64
+}
+
+// op is the transaction step that stores h: create, update, or delete when
+// the handle holds nothing any more.
+func (h handleState) op() (datastore.Op, bool) {
+	if h.rec.total() == 0 {
+		if h.rev == 0 {
+			return datastore.Op{}, false
+		}
+		return datastore.Delete(handleKey(h.id), h.rev), true
+	}
+	return datastore.Write(handleKey(h.id), datastore.MustJSON(h.rec), h.rev), true
+}
+
+// handleOptimistic is the cached handle, or a guess that it does not exist
+// yet (the normal case for a new endpoint): a wrong guess costs a conflict.
+func (e *Engine) handleOptimistic(id string) handleState {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if c, ok := e.handles[id]; ok {
+		return handleState{id: id, rec: c.rec.clone(), rev: c.rev}
+	}
+	return handleState{id: id, rec: handleRecord{Blocks: map[string]int{}}}
+}
+
+// handleCachedOrRead is the cached handle or the one in etcd.
+func (e *Engine) handleCachedOrRead(ctx context.Context, id string) (handleState, error) {
+	e.mu.Lock()
+	c, ok := e.handles[id]
+	e.mu.Unlock()
+	if ok {
+		return handleState{id: id, rec: c.rec.clone(), rev: c.rev}, nil
+	}
+	return e.readHandle(ctx, id)
+}
+
+func (e *Engine) readHandle(ctx context.Context, id string) (handleState, error) {
+	var rec handleRecord
+	rev, err := e.store.GetJSON(ctx, handleKey(id), &rec)
+	if errors.Is(err, datastore.ErrNotFound) {
+		e.uncacheHandle(id)
+		return handleState{id: id, rec: handleRecord{Blocks: map[string]int{}}}, nil
+	}
+	if err != nil {
+		return handleState{}, err
+	}
+	if rec.Blocks == nil {
+		rec.Blocks = map[string]int{}
+	}
+	e.cacheHandle(handleState{id: id, rec: rec, rev: rev})
+	return handleState{id: id, rec: rec.clone(), rev: rev}, nil
+}
+
+func (e *Engine) cacheHandle(h handleState) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if h.rec.total() == 0 || h.rev == 0 {
+		delete(e.handles, h.id)
+		return
+	}
+	if old, ok := e.handles[h.id]; ok && old.rev > h.rev {
+		return
+	}
+	if len(e.handles) >= maxCachedHandles {
+		clear(e.handles)
+	}
+	e.handles[h.id] = cachedHandle{rec: h.rec.clone(), rev: h.rev}
+}
+
+func (e *Engine) uncacheHandle(id string) {
+	e.mu.Lock()
+	delete(e.handles, id)
+	e.mu.Unlock()
+}
+
+// --- config ---
+
+// GetConfig returns the IPAM configuration, DefaultConfig when none was set.
+func (e *Engine) GetConfig(ctx context.Context) (Config, error) {
+	c := DefaultConfig()
+	_, err := e.store.GetJSON(ctx, configKey, &c)
+	if errors.Is(err, datastore.ErrNotFound) {
+		return DefaultConfig(), nil
+	}
+	if err != nil {
+		return Config{}, fmt.Errorf("reading IPAM config: %w", err)
+	}
+	return c, nil
+}
+
+// SetConfig replaces the IPAM configuration. All fields are written, so
+// callers changing one setting should GetConfig first.
+func (e *Engine) SetConfig(ctx context.Context, c Config) error {
+	if c.MaxBlocksPerHost < 0 {
+		return newError(ErrInvalidArgument, "maxBlocksPerHost must be 0 (unlimited) or positive, not %d", c.MaxBlocksPerHost)
+	}
+	return e.store.Retry(ctx, func(ctx context.Context) error {
+		var old json.RawMessage
+		rev, err := e.store.GetJSON(ctx, configKey, &old)
+		if err != nil && !errors.Is(err, datastore.ErrNotFound) {
+			return err
+		}
+		return e.store.Txn(ctx, datastore.Write(configKey, datastore.MustJSON(c), rev))
+	})
+}

@@ -1,0 +1,290 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sort"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+)
+
+// releaseOps is the write for block b (already modified, read at rev) after
+// addresses were freed, and whether it deletes the block. An emptied block
+// with no affinity is deleted at once (as in Calico: nobody routes it); an
+// emptied affine block stays until the grace period has passed
+// (ReleaseEmptyBlocks), unless the engine releases immediately, in which
+// case block and affinity go in this very transaction.
+func (e *Engine) releaseOps(b *block, rev int64) ([]datastore.Op, bool) {
+	if b.empty() {
+		if b.Affinity == "" {
+			return []datastore.Op{datastore.Delete(blockKey(b.prefix), rev)}, true
+		}
+		if e.grace < 0 {
+			return []datastore.Op{
+				datastore.Delete(blockKey(b.prefix), rev),
+				datastore.Delete(affinityKey(b.host(), b.prefix), 0),
+			}, true
+		}
+	}
+	return []datastore.Op{datastore.Update(blockKey(b.prefix), datastore.MustJSON(b), rev)}, false
+}
+
+// ReleaseIP frees one address, whoever holds it, and updates its handle in
+// the same transaction. Releasing an address that is not allocated (never
+// was, or already released) returns nil, so Docker's retries are harmless.
+// An address outside every pool returns ErrNotInPool: nothing could have
+// allocated it, so the caller is confused about which IPAM owns it (the
+// driver may choose to ignore it).
+func (e *Engine) ReleaseIP(ctx context.Context, ip net.IP) error {
+	addr, ok := addrFromIP(ip)
+	if !ok {
+		return newError(ErrInvalidArgument, "no valid IP address given (%v)", ip)
+	}
+	pool, ok, err := e.poolContaining(ctx, addr)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		ps, _ := e.cachedPools(ctx)
+		return newError(ErrNotInPool, "cannot release %s: it is not in any IP pool (pools: %s), so calico-ipam never assigned it", addr, poolNames(ps))
+	}
+	bp := blockOf(addr, pool.BlockSize)
+	ord, _ := ordinalOf(bp, addr)
+	fresh := false
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		var b *block
+		var rev int64
+		var exists bool
+		if fresh {
+			b, rev, exists, err = e.readBlock(ctx, bp)
+		} else {
+			b, rev, exists, err = e.blockFor(ctx, bp)
+		}
+		if err != nil {
+			return err
+		}
+		if !exists {
+			return nil
+		}
+		hid, taken := b.handleAt(ord)
+		if !taken {
+			if !fresh {
+				fresh = true // our copy may predate the assignment
+				continue
+			}
+			return nil
+		}
+		h, err := e.handleCachedOrRead(ctx, hid)
+		if err != nil {
+			return err
+		}
+		lost := b.release([]int{ord}, e.now())
+		h.rec.add(bp, -lost[hid])
+		ops, deleted := e.releaseOps(b, rev)
+		if op, ok := h.op(); ok {
+			ops = append(ops, op)
+		}
+		newRev, err := e.store.TxnRev(ctx, ops...)
+		if err == nil {
+			if deleted {
+				e.uncacheBlock(bp)
+			} else {
+				e.cacheBlock(b, newRev)
+			}
+			h.rev = newRev
+			e.cacheHandle(h)
+			e.log.WithFields(logrus.Fields{"ip": addr.String(), "block": bp.String(), "handle": hid, "blockReleased": deleted}).Debug("address released")
+			return nil
+		}
+		if !errors.Is(err, datastore.ErrConflict) {
+			return err
+		}
+		if _, err := e.readHandle(ctx, hid); err != nil {
+			return err
+		}
+		fresh = true
+	}
+	return fmt.Errorf("releasing %s: still conflicting after %d attempts: %w", addr, maxAttempts, datastore.ErrConflict)
+}
+
+// ReleaseByHandle frees every address held by handleID, one block per
+// transaction (each leaves block and handle consistent), and deletes the
+// handle. An unknown handle returns nil.
+func (e *Engine) ReleaseByHandle(ctx context.Context, handleID string) error {
+	if err := validHandle(handleID); err != nil {
+		return err
+	}
+	log := e.log.WithField("handle", handleID)
+	h, err := e.readHandle(ctx, handleID)
+	if err != nil {
+		return err
+	}
+	for conflicts := 0; conflicts < maxAttempts; {
+		if h.rev == 0 {
+			return nil
+		}
+		cidrs := make([]string, 0, len(h.rec.Blocks))
+		for c := range h.rec.Blocks {
+			cidrs = append(cidrs, c)
+		}
+		sort.Strings(cidrs)
+		var ops []datastore.Op
+		var b *block
+		var deleted bool
+		if len(cidrs) == 0 {
+			ops = append(ops, datastore.Delete(handleKey(handleID), h.rev))
+		} else {
+			cidr := cidrs[0]
+			delete(h.rec.Blocks, cidr)
+			bp, perr := netip.ParsePrefix(cidr)
+			var rev int64
+			exists := false
+			if perr == nil {
+				if b, rev, exists, err = e.blockFor(ctx, bp); err != nil {
+					return err
+				}
+			}
+			if exists {
+				if ords := b.ordinalsOf(handleID); len(ords) > 0 {
+					b.release(ords, e.now())
+					ops, deleted = e.releaseOps(b, rev)
+				} else {
+					ops = append(ops, datastore.Check(blockKey(bp), rev))
+					b = nil
+				}
+			} else {
+				log.WithField("block", cidr).Warn("handle refers to a block that does not exist; dropping the reference")
+				b = nil
+				if perr == nil {
+					ops = append(ops, datastore.Check(blockKey(bp), 0))
+				}
+			}
+			if op, ok := h.op(); ok {
+				ops = append(ops, op)
+			}
+		}
+		newRev, err := e.store.TxnRev(ctx, ops...)
+		if err == nil {
+			if b != nil {
+				if deleted {
+					e.uncacheBlock(b.prefix)
+				} else {
+					e.cacheBlock(b, newRev)
+				}
+				log.WithField("block", b.CIDR).Debug("released handle's addresses in block")
+			}
+			if h.rec.total() == 0 {
+				e.uncacheHandle(handleID)
+				return nil
+			}
+			h.rev = newRev
+			e.cacheHandle(h)
+			continue
+		}
+		if !errors.Is(err, datastore.ErrConflict) {
+			return err
+		}
+		conflicts++
+		if b != nil {
+			e.uncacheBlock(b.prefix)
+		}
+		if h, err = e.readHandle(ctx, handleID); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("releasing handle %s: still conflicting after %d attempts: %w", handleID, maxAttempts, datastore.ErrConflict)
+}
+
+// IPsByHandle lists the addresses held by handleID, lowest first.
+func (e *Engine) IPsByHandle(ctx context.Context, handleID string) ([]net.IP, error) {
+	if err := validHandle(handleID); err != nil {
+		return nil, err
+	}
+	h, err := e.readHandle(ctx, handleID)
+	if err != nil {
+		return nil, err
+	}
+	var addrs []netip.Addr
+	for cidr := range h.rec.Blocks {
+		bp, err := netip.ParsePrefix(cidr)
+		if err != nil {
+			continue
+		}
+		b, _, exists, err := e.readBlock(ctx, bp)
+		if err != nil {
+			return nil, err
+		}
+		if !exists {
+			continue
+		}
+		for _, o := range b.ordinalsOf(handleID) {
+			addrs = append(addrs, nthAddr(bp, o))
+		}
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	out := make([]net.IP, len(addrs))
+	for i, a := range addrs {
+		out[i] = toIP(a)
+	}
+	return out, nil
+}
+
+// ReleaseEmptyBlocks gives back the host's affine blocks that have been
+// empty for at least the grace period: block and affinity are deleted in
+// one transaction guarded by the block's revision, so a block that gets an
+// address meanwhile is kept. Watchers of the host see the block removed.
+// The daemon calls this periodically; it returns how many blocks went.
+func (e *Engine) ReleaseEmptyBlocks(ctx context.Context, host string) (int, error) {
+	if err := validHost(host); err != nil {
+		return 0, err
+	}
+	affs, err := e.store.List(ctx, hostAffinityPrefix(host))
+	if err != nil {
+		return 0, fmt.Errorf("listing affinities of host %s: %w", host, err)
+	}
+	grace := max(e.grace, 0)
+	now := e.now()
+	n := 0
+	for _, kv := range affs {
+		_, p, ok := parseAffinityKey(kv.Key)
+		if !ok {
+			continue
+		}
+		b, rev, exists, err := e.readBlock(ctx, p)
+		if err != nil {
+			return n, err
+		}
+		log := e.log.WithFields(logrus.Fields{"host": host, "block": p.String()})
+		if !exists {
+			// An affinity without its block routes nothing: drop it.
+			if err := e.store.Txn(ctx, datastore.Delete(kv.Key, kv.ModRevision), datastore.Check(blockKey(p), 0)); err != nil && !errors.Is(err, datastore.ErrConflict) {
+				return n, err
+			}
+			continue
+		}
+		if b.Affinity != affinityOf(host) || !b.empty() {
+			continue
+		}
+		if b.EmptiedAt != nil && now.Sub(*b.EmptiedAt) < grace {
+			continue
+		}
+		err = e.store.Txn(ctx, datastore.Delete(blockKey(p), rev), datastore.Delete(kv.Key, kv.ModRevision))
+		if errors.Is(err, datastore.ErrConflict) {
+			log.Debug("block changed while being released, keeping it")
+			continue
+		}
+		if err != nil {
+			return n, err
+		}
+		e.uncacheBlock(p)
+		n++
+		log.Info("released empty block back to the pool")
+	}
+	return n, nil
+}

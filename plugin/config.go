@@ -1,0 +1,126 @@
+package plugin
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+)
+
+// Defaults a user sees in the README's configuration table.
+const (
+	DefaultStateDir           = "/var/lib/calico-cnm"
+	DefaultSocketDir          = "/run/docker/plugins"
+	DefaultNetworkSocket      = "calico.sock"
+	DefaultIPAMSocket         = "calico-ipam.sock"
+	DefaultReleaseGracePeriod = 30 * time.Second
+	DefaultResyncInterval     = 30 * time.Second
+)
+
+// Config is everything the daemon needs, gathered from flags and env.
+type Config struct {
+	NodeName  string
+	LogLevel  string
+	StateDir  string
+	SocketDir string
+	// SingleSocket, when set, serves both APIs on one socket of that name:
+	// the managed-plugin layout, where Docker talks to one socket per plugin.
+	SingleSocket string
+	Scope        string // "local" or "global"
+	MTU          int
+
+	ReleaseGracePeriod time.Duration
+	ResyncInterval     time.Duration
+
+	Datastore datastore.Config
+}
+
+// Env names, as the README documents them.
+const (
+	EnvEtcdEndpoints = "ETCD_ENDPOINTS"
+	EnvEtcdCA        = "ETCD_CA_CERT_FILE"
+	EnvEtcdCert      = "ETCD_CERT_FILE"
+	EnvEtcdKey       = "ETCD_KEY_FILE"
+	EnvEtcdPrefix    = "ETCD_PREFIX"
+	EnvNodeName      = "NODENAME"
+	EnvLogLevel      = "LOG_LEVEL"
+	EnvStateDir      = "CALICO_CNM_STATE_DIR"
+	EnvSocketDir     = "CALICO_CNM_SOCKET_DIR"
+)
+
+// DefaultConfig reads the environment; flags override it afterwards.
+func DefaultConfig(getenv func(string) string) Config {
+	c := Config{
+		NodeName:           getenv(EnvNodeName),
+		LogLevel:           orDefault(getenv(EnvLogLevel), "info"),
+		StateDir:           orDefault(getenv(EnvStateDir), DefaultStateDir),
+		SocketDir:          orDefault(getenv(EnvSocketDir), DefaultSocketDir),
+		Scope:              "local",
+		ReleaseGracePeriod: DefaultReleaseGracePeriod,
+		ResyncInterval:     DefaultResyncInterval,
+		Datastore: datastore.Config{
+			Endpoints:  SplitEndpoints(getenv(EnvEtcdEndpoints)),
+			CACertFile: getenv(EnvEtcdCA),
+			CertFile:   getenv(EnvEtcdCert),
+			KeyFile:    getenv(EnvEtcdKey),
+			Prefix:     orDefault(getenv(EnvEtcdPrefix), datastore.DefaultPrefix),
+		},
+	}
+	return c
+}
+
+// Finish fills what depends on other fields and checks the result.
+func (c *Config) Finish() error {
+	if c.NodeName == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("NODENAME is not set and the hostname is unreadable: %w", err)
+		}
+		c.NodeName = h
+	}
+	if strings.ContainsAny(c.NodeName, "/ ") {
+		return fmt.Errorf("node name %q must not contain '/' or spaces", c.NodeName)
+	}
+	if _, err := logrus.ParseLevel(c.LogLevel); err != nil {
+		return fmt.Errorf("LOG_LEVEL %q: use one of debug, info, warn, error", c.LogLevel)
+	}
+	switch c.Scope {
+	case "local", "global":
+	default:
+		return fmt.Errorf("scope %q: use local or global", c.Scope)
+	}
+	if c.Scope == "global" && len(c.Datastore.Endpoints) == 0 {
+		return fmt.Errorf("global scope needs a shared datastore: set ETCD_ENDPOINTS (the embedded member serves one host only)")
+	}
+	c.Datastore.Embedded = len(c.Datastore.Endpoints) == 0
+	if c.Datastore.DataDir == "" {
+		c.Datastore.DataDir = filepath.Join(c.StateDir, "etcd")
+	}
+	if c.Datastore.EmbeddedName == "" {
+		c.Datastore.EmbeddedName = c.NodeName
+	}
+	return nil
+}
+
+// SplitEndpoints parses ETCD_ENDPOINTS ("http://a:2379,http://b:2379").
+func SplitEndpoints(s string) []string {
+	var out []string
+	for _, e := range strings.Split(s, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func orDefault(v, d string) string {
+	if v == "" {
+		return d
+	}
+	return v
+}

@@ -1,0 +1,176 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/dataplane"
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/driver"
+	"github.com/calico-cnm/calico-cnm/ipam"
+)
+
+// Run is `calico-cnm serve`: it opens the datastore, serves both plugin APIs
+// and keeps the host's blackhole routes in step with its blocks until ctx is
+// cancelled (SIGTERM).
+func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
+	if err := cfg.Finish(); err != nil {
+		return err
+	}
+	lvl, _ := logrus.ParseLevel(cfg.LogLevel)
+	log.SetLevel(lvl)
+	entry := log.WithField("node", cfg.NodeName)
+
+	if err := os.MkdirAll(cfg.SocketDir, 0o755); err != nil {
+		return fmt.Errorf("creating socket dir %s: %w", cfg.SocketDir, err)
+	}
+	openCtx, cancelOpen := context.WithTimeout(ctx, 90*time.Second)
+	store, err := datastore.Open(openCtx, cfg.Datastore, entry)
+	cancelOpen()
+	if err != nil {
+		return fmt.Errorf("opening the datastore: %w", err)
+	}
+	defer store.Close()
+
+	engine := ipam.New(store, ipam.Options{ReleaseGracePeriod: cfg.ReleaseGracePeriod, Log: entry})
+	dp, err := dataplane.NewLinux("", entry)
+	if err != nil {
+		return fmt.Errorf("opening the host network namespace: %w", err)
+	}
+	defer dp.Close()
+
+	nd := driver.NewNetworkDriver(store, dp, cfg.NodeName, entry, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: engine})
+	id := driver.NewIPAMDriver(engine, cfg.NodeName, entry)
+	srv := NewServer(nd, id, entry)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 3)
+	serve := func(name string, implements ...string) {
+		path := filepath.Join(cfg.SocketDir, name)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			entry.WithFields(logrus.Fields{"socket": path, "implements": implements}).Info("serving plugin API")
+			if err := srv.ServeUnix(ctx, path, srv.Handler(implements...)); err != nil {
+				errc <- fmt.Errorf("serving %s: %w", path, err)
+			}
+		}()
+	}
+	if cfg.SingleSocket != "" {
+		serve(cfg.SingleSocket, "NetworkDriver", "IpamDriver")
+	} else {
+		serve(DefaultNetworkSocket, "NetworkDriver")
+		serve(DefaultIPAMSocket, "IpamDriver")
+	}
+
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		syncBlackholes(ctx, engine, dp, cfg, entry)
+	}()
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		entry.Info("shutting down")
+	case runErr = <-errc:
+		entry.WithError(runErr).Error("plugin server failed")
+	}
+	cancel()
+	wg.Wait()
+	return runErr
+}
+
+// blockRouter is the part of the dataplane that follows this host's blocks.
+type blockRouter interface {
+	EnsureBlackhole(ctx context.Context, block net.IPNet) error
+	RemoveBlackhole(ctx context.Context, block net.IPNet) error
+	ListBlackholes(ctx context.Context) ([]net.IPNet, error)
+}
+
+// syncBlackholes gives every block this host owns a blackhole route (so
+// traffic to unassigned addresses of our block dies here rather than
+// bouncing to a default route) and removes those of blocks we lost. The
+// watch reacts at once; the periodic pass repairs anything the watch missed
+// and gives back blocks that stayed empty past the grace period.
+func syncBlackholes(ctx context.Context, engine *ipam.Engine, dp blockRouter, cfg Config, log logrus.FieldLogger) {
+	events := engine.WatchHostBlocks(ctx, cfg.NodeName)
+	ticker := time.NewTicker(cfg.ResyncInterval)
+	defer ticker.Stop()
+	resync := func() {
+		if n, err := engine.ReleaseEmptyBlocks(ctx, cfg.NodeName); err != nil {
+			log.WithError(err).Warn("releasing empty blocks")
+		} else if n > 0 {
+			log.WithField("blocks", n).Info("released empty blocks")
+		}
+		if err := ReconcileBlackholes(ctx, engine, dp, cfg.NodeName, log); err != nil && !errors.Is(err, context.Canceled) {
+			log.WithError(err).Warn("reconciling blackhole routes")
+		}
+	}
+	resync()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-events:
+			if !ok {
+				return
+			}
+			bl := log.WithField("block", ev.Block.String())
+			if ev.Added {
+				if err := dp.EnsureBlackhole(ctx, ev.Block); err != nil {
+					bl.WithError(err).Warn("adding blackhole route")
+				} else {
+					bl.Debug("blackhole route in place")
+				}
+			} else {
+				if err := dp.RemoveBlackhole(ctx, ev.Block); err != nil {
+					bl.WithError(err).Warn("removing blackhole route")
+				} else {
+					bl.Info("block released: blackhole route removed")
+				}
+			}
+		case <-ticker.C:
+			resync()
+		}
+	}
+}
+
+// ReconcileBlackholes makes the kernel's blackholes (ours, by protocol)
+// match the blocks the datastore says this host owns.
+func ReconcileBlackholes(ctx context.Context, engine *ipam.Engine, dp blockRouter, node string, log logrus.FieldLogger) error {
+	want, err := engine.HostBlocks(ctx, node)
+	if err != nil {
+		return err
+	}
+	have, err := dp.ListBlackholes(ctx)
+	if err != nil {
+		return err
+	}
+	wanted := make(map[string]bool, len(want))
+	for _, b := range want {
+		wanted[b.String()] = true
+		if err := dp.EnsureBlackhole(ctx, b); err != nil {
+			return err
+		}
+	}
+	for _, b := range have {
+		if !wanted[b.String()] {
+			log.WithField("block", b.String()).Info("removing blackhole of a block this host no longer owns")
+			if err := dp.RemoveBlackhole(ctx, b); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

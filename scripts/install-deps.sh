@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what calico-cnm's build, `make run` and the tests need on Debian.
+set -euo pipefail
+if [ "$(id -u)" != 0 ]; then
+	echo "install-deps: run as root (sudo make deps)" >&2
+	exit 1
+fi
+if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
+	export PATH=$PATH:/usr/local/go/bin
+fi
+if ! command -v go >/dev/null; then
+	echo "install-deps: Go 1.24 or newer is required (https://go.dev/doc/install); Debian's golang package is too old" >&2
+	exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+pkgs="docker.io busybox-static iproute2 iputils-ping nftables etcd-server iperf3 make git ca-certificates"
+missing=""
+for p in $pkgs; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+	apt-get update -qq
+	# etcd-server's postinst would start a system etcd on 2379 where a
+	# service manager runs; the tests start their own members on free ports.
+	apt-get install -y -qq --no-install-recommends $missing
+fi
+go mod download
+echo "install-deps: ok"

@@ -1,0 +1,17 @@
+// Package e2e holds the end-to-end tests of calico-cnm: real dockerd engines,
+// each in its own network namespace (see package harness), and the real
+// daemon. Run as root: go test ./test/e2e/... -count=1 -v -timeout 10m
+// Without root, dockerd, the docker CLI or busybox the tests skip loudly.
+package e2e
+
+import (
+	"os"
+	"testing"
+
+	"github.com/calico-cnm/calico-cnm/test/e2e/harness"
+)
+
+// TestMain sweeps what crashed earlier runs left behind and, after the
+// tests, removes the process-wide temp files. Keep the only TestMain of
+// package e2e here.
+func TestMain(m *testing.M) { os.Exit(harness.Main(m)) }
