@@ -10,6 +10,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/routing"
 )
 
 // Defaults a user sees in the README's configuration table.
@@ -38,6 +39,12 @@ type Config struct {
 	ResyncInterval     time.Duration
 
 	Datastore datastore.Config
+
+	// MetricsListen is the Prometheus /metrics and /healthz listener
+	// ("" = off). It must be a loopback address.
+	MetricsListen string
+
+	BGP routing.Config
 }
 
 // Env names, as the README documents them.

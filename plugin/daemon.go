@@ -79,6 +79,14 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 		syncBlackholes(ctx, engine, dp, cfg, entry)
 	}()
 
+	stopRouting, err := startRouting(ctx, cfg, store, engine, entry)
+	if err != nil {
+		cancel()
+		wg.Wait()
+		return fmt.Errorf("starting BGP: %w", err)
+	}
+	defer stopRouting()
+
 	var runErr error
 	select {
 	case <-ctx.Done():
