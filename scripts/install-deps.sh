@@ -24,5 +24,9 @@ if [ -n "$missing" ]; then
 	# service manager runs; the tests start their own members on free ports.
 	apt-get install -y -qq --no-install-recommends $missing
 fi
-go mod download
+# `make run` builds right after this, fetching what the build needs; only the
+# tests want every module (test dependencies included) up front.
+if [ "${1:-}" != "--system-only" ]; then
+	go mod download
+fi
 echo "install-deps: ok"

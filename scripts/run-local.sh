@@ -8,7 +8,7 @@ if [ "$(id -u)" != 0 ]; then
 	echo "run: the plugin creates interfaces and routes: run as root (sudo make run)" >&2
 	exit 1
 fi
-./scripts/install-deps.sh >/dev/null
+./scripts/install-deps.sh --system-only >/dev/null
 if ! docker version >/dev/null 2>&1; then
 	if command -v systemctl >/dev/null && systemctl is-system-running >/dev/null 2>&1; then
 		echo "run: starting docker.service"

@@ -1,0 +1,130 @@
+package dataplane
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+)
+
+// forwardRuleComment marks the rules EnsureForwardAccept owns, so that it
+// finds its own and never touches anybody else's.
+const forwardRuleComment = "calico-cnm: forward workload traffic"
+
+// workloadIfPrefix is what iptables writes for `-i cali+`: a compare of the
+// name's first bytes, without the NUL terminator.
+var workloadIfPrefix = []byte("cali")
+
+// EnsureForwardAccept lets routed workload traffic through a FORWARD filter
+// whose policy drops it. Docker sets the iptables FORWARD policy to DROP
+// when it starts (with its default --iptables=true), which would silently
+// black-hole every packet between cali interfaces; Docker's own advice is to
+// put such rules in its DOCKER-USER chain, which it never flushes. So: for
+// each family's iptables-nft "filter" table, insert `-i cali+ -j ACCEPT` and
+// `-o cali+ -j ACCEPT` at the top of DOCKER-USER (or FORWARD when Docker has
+// not made DOCKER-USER), once. Nothing happens where no such table exists:
+// then nothing filters forwarded traffic.
+func (l *Linux) EnsureForwardAccept(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	conn, err := nftables.New(nftables.WithNetNSFd(int(l.ns)))
+	if err != nil {
+		return fmt.Errorf("opening nftables: %w", err)
+	}
+	for _, family := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
+		chains, err := conn.ListChainsOfTableFamily(family)
+		if err != nil {
+			return fmt.Errorf("listing nftables chains: %w", err)
+		}
+		chain := pickForwardChain(chains)
+		if chain == nil {
+			continue
+		}
+		rules, err := conn.GetRules(chain.Table, chain)
+		if err != nil {
+			return fmt.Errorf("listing rules of %s: %w", chain.Name, err)
+		}
+		if hasForwardRules(rules) {
+			continue
+		}
+		for _, key := range []expr.MetaKey{expr.MetaKeyOIFNAME, expr.MetaKeyIIFNAME} {
+			conn.InsertRule(&nftables.Rule{
+				Table: chain.Table,
+				Chain: chain,
+				Exprs: []expr.Any{
+					&expr.Meta{Key: key, Register: 1},
+					&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: workloadIfPrefix},
+					&expr.Counter{},
+					&expr.Verdict{Kind: expr.VerdictAccept},
+				},
+				UserData: userdata.AppendString(nil, userdata.TypeComment, forwardRuleComment),
+			})
+		}
+		if err := conn.Flush(); err != nil {
+			return fmt.Errorf("inserting the cali+ accept rules into %s: %w", chain.Name, err)
+		}
+		l.log.WithField("chain", chain.Table.Name+"/"+chain.Name).Info("accepting forwarded traffic of cali+ interfaces (Docker's FORWARD policy drops it)")
+	}
+	return nil
+}
+
+// pickForwardChain prefers Docker's DOCKER-USER chain of table "filter",
+// then that table's FORWARD chain.
+func pickForwardChain(chains []*nftables.Chain) *nftables.Chain {
+	var forward *nftables.Chain
+	for _, c := range chains {
+		if c.Table == nil || c.Table.Name != "filter" {
+			continue
+		}
+		switch c.Name {
+		case "DOCKER-USER":
+			return c
+		case "FORWARD":
+			forward = c
+		}
+	}
+	return forward
+}
+
+func hasForwardRules(rules []*nftables.Rule) bool {
+	n := 0
+	for _, r := range rules {
+		if c, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok && c == forwardRuleComment {
+			n++
+		}
+	}
+	return n >= 2
+}
+
+// removeForwardRules deletes the rules EnsureForwardAccept added; tests use
+// it to leave a namespace as they found it.
+func (l *Linux) removeForwardRules() error {
+	conn, err := nftables.New(nftables.WithNetNSFd(int(l.ns)))
+	if err != nil {
+		return err
+	}
+	for _, family := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
+		chains, err := conn.ListChainsOfTableFamily(family)
+		if err != nil {
+			return err
+		}
+		for _, chain := range chains {
+			rules, err := conn.GetRules(chain.Table, chain)
+			if err != nil {
+				return err
+			}
+			for _, r := range rules {
+				if c, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok && c == forwardRuleComment {
+					if err := conn.DelRule(r); err != nil {
+						return err
+					}
+				}
+			}
+		}
+	}
+	return conn.Flush()
+}
+
