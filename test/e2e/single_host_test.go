@@ -4,8 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -307,4 +310,42 @@ func TestDockerShowsPluginErrors(t *testing.T) {
 	if n := h.usedIPs(t); n != 0 {
 		t.Errorf("%d addresses still allocated", n)
 	}
+}
+
+// TestDaemonSocketsLifecycle: the sockets are 0660, a clean SIGTERM exits 0
+// and removes them, and a restart over stale socket files (left by kill -9)
+// serves again.
+func TestDaemonSocketsLifecycle(t *testing.T) {
+	h := newCalicoHost(t, "sockets")
+	socks := []string{filepath.Join(h.PluginDir, "calico.sock"), filepath.Join(h.PluginDir, "calico-ipam.sock")}
+	for _, s := range socks {
+		fi, err := os.Stat(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o660 {
+			t.Errorf("%s: mode %v, want a socket with 0660", s, fi.Mode())
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); !ok || st.Uid != 0 {
+			t.Errorf("%s is not owned by root", s)
+		}
+	}
+	if err := h.plugin.Stop(t); err != nil {
+		t.Errorf("daemon exited with %v after SIGTERM, want status 0", err)
+	}
+	for _, s := range socks {
+		if _, err := os.Stat(s); !os.IsNotExist(err) {
+			t.Errorf("%s still exists after a clean exit (%v)", s, err)
+		}
+	}
+	h.plugin.Start(t)
+	h.plugin.Kill9(t)
+	for _, s := range socks {
+		if _, err := os.Stat(s); err != nil {
+			t.Fatalf("kill -9 should leave the stale socket %s behind: %v", s, err)
+		}
+	}
+	h.plugin.Start(t) // waits until both sockets answer Plugin.Activate
+	h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "n1")
+	h.MustDocker(t, "run", "--rm", "--net", "n1", harness.Image, "true")
 }
