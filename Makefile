@@ -6,7 +6,7 @@ LDFLAGS   := -s -w -X main.Version=$(VERSION)
 PKGS      := ./...
 TEST_TIMEOUT ?= 50m
 
-.PHONY: all build test unit bench lint run deps clean
+.PHONY: all build test unit bench fuzz lint run plugin deps clean
 
 all: build
 
@@ -23,8 +23,25 @@ test:
 unit:
 	$(GO) test -count=1 -short ./datastore/... ./ipam/... ./driver/... ./plugin/... ./cmd/...
 
+# Side-by-side performance report: bench/report.md + bench/report.png (needs
+# root and dockerd, like the e2e tests; about 10 minutes). The IPAM
+# micro-benchmark runs first on its own.
+BENCH_TIMEOUT ?= 30m
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s -benchmem ./ipam/
+	CALICO_CNM_BENCH=1 $(GO) test -count=1 -timeout $(BENCH_TIMEOUT) -run '^TestBenchReport$$' -v ./bench/
+
+# Each fuzz target for FUZZTIME (plain `go test` already runs the committed
+# corpus in testdata/fuzz as regression tests).
+FUZZTIME ?= 20s
+FUZZ_TARGETS := ./plugin/:FuzzPluginHandler ./ipam/:FuzzNormalizePool ./ipam/:FuzzAddPool \
+	./driver/:FuzzRequestPool ./driver/:FuzzRequestAddress ./driver/:FuzzReleaseAddress
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "== $$fn ($$pkg) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s $$pkg; \
+	done
 
 lint:
 	$(GO) vet $(PKGS)
@@ -32,8 +49,19 @@ lint:
 
 # The main job: the plugin on its embedded datastore, wired into the local
 # Docker engine through /run/docker/plugins.
-run: build
+run:
+	./scripts/install-deps.sh --system-only
+	$(MAKE) build
 	./scripts/run-local.sh $(BIN)
+
+# The managed Docker plugin: static binary, rootfs + config.json in
+# bin/plugin, then `docker plugin create $(PLUGIN_NAME) bin/plugin` on the
+# engine DOCKER_HOST points at. Drivers: --driver $(PLUGIN_NAME):latest
+# --ipam-driver $(PLUGIN_NAME):latest. REPLACE=1 replaces an existing plugin,
+# NO_CREATE=1 only builds bin/plugin; see docs/managed-plugin.md.
+PLUGIN_NAME ?= calico
+plugin:
+	PLUGIN_NAME=$(PLUGIN_NAME) BIN=$(BIN) VERSION=$(VERSION) GO=$(GO) ./scripts/build-plugin.sh
 
 # Debian packages the tests and `make run` need.
 deps:

@@ -127,4 +127,3 @@ func (l *Linux) removeForwardRules() error {
 	}
 	return conn.Flush()
 }
-

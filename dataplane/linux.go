@@ -46,6 +46,9 @@ type Linux struct {
 	ns  netns.NsHandle  // the target namespace, for sysctls (see inNetNS)
 	nl  *netlink.Handle // rtnetlink sockets opened inside ns
 	log logrus.FieldLogger
+	// procSys is where sysctls are written: DefaultProcSys, or a writable
+	// mount of a procfs' sys directory (see WithProcSys).
+	procSys string
 
 	// failpoint, when set, is called after each step of AddWorkload; a
 	// non-nil error makes AddWorkload fail right there. Only tests set it,
@@ -53,13 +56,40 @@ type Linux struct {
 	failpoint func(step string) error
 }
 
+// DefaultProcSys is where sysctls live normally.
+const DefaultProcSys = "/proc/sys"
+
+// Option tunes a Linux dataplane.
+type Option func(*Linux)
+
+// WithProcSys makes the dataplane write its sysctls under dir instead of
+// /proc/sys ("" keeps the default). A managed Docker plugin needs it: runc
+// mounts the plugin's /proc/sys read-only, so the plugin gets the host's
+// /proc/sys bind-mounted writable elsewhere (config.json). Any procfs mount
+// will do, because /proc/sys/net shows the network namespace of the thread
+// that opens the file, not that of the procfs instance.
+func WithProcSys(dir string) Option {
+	return func(l *Linux) {
+		if dir != "" {
+			l.procSys = dir
+		}
+	}
+}
+
 // NewLinux opens the network namespace at netnsPath (e.g. /var/run/netns/x or
 // /proc/<pid>/ns/net) and returns a Linux that programs it. netnsPath ""
 // means the namespace of the calling thread, i.e. the process's own unless
 // the caller has deliberately switched its locked thread elsewhere.
-func NewLinux(netnsPath string, log logrus.FieldLogger) (*Linux, error) {
+func NewLinux(netnsPath string, log logrus.FieldLogger, opts ...Option) (*Linux, error) {
 	if log == nil {
 		log = logrus.StandardLogger()
+	}
+	probe := &Linux{procSys: DefaultProcSys}
+	for _, o := range opts {
+		o(probe)
+	}
+	if _, err := os.Stat(filepath.Join(probe.procSys, "net")); err != nil {
+		return nil, fmt.Errorf("sysctl directory %s: %w", probe.procSys, err)
 	}
 	var (
 		ns  netns.NsHandle
@@ -89,7 +119,7 @@ func NewLinux(netnsPath string, log logrus.FieldLogger) (*Linux, error) {
 		ns.Close()
 		return nil, fmt.Errorf("setting netlink timeout: %w", err)
 	}
-	return &Linux{ns: ns, nl: h, log: log.WithField("netns", netnsPath)}, nil
+	return &Linux{ns: ns, nl: h, log: log.WithField("netns", netnsPath), procSys: probe.procSys}, nil
 }
 
 // Close releases the namespace and the netlink sockets. The kernel state it
@@ -189,7 +219,7 @@ func (l *Linux) AddWorkload(ctx context.Context, w Workload) (retErr error) {
 		return err
 	}
 
-	if err := inNetNS(l.ns, l.log, func() error { return configureHostSide(w, log) }); err != nil {
+	if err := inNetNS(l.ns, l.log, func() error { return configureHostSide(l.procSys, w, log) }); err != nil {
 		return wrap("configuring "+w.HostIfName, err)
 	}
 	if err := step(stepSysctls); err != nil {
@@ -231,14 +261,19 @@ func (l *Linux) AddWorkload(ctx context.Context, w Workload) (retErr error) {
 	if err := step(stepRoutes); err != nil {
 		return err
 	}
+	// Best effort, checked on every Join because dockerd may have started
+	// (and set its FORWARD policy to DROP) after this daemon did.
+	if err := l.EnsureForwardAccept(ctx); err != nil {
+		log.WithError(err).Warn("Could not open the FORWARD filter for cali+ interfaces; routed traffic may be dropped")
+	}
 
 	log.Info("Added workload")
 	return nil
 }
 
-// configureHostSide sets the host side's sysctls. It runs inside the target
-// namespace.
-func configureHostSide(w Workload, log logrus.FieldLogger) error {
+// configureHostSide sets the host side's sysctls under procSys. It runs
+// inside the target namespace.
+func configureHostSide(procSys string, w Workload, log logrus.FieldLogger) error {
 	ifc := w.HostIfName
 	var settings []sysctl
 	if w.IPv4 != nil {
@@ -258,7 +293,7 @@ func configureHostSide(w Workload, log logrus.FieldLogger) error {
 	}
 	v6conf := "net/ipv6/conf/" + ifc + "/"
 	if w.IPv6 != nil {
-		if _, err := os.Stat(filepath.Join("/proc/sys", v6conf)); err != nil {
+		if _, err := os.Stat(filepath.Join(procSys, v6conf)); err != nil {
 			return fmt.Errorf("IPv6 is not available in this network namespace: %w", err)
 		}
 		settings = append(settings,
@@ -277,7 +312,7 @@ func configureHostSide(w Workload, log logrus.FieldLogger) error {
 			sysctl{key: v6conf + "proxy_ndp", value: "1"},
 		)
 	}
-	if err := writeSysctls(settings); err != nil {
+	if err := writeSysctls(procSys, settings); err != nil {
 		return err
 	}
 	if w.IPv6 == nil {
@@ -285,7 +320,7 @@ func configureHostSide(w Workload, log logrus.FieldLogger) error {
 		// from the ee:ee:ee:ee:ee:ee MAC, which equals the container side's
 		// and makes its duplicate address detection fail (a kernel warning
 		// per container). Best effort: IPv6 may be off altogether.
-		if err := writeSysctls([]sysctl{{key: v6conf + "addr_gen_mode", value: "1"}}); err != nil {
+		if err := writeSysctls(procSys, []sysctl{{key: v6conf + "addr_gen_mode", value: "1"}}); err != nil {
 			log.WithError(err).Debug("Could not disable IPv6 address generation on host side")
 		}
 	}

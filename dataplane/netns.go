@@ -68,11 +68,11 @@ type sysctl struct {
 	onlyIfDifferent bool
 }
 
-// writeSysctls writes the settings in order. It must run inside the target
-// namespace (see inNetNS).
-func writeSysctls(settings []sysctl) error {
+// writeSysctls writes the settings in order under procSys (normally
+// /proc/sys). It must run inside the target namespace (see inNetNS).
+func writeSysctls(procSys string, settings []sysctl) error {
 	for _, s := range settings {
-		path := filepath.Join("/proc/sys", s.key)
+		path := filepath.Join(procSys, s.key)
 		if s.onlyIfDifferent {
 			cur, err := os.ReadFile(path)
 			if err == nil && string(bytes.TrimSpace(cur)) == s.value {

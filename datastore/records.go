@@ -90,3 +90,35 @@ func EndpointNodeAndID(key string) (node, id string, ok bool) {
 	node, id, ok = strings.Cut(rest, "/")
 	return node, id, ok && node != "" && id != ""
 }
+
+// BGP records (routing/ and the `bgp` CLI). Additive: older daemons ignore them.
+
+// BGPConfigKey holds the cluster-wide BGP settings (BGPConfig).
+const BGPConfigKey = "bgp/config"
+
+// BGPPeerKey is the record of one explicit BGP peer (a ToR router, an
+// external reflector).
+func BGPPeerKey(name string) string { return BGPPeersPrefix + name }
+
+// BGPConfig is the cluster-wide BGP configuration. Zero values mean the
+// defaults (ASN 64512, node-to-node mesh on).
+type BGPConfig struct {
+	ASN uint32 `json:"asn,omitempty"`
+	// NodeToNodeMesh nil means on: every node peers with every other node.
+	// Off, nodes peer only with route reflectors and explicit peers.
+	NodeToNodeMesh *bool `json:"nodeToNodeMesh,omitempty"`
+}
+
+// MeshEnabled applies the default (on) to an unset NodeToNodeMesh.
+func (c BGPConfig) MeshEnabled() bool { return c.NodeToNodeMesh == nil || *c.NodeToNodeMesh }
+
+// BGPPeer is an explicit BGP peer: global (Node "") or of one node only.
+type BGPPeer struct {
+	Name   string `json:"name"`
+	PeerIP string `json:"peerIP"`
+	ASN    uint32 `json:"asn"`
+	Node   string `json:"node,omitempty"` // "" = every node
+	// Password is the TCP MD5 (RFC 2385) key. It is stored in the datastore,
+	// so protect etcd access accordingly; the CLI never prints it.
+	Password string `json:"password,omitempty"`
+}

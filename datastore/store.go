@@ -20,6 +20,7 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -104,6 +105,9 @@ type Store struct {
 	timeout time.Duration
 	member  *embeddedMember
 	log     logrus.FieldLogger
+	// diag explains transport failures (TLS refused, ...) in errors.
+	diag    *connDiag
+	dialFor time.Duration
 
 	reads, txns, retries atomic.Int64
 }
@@ -114,7 +118,7 @@ func Open(ctx context.Context, cfg Config, log logrus.FieldLogger) (*Store, erro
 	if log == nil {
 		log = logrus.StandardLogger()
 	}
-	s := &Store{prefix: cfg.Prefix, timeout: cfg.RequestTimeout, log: log}
+	s := &Store{prefix: cfg.Prefix, timeout: cfg.RequestTimeout, log: log, diag: &connDiag{}, dialFor: cfg.DialTimeout}
 	endpoints := cfg.Endpoints
 	if len(endpoints) == 0 {
 		if !cfg.Embedded {
@@ -152,6 +156,9 @@ func Open(ctx context.Context, cfg Config, log logrus.FieldLogger) (*Store, erro
 		// must see an error, not a hung `docker run`.
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
+		// Our transport credentials (the same TLS, or plain text) also
+		// record why a connection was refused, for the error messages.
+		DialOptions: []grpc.DialOption{s.diag.dialOption(tlsCfg)},
 	})
 	if err != nil {
 		s.closeMember()
@@ -383,13 +390,19 @@ func (s *Store) wrap(err error) error {
 	if errors.Is(err, context.Canceled) {
 		return err
 	}
+	why := ""
+	if s.diag != nil {
+		if cerr := s.diag.recent(s.timeout + s.dialFor); cerr != nil {
+			why = " (" + cerr.Error() + ")"
+		}
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("%w: no answer from etcd within %s", ErrUnavailable, s.timeout)
+		return fmt.Errorf("%w: no answer from etcd within %s%s", ErrUnavailable, s.timeout, why)
 	}
 	if st, ok := status.FromError(err); ok {
 		switch st.Code() {
 		case codes.Unavailable, codes.DeadlineExceeded:
-			return fmt.Errorf("%w: %s", ErrUnavailable, st.Message())
+			return fmt.Errorf("%w: %s%s", ErrUnavailable, st.Message(), why)
 		}
 	}
 	return fmt.Errorf("etcd: %w", err)

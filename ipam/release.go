@@ -56,6 +56,16 @@ func (e *Engine) ReleaseIP(ctx context.Context, ip net.IP) error {
 	}
 	bp := blockOf(addr, pool.BlockSize)
 	ord, _ := ordinalOf(bp, addr)
+	// Releases of one block inside this process take turns: `docker rm` of
+	// many containers at once would otherwise all race for the same block
+	// record, and with one winner per round most would run out of attempts
+	// (leaking their addresses). The key cannot clash with a host name,
+	// which has no '/'.
+	bl := e.host("release/" + bp.String())
+	if err := bl.lock(ctx); err != nil {
+		return err
+	}
+	defer bl.unlock()
 	fresh := false
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		var b *block

@@ -34,6 +34,10 @@ type Config struct {
 	SingleSocket string
 	Scope        string // "local" or "global"
 	MTU          int
+	// ProcSys is where per-interface sysctls are written ("" = /proc/sys).
+	// The managed plugin sets it to a writable mount of the host's
+	// /proc/sys, since runc mounts the plugin's own /proc/sys read-only.
+	ProcSys string
 
 	ReleaseGracePeriod time.Duration
 	ResyncInterval     time.Duration
@@ -43,6 +47,13 @@ type Config struct {
 	// MetricsListen is the Prometheus /metrics and /healthz listener
 	// ("" = off). It must be a loopback address.
 	MetricsListen string
+
+	// DockerHost is the Docker API the reconcile loop asks which endpoints
+	// exist ("" = $DOCKER_HOST, else unix:///var/run/docker.sock).
+	DockerHost string
+	// ReconcileGrace is how long an endpoint record or address must look
+	// stale before reconcile removes it (0 = DefaultReconcileGrace).
+	ReconcileGrace time.Duration
 
 	BGP routing.Config
 }
@@ -58,6 +69,9 @@ const (
 	EnvLogLevel      = "LOG_LEVEL"
 	EnvStateDir      = "CALICO_CNM_STATE_DIR"
 	EnvSocketDir     = "CALICO_CNM_SOCKET_DIR"
+	EnvMetricsListen = "CALICO_CNM_METRICS_LISTEN"
+	EnvDockerHost    = "DOCKER_HOST"
+	EnvProcSys       = "CALICO_CNM_PROC_SYS"
 )
 
 // DefaultConfig reads the environment; flags override it afterwards.
@@ -67,9 +81,13 @@ func DefaultConfig(getenv func(string) string) Config {
 		LogLevel:           orDefault(getenv(EnvLogLevel), "info"),
 		StateDir:           orDefault(getenv(EnvStateDir), DefaultStateDir),
 		SocketDir:          orDefault(getenv(EnvSocketDir), DefaultSocketDir),
+		ProcSys:            getenv(EnvProcSys),
 		Scope:              "local",
 		ReleaseGracePeriod: DefaultReleaseGracePeriod,
 		ResyncInterval:     DefaultResyncInterval,
+		MetricsListen:      getenv(EnvMetricsListen),
+		DockerHost:         getenv(EnvDockerHost),
+		ReconcileGrace:     DefaultReconcileGrace,
 		Datastore: datastore.Config{
 			Endpoints:  SplitEndpoints(getenv(EnvEtcdEndpoints)),
 			CACertFile: getenv(EnvEtcdCA),

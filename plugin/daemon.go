@@ -25,6 +25,9 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	if err := cfg.Finish(); err != nil {
 		return err
 	}
+	if err := CheckMetricsListen(cfg.MetricsListen); err != nil {
+		return err
+	}
 	lvl, _ := logrus.ParseLevel(cfg.LogLevel)
 	log.SetLevel(lvl)
 	entry := log.WithField("node", cfg.NodeName)
@@ -41,7 +44,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	defer store.Close()
 
 	engine := ipam.New(store, ipam.Options{ReleaseGracePeriod: cfg.ReleaseGracePeriod, Log: entry})
-	dp, err := dataplane.NewLinux("", entry)
+	dp, err := dataplane.NewLinux("", entry, dataplane.WithProcSys(cfg.ProcSys))
 	if err != nil {
 		return fmt.Errorf("opening the host network namespace: %w", err)
 	}
@@ -50,13 +53,28 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	nd := driver.NewNetworkDriver(store, dp, cfg.NodeName, entry, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: engine})
 	id := driver.NewIPAMDriver(engine, cfg.NodeName, entry)
 	srv := NewServer(nd, id, entry)
+	metrics := NewMetrics(engine, entry)
+	srv.Observer = metrics.ObserveRequest
+	health := NewHealth(store.Ping)
+	reconciler, err := newReconciler(cfg, store, engine, dp, metrics, entry)
+	if err != nil {
+		return err
+	}
+	var metricsListener net.Listener
+	if cfg.MetricsListen != "" {
+		if metricsListener, err = ListenMetrics(cfg.MetricsListen); err != nil {
+			return err
+		}
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
+	var socketPaths []string
 	serve := func(name string, implements ...string) {
 		path := filepath.Join(cfg.SocketDir, name)
+		socketPaths = append(socketPaths, path)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -72,6 +90,27 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 		serve(DefaultNetworkSocket, "NetworkDriver")
 		serve(DefaultIPAMSocket, "IpamDriver")
 	}
+	if metricsListener != nil {
+		entry.WithField("listen", metricsListener.Addr().String()).Info("serving /metrics and /healthz")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := ServeMetrics(ctx, metricsListener, MetricsHandler(metrics, health)); err != nil {
+				errc <- err
+			}
+		}()
+	}
+	// Reconcile once the sockets answer: cleaning up may take a while and
+	// Docker must not wait for it (it may call us meanwhile).
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := waitServed(ctx, socketPaths); err != nil {
+			return
+		}
+		health.SetServing(nil)
+		reconciler.Run(ctx)
+	}()
 
 	wg.Add(1)
 	go func() {

@@ -2,19 +2,60 @@ package plugin
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/routing"
 )
 
 // startRouting starts the BGP speaker and kernel route programming when
 // configured; the returned stop function waits for it to finish.
+//
+// It only validates and spawns: node registration, address detection and
+// the speaker all retry in the background, so a slow datastore or a BGP
+// port still held by a dying predecessor never delays the plugin sockets.
 func startRouting(ctx context.Context, cfg Config, store *datastore.Store, engine *ipam.Engine, log logrus.FieldLogger) (stop func(), err error) {
 	if !cfg.BGP.Enabled {
 		return func() {}, nil
 	}
-	log.Warn("BGP is not implemented yet")
-	return func() {}, nil
+	bgp := cfg.BGP
+	if bgp.StatusSocket == "" {
+		bgp.StatusSocket = filepath.Join(cfg.StateDir, routing.StatusSocketName)
+	}
+	if err := bgp.Finish(); err != nil {
+		return nil, err
+	}
+	routes, err := routing.NewNetlinkTable()
+	if err != nil {
+		return nil, fmt.Errorf("opening the kernel routing table: %w", err)
+	}
+	speaker := routing.NewGoBGP(log)
+	agent, err := routing.NewAgent(routing.Deps{
+		Store: store, Blocks: engine, Speaker: speaker, Routes: routes,
+		NodeName: cfg.NodeName, Config: bgp, Log: log, ResyncInterval: cfg.ResyncInterval,
+	})
+	if err != nil {
+		routes.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := agent.Run(ctx); err != nil {
+			log.WithError(err).Error("BGP routing stopped")
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+		// Graceful: sessions end with the process, without a NOTIFICATION,
+		// so peers keep our routes through a restart (see GoBGP.Stop).
+		speaker.Stop(true)
+		routes.Close()
+	}, nil
 }

@@ -13,7 +13,10 @@ if ! command -v go >/dev/null; then
 	exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
-pkgs="docker.io busybox-static iproute2 iputils-ping nftables etcd-server iperf3 make git ca-certificates"
+# bird2 and gobgpd: the real BGP routers of the multi-host interop test (the
+# tests run them in their own network namespaces; calico-cnm itself needs
+# neither, its speaker is in process).
+pkgs="docker.io busybox-static iproute2 iputils-ping nftables etcd-server iperf3 make git ca-certificates bird2 gobgpd"
 missing=""
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
@@ -76,6 +79,15 @@ func (cf *clientFlags) open(ctx context.Context) (*datastore.Store, error) {
 	return s, nil
 }
 
+// log is the IPAM engine's logger for one CLI command: the command prints
+// its own result on stdout, so only warnings (on the command's stderr, not
+// the process's) are worth showing.
+func (c *cli) log() *logrus.Logger {
+	l := newLogger(c.stderr)
+	l.SetLevel(logrus.WarnLevel)
+	return l
+}
+
 func (c *cli) printJSON(v any) error {
 	enc := json.NewEncoder(c.stdout)
 	enc.SetIndent("", "  ")
@@ -130,10 +142,15 @@ func (c *cli) pool(ctx context.Context, args []string) error {
 		return err
 	}
 	defer store.Close()
-	eng := ipam.New(store, ipam.Options{})
+	eng := ipam.New(store, ipam.Options{Log: c.log()})
 	switch sub {
 	case "add":
 		p, err := eng.AddPool(ctx, ipam.Pool{CIDR: pos[0], BlockSize: *blockSize, NATOutgoing: *nat, Disabled: *disabled})
+		if errors.Is(err, ipam.ErrInvalidCIDR) {
+			// A block size out of range or host bits set: the command
+			// line is wrong, not the datastore.
+			return usageError{err.Error()}
+		}
 		if err != nil {
 			return err
 		}
@@ -202,13 +219,31 @@ func (c *cli) ipam(ctx context.Context, args []string) error {
 		return err
 	}
 	defer store.Close()
-	eng := ipam.New(store, ipam.Options{})
+	eng := ipam.New(store, ipam.Options{Log: c.log()})
 	switch sub {
 	case "release":
+		// ReleaseIP is idempotent (Docker retries releases); an operator
+		// who names a free address has most likely mistyped it.
+		allocs, err := eng.Allocations(ctx)
+		if err != nil {
+			return err
+		}
+		handle := ""
+		for _, a := range allocs {
+			if a.IP.Equal(ip) {
+				handle = a.HandleID
+			}
+		}
+		if handle == "" {
+			if err := inSomePool(ctx, eng, ip); err != nil {
+				return err
+			}
+			return fmt.Errorf("%s is not allocated: nothing to release", ip)
+		}
 		if err := eng.ReleaseIP(ctx, ip); err != nil {
 			return err
 		}
-		fmt.Fprintf(c.stdout, "released %s\n", ip)
+		fmt.Fprintf(c.stdout, "released %s (handle %s)\n", ip, handle)
 		return nil
 	case "check":
 		return c.ipamCheck(ctx, store, eng, cf, *release)
@@ -233,6 +268,22 @@ func (c *cli) ipam(ctx context.Context, args []string) error {
 		rows = append(rows, []string{u.CIDR, u.Pool, host, strconv.Itoa(u.Used), strconv.Itoa(u.Size - u.Used)})
 	}
 	return c.table("BLOCK\tPOOL\tHOST\tUSED\tFREE", rows)
+}
+
+// inSomePool explains an address outside every pool.
+func inSomePool(ctx context.Context, eng *ipam.Engine, ip net.IP) error {
+	pools, err := eng.ListPools(ctx)
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, p := range pools {
+		if _, n, err := net.ParseCIDR(p.CIDR); err == nil && n.Contains(ip) {
+			return nil
+		}
+		names = append(names, p.CIDR)
+	}
+	return fmt.Errorf("%s is not in any IP pool (pools: %s), so calico-ipam never assigned it", ip, orDash(strings.Join(names, ", ")))
 }
 
 func (c *cli) ipamCheck(ctx context.Context, store *datastore.Store, eng *ipam.Engine, cf *clientFlags, fix bool) error {

@@ -40,6 +40,8 @@ Usage:
   calico-cnm pool add|list|delete|disable|enable ...
   calico-cnm ipam show|check|release ...
   calico-cnm network list
+  calico-cnm bgp peer add|list|delete ... | bgp config ...
+  calico-cnm node status [-o json]
   calico-cnm version
 
 Run 'calico-cnm <command> -h' for the flags of a command.
@@ -67,6 +69,10 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		err = cli.ipam(ctx, args[1:])
 	case "network":
 		err = cli.network(ctx, args[1:])
+	case "bgp":
+		err = cli.bgp(ctx, args[1:])
+	case "node":
+		err = cli.node(ctx, args[1:])
 	case "version", "--version", "-v":
 		fmt.Fprintf(stdout, "calico-cnm %s\n", Version)
 	case "help", "-h", "--help":

@@ -27,8 +27,13 @@ func (c *cli) serve(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.SingleSocket, "single-socket", "", "serve both APIs on one socket of this name (managed plugin layout)")
 	fs.StringVar(&cfg.Scope, "scope", cfg.Scope, "driver scope reported to Docker: local, or global (needs a shared etcd)")
 	fs.IntVar(&cfg.MTU, "mtu", 0, "MTU of container interfaces (default 1500)")
+	fs.StringVar(&cfg.ProcSys, "proc-sys", cfg.ProcSys, "where to write sysctls, if not /proc/sys (env CALICO_CNM_PROC_SYS; the managed plugin uses /host/proc/sys)")
 	fs.DurationVar(&cfg.ReleaseGracePeriod, "block-release-grace", cfg.ReleaseGracePeriod, "how long an emptied block stays with this host before it is given back")
 	fs.DurationVar(&cfg.ResyncInterval, "resync-interval", cfg.ResyncInterval, "how often routes and blocks are re-checked against the datastore")
+	fs.StringVar(&cfg.MetricsListen, "metrics-listen", cfg.MetricsListen, "serve Prometheus /metrics and /healthz on this loopback address, e.g. 127.0.0.1:9091 (env CALICO_CNM_METRICS_LISTEN; empty: off)")
+	fs.StringVar(&cfg.DockerHost, "docker-host", cfg.DockerHost, "Docker API that reconcile asks which endpoints exist (env DOCKER_HOST; default unix:///var/run/docker.sock)")
+	fs.DurationVar(&cfg.ReconcileGrace, "reconcile-grace", cfg.ReconcileGrace, "how long an endpoint or address must look stale (unknown to Docker) before reconcile removes it")
+	addBGPFlags(fs, &cfg.BGP, c.getenv)
 	if err := fs.Parse(args); err != nil {
 		return parseErr(err)
 	}

@@ -1,0 +1,328 @@
+package plugin
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+	"time"
+
+	"github.com/calico-cnm/calico-cnm/dataplane"
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/driver"
+	"github.com/calico-cnm/calico-cnm/ipam"
+)
+
+// DefaultReconcileGrace is how long something must look stale (an endpoint
+// record Docker does not have, an address no endpoint holds) before the
+// reconcile loop removes it. Docker legitimately holds such states for a
+// moment: an address exists between RequestAddress and CreateEndpoint, an
+// endpoint record between our CreateEndpoint and Docker storing it, and
+// Docker deletes its endpoint before calling DeleteEndpoint/ReleaseAddress.
+// dockerd 20.10 retries a call to an unreachable plugin for 15 s (backoff
+// 1+2+4+8 s), so such a window can last that long around a daemon restart.
+const DefaultReconcileGrace = 20 * time.Second
+
+// DockerEndpoint is one endpoint as Docker reports it (network inspect).
+type DockerEndpoint struct {
+	ID      string
+	Network string
+	IPs     []netip.Addr
+}
+
+// DockerView is everything Docker has attached, on every network: the
+// endpoints of our networks tell which records are live, and the addresses
+// of all networks guard against releasing one that some container uses
+// (calico-ipam can serve a network of another driver).
+type DockerView struct {
+	Endpoints map[string]DockerEndpoint // by endpoint id
+}
+
+// StoredEndpoint is an endpoint record with the revision a delete must
+// compare against.
+type StoredEndpoint struct {
+	Endpoint datastore.Endpoint
+	Rev      int64
+}
+
+// ReconcileInput is one consistent-enough picture of the three sources of
+// truth. The datastore side must be read before Docker's: whatever Docker
+// creates after its view was taken is then absent from the records too,
+// never a record without its Docker endpoint.
+type ReconcileInput struct {
+	Node  string
+	Now   time.Time
+	Grace time.Duration
+	// Endpoints are the endpoint records of every node (addresses of other
+	// nodes' endpoints are in use too).
+	Endpoints   []StoredEndpoint
+	Allocations []ipam.Allocation
+	// Networks are the ids of the network records (the calico networks).
+	Networks map[string]bool
+	// Detached are this host's workload veth pairs with both ends in the
+	// host namespace (dataplane ListDetachedWorkloads): no container holds
+	// them.
+	Detached []string
+	// Docker is nil when Docker's view is unknown (unreachable): then
+	// nothing is released or removed.
+	Docker *DockerView
+	// FirstSeen is when each pending candidate (Plan.Pending of the
+	// previous pass) was first seen stale.
+	FirstSeen map[string]time.Time
+	// ReleaseOrphans allows releasing this node's addresses that no
+	// endpoint holds. Off in global scope, where the swarm manager
+	// allocates addresses for other nodes' tasks and service VIPs that
+	// never get an endpoint here.
+	ReleaseOrphans bool
+}
+
+// AddressRelease frees one assignment. Releases go by handle, not by
+// address: handles are unique per assignment, so a release decided on a
+// snapshot can never free the address after it was re-assigned to someone
+// else in the meantime.
+type AddressRelease struct {
+	IP     netip.Addr
+	Handle string
+	Block  string
+}
+
+// EndpointRemoval undoes an endpoint Docker no longer has.
+type EndpointRemoval struct {
+	Endpoint datastore.Endpoint
+	Rev      int64
+	// RemoveVeth is false when one of Docker's live endpoints would have
+	// the same host interface name (a shared 11-hex-digit id prefix): that
+	// veth is a running container's.
+	RemoveVeth bool
+	// Release are the assignments still holding the endpoint's addresses,
+	// except those Docker shows in use by another endpoint.
+	Release []AddressRelease
+	// Kept explains addresses that are not released.
+	Kept []string
+}
+
+// Plan is what one reconcile pass does.
+type Plan struct {
+	RemoveEndpoints []EndpointRemoval
+	// ReleaseOrphans are this node's assignments that belong to no
+	// endpoint record and no Docker endpoint.
+	ReleaseOrphans []AddressRelease
+	// RemoveDetached are detached veth pairs (host-side names) that belong
+	// to no endpoint record of this node and no Docker endpoint.
+	RemoveDetached []string
+	// EnsureRoutes are this node's joined endpoints whose /32 (/128) host
+	// routes must exist: those Docker has, or all when Docker's view is
+	// unknown (restoring a route through an existing veth is always right;
+	// the executor skips endpoints whose veth is gone).
+	EnsureRoutes []datastore.Endpoint
+	// Unknown are endpoints of our networks that Docker has but the
+	// datastore does not record (nothing we can repair: we lack their
+	// addresses' context); sorted ids.
+	Unknown []string
+	// Pending are the stale candidates still inside their grace period,
+	// with when they were first seen: the next pass's FirstSeen.
+	Pending map[string]time.Time
+	// NextDue is when the earliest pending candidate matures (zero: none).
+	NextDue time.Time
+}
+
+// Actions counts the repairs the plan makes.
+func (p Plan) Actions() int {
+	return len(p.RemoveEndpoints) + len(p.ReleaseOrphans) + len(p.RemoveDetached)
+}
+
+func endpointCandidate(se StoredEndpoint) string {
+	return fmt.Sprintf("endpoint/%s/%s@%d", se.Endpoint.Node, se.Endpoint.ID, se.Rev)
+}
+
+func orphanCandidate(a ipam.Allocation) string {
+	return fmt.Sprintf("address/%s/%s", a.IP, a.HandleID)
+}
+
+// endpointAddrs are the endpoint record's addresses (unparsable ones are
+// skipped: nothing can hold them).
+func endpointAddrs(ep datastore.Endpoint) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range []string{ep.IPv4, ep.IPv6} {
+		if s == "" {
+			continue
+		}
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out = append(out, p.Addr().Unmap())
+		} else if a, err := netip.ParseAddr(s); err == nil {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}
+
+// endpointNets are the endpoint's addresses as host routes' destinations.
+func endpointNets(ep datastore.Endpoint) []net.IPNet {
+	var out []net.IPNet
+	for _, a := range endpointAddrs(ep) {
+		out = append(out, net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())})
+	}
+	return out
+}
+
+func allocAddr(a ipam.Allocation) (netip.Addr, bool) {
+	ip, ok := netip.AddrFromSlice(a.IP)
+	return ip.Unmap(), ok
+}
+
+// PlanReconcile decides, without side effects, what a reconcile pass does.
+// The rules:
+//
+//   - Docker's view unknown: only ensure the routes of this node's joined
+//     endpoints; remove and release nothing; pending candidates keep their
+//     first-seen time.
+//   - An endpoint record of this node that Docker does not have is a
+//     candidate; once it was seen stale for Grace (same record revision), it
+//     is removed: veth and routes (unless a live Docker endpoint maps to the
+//     same interface name), the assignments of its addresses (unless Docker
+//     shows the address on another endpoint), then the record itself.
+//   - An endpoint record Docker has: its routes are ensured if it is joined.
+//   - A detached veth pair (both ends in the host namespace, so no container
+//     holds it) whose name is no endpoint record's of this node and no
+//     Docker endpoint's is a candidate; seen so for Grace, it is deleted.
+//     (A record's own pair goes with the record, above.)
+//   - With ReleaseOrphans, an assignment whose "node" attribute is this node,
+//     whose address is in no endpoint record (any node) and on no Docker
+//     endpoint (any network) is a candidate; seen so for Grace (same
+//     handle), it is released.
+func PlanReconcile(in ReconcileInput) Plan {
+	plan := Plan{Pending: map[string]time.Time{}}
+	mature := func(key string) bool {
+		first, ok := in.FirstSeen[key]
+		if !ok {
+			first = in.Now
+		}
+		if in.Now.Sub(first) >= in.Grace {
+			return true
+		}
+		plan.Pending[key] = first
+		return false
+	}
+
+	if in.Docker == nil {
+		for _, se := range in.Endpoints {
+			if se.Endpoint.Node == in.Node && se.Endpoint.Joined {
+				plan.EnsureRoutes = append(plan.EnsureRoutes, se.Endpoint)
+			}
+		}
+		for k, v := range in.FirstSeen {
+			plan.Pending[k] = v
+		}
+		plan.NextDue = nextDue(plan.Pending, in.Grace)
+		return plan
+	}
+
+	dockerIPs := map[netip.Addr]string{} // address -> Docker endpoint id
+	liveIfNames := map[string]bool{}
+	for id, de := range in.Docker.Endpoints {
+		for _, ip := range de.IPs {
+			dockerIPs[ip.Unmap()] = id
+		}
+		liveIfNames[dataplane.HostIfName(id)] = true
+	}
+	// The assignment holding each address.
+	holders := map[netip.Addr]ipam.Allocation{}
+	for _, a := range in.Allocations {
+		if ip, ok := allocAddr(a); ok {
+			holders[ip] = a
+		}
+	}
+	recorded := map[netip.Addr]bool{}
+	known := map[string]bool{}
+	recordIfNames := map[string]bool{}
+	for _, se := range in.Endpoints {
+		for _, ip := range endpointAddrs(se.Endpoint) {
+			recorded[ip] = true
+		}
+		if se.Endpoint.Node == in.Node {
+			known[se.Endpoint.ID] = true
+			recordIfNames[se.Endpoint.HostIfName] = true
+			recordIfNames[dataplane.HostIfName(se.Endpoint.ID)] = true
+		}
+	}
+
+	for _, se := range in.Endpoints {
+		ep := se.Endpoint
+		if ep.Node != in.Node {
+			continue
+		}
+		if _, live := in.Docker.Endpoints[ep.ID]; live {
+			if ep.Joined {
+				plan.EnsureRoutes = append(plan.EnsureRoutes, ep)
+			}
+			continue
+		}
+		if !mature(endpointCandidate(se)) {
+			continue
+		}
+		// RemoveWorkload deletes the interface named after the id.
+		rm := EndpointRemoval{Endpoint: ep, Rev: se.Rev, RemoveVeth: !liveIfNames[dataplane.HostIfName(ep.ID)]}
+		for _, ip := range endpointAddrs(ep) {
+			if other, used := dockerIPs[ip]; used {
+				rm.Kept = append(rm.Kept, fmt.Sprintf("%s is in use by Docker endpoint %s", ip, shortID(other)))
+				continue
+			}
+			a, held := holders[ip]
+			if !held {
+				continue // already free (Docker's ReleaseAddress got through)
+			}
+			rm.Release = append(rm.Release, AddressRelease{IP: ip, Handle: a.HandleID, Block: a.Block})
+		}
+		plan.RemoveEndpoints = append(plan.RemoveEndpoints, rm)
+	}
+
+	for _, name := range in.Detached {
+		if recordIfNames[name] || liveIfNames[name] {
+			continue
+		}
+		if mature("interface/" + name) {
+			plan.RemoveDetached = append(plan.RemoveDetached, name)
+		}
+	}
+
+	if in.ReleaseOrphans {
+		for _, a := range in.Allocations {
+			ip, ok := allocAddr(a)
+			if !ok || a.Attrs[driver.AttrNode] != in.Node || recorded[ip] {
+				continue
+			}
+			if _, used := dockerIPs[ip]; used {
+				continue
+			}
+			if mature(orphanCandidate(a)) {
+				plan.ReleaseOrphans = append(plan.ReleaseOrphans, AddressRelease{IP: ip, Handle: a.HandleID, Block: a.Block})
+			}
+		}
+	}
+
+	for id, de := range in.Docker.Endpoints {
+		if !known[id] && in.Networks[de.Network] {
+			plan.Unknown = append(plan.Unknown, id)
+		}
+	}
+	sort.Strings(plan.Unknown)
+	plan.NextDue = nextDue(plan.Pending, in.Grace)
+	return plan
+}
+
+func nextDue(pending map[string]time.Time, grace time.Duration) time.Time {
+	var due time.Time
+	for _, first := range pending {
+		if t := first.Add(grace); due.IsZero() || t.Before(due) {
+			due = t
+		}
+	}
+	return due
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}

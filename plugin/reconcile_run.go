@@ -1,0 +1,445 @@
+package plugin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/dataplane"
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/ipam"
+)
+
+// ReconcileDataplane is what the reconcile loop repairs in the kernel
+// (*dataplane.Linux).
+type ReconcileDataplane interface {
+	// RemoveWorkload deletes the endpoint's veth and host routes; removing
+	// what is not there is fine.
+	RemoveWorkload(ctx context.Context, endpointID string, ips []net.IPNet) error
+	// MissingWorkloadRoutes lists the ips without a host route through
+	// hostIfName (dataplane.ErrNoInterface when it does not exist).
+	MissingWorkloadRoutes(ctx context.Context, hostIfName string, ips []net.IPNet) ([]net.IPNet, error)
+	// EnsureWorkloadRoutes adds the missing host routes.
+	EnsureWorkloadRoutes(ctx context.Context, hostIfName string, ips []net.IPNet) error
+	// ListDetachedWorkloads lists the host-side names of workload veth
+	// pairs no container holds (both ends in the host namespace).
+	ListDetachedWorkloads(ctx context.Context) ([]string, error)
+	// RemoveDetachedWorkload deletes such a pair, if it is still detached.
+	RemoveDetachedWorkload(ctx context.Context, hostIfName string) error
+}
+
+// ReconcileIPAM is what the reconcile loop needs of the address manager
+// (*ipam.Engine).
+type ReconcileIPAM interface {
+	Allocations(ctx context.Context) ([]ipam.Allocation, error)
+	ReleaseByHandle(ctx context.Context, handleID string) error
+}
+
+// Timing of the loop's extra passes.
+const (
+	// eventDebounce collects a burst of Docker events (docker rm of many
+	// containers) into one pass.
+	eventDebounce = time.Second
+	// minEventGap spaces event-triggered passes: each reads all endpoint
+	// and IPAM records, and a busy host (docker run loops) emits events
+	// continuously; Docker cleans up after itself then anyway.
+	minEventGap = 5 * time.Second
+	// minFollowUp bounds how soon a pass for maturing candidates runs.
+	minFollowUp = time.Second
+	// reconcilePassTimeout bounds one pass.
+	reconcilePassTimeout = 2 * time.Minute
+)
+
+// Reconciler brings the datastore, IPAM and the kernel in line with what
+// Docker really has attached on this node: it cleans up after containers
+// that went while the daemon was down (Docker's Leave, DeleteEndpoint and
+// ReleaseAddress calls then fail and are never repeated) and restores
+// routes that went missing. See PlanReconcile for the rules.
+type Reconciler struct {
+	Node      string
+	Store     *datastore.Store
+	IPAM      ReconcileIPAM
+	Dataplane ReconcileDataplane
+	// Docker may be nil: then Docker's view is always unknown and only
+	// routes are repaired.
+	Docker DockerSource
+	// Grace: DefaultReconcileGrace when 0.
+	Grace time.Duration
+	// Interval between periodic passes: DefaultResyncInterval when 0.
+	Interval       time.Duration
+	ReleaseOrphans bool
+	Metrics        *Metrics // may be nil
+	Log            logrus.FieldLogger
+	Now            func() time.Time
+
+	mu         sync.Mutex // one pass at a time; guards the fields below
+	pending    map[string]time.Time
+	dockerDown bool
+	warned     map[string]bool // problems reported by the last pass (one warning each)
+	stillBad   map[string]bool // problems seen by the running pass
+}
+
+// PassResult is what one pass found and did.
+type PassResult struct {
+	Plan        Plan
+	DockerKnown bool
+	// Fixes counts the repairs made, by kind (Fix* constants).
+	Fixes map[string]int
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func (r *Reconciler) grace() time.Duration {
+	if r.Grace == 0 {
+		return DefaultReconcileGrace
+	}
+	return r.Grace
+}
+
+// readEndpoints lists the endpoint records of all nodes.
+func (r *Reconciler) readEndpoints(ctx context.Context) ([]StoredEndpoint, map[string]bool, error) {
+	kvs, err := r.Store.List(ctx, datastore.EndpointsPrefix)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading endpoint records: %w", err)
+	}
+	var out []StoredEndpoint
+	for _, kv := range kvs {
+		node, id, ok := datastore.EndpointNodeAndID(kv.Key)
+		if !ok {
+			continue
+		}
+		var ep datastore.Endpoint
+		if err := json.Unmarshal(kv.Value, &ep); err != nil {
+			// Leave an unreadable record alone rather than guess.
+			r.Log.WithError(err).WithField("key", kv.Key).Warn("unreadable endpoint record: skipping it")
+			continue
+		}
+		// The key is authoritative: it is what a delete must name.
+		ep.Node, ep.ID = node, id
+		if ep.HostIfName == "" {
+			ep.HostIfName = dataplane.HostIfName(id)
+		}
+		out = append(out, StoredEndpoint{Endpoint: ep, Rev: kv.ModRevision})
+	}
+	nets, err := r.Store.List(ctx, datastore.NetworksPrefix)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading network records: %w", err)
+	}
+	ids := map[string]bool{}
+	for _, kv := range nets {
+		ids[strings.TrimPrefix(kv.Key, datastore.NetworksPrefix)] = true
+	}
+	return out, ids, nil
+}
+
+// Pass runs one reconcile pass. The error reports what could not be read
+// or repaired; the repairs that worked are in the result either way.
+func (r *Reconciler) Pass(ctx context.Context) (PassResult, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, reconcilePassTimeout)
+	defer cancel()
+	res := PassResult{Fixes: map[string]int{}}
+	// Warn once per lasting problem: the last pass's set, pruned to what
+	// this pass still sees, so it does not grow with every container.
+	r.stillBad = map[string]bool{}
+	defer func() { r.warned = r.stillBad }()
+
+	// Datastore first, Docker second: see ReconcileInput.
+	eps, nets, err := r.readEndpoints(ctx)
+	if err != nil {
+		r.Metrics.ReconcileRun(ReconcileFailed)
+		return res, err
+	}
+	allocs, err := r.IPAM.Allocations(ctx)
+	if err != nil {
+		r.Metrics.ReconcileRun(ReconcileFailed)
+		return res, fmt.Errorf("reading IPAM allocations: %w", err)
+	}
+	detached, err := r.Dataplane.ListDetachedWorkloads(ctx)
+	if err != nil {
+		// Not fatal: the rest of the pass does not depend on it.
+		r.Log.WithError(err).Warn("listing detached workload veths")
+		detached = nil
+	}
+	var view *DockerView
+	if r.Docker != nil {
+		v, err := r.Docker.View(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return res, ctx.Err()
+			}
+			if !r.dockerDown {
+				r.Log.WithError(err).Warn("Docker is unreachable: reconcile only restores routes, and releases nothing, until it answers")
+			} else {
+				r.Log.WithError(err).Debug("Docker still unreachable")
+			}
+			r.dockerDown = true
+		} else {
+			if r.dockerDown {
+				r.Log.Info("Docker answers again: reconciling endpoints")
+			}
+			r.dockerDown = false
+			view = &v
+		}
+	}
+	res.DockerKnown = view != nil
+
+	plan := PlanReconcile(ReconcileInput{
+		Node:           r.Node,
+		Now:            r.now(),
+		Grace:          r.grace(),
+		Endpoints:      eps,
+		Allocations:    allocs,
+		Networks:       nets,
+		Detached:       detached,
+		Docker:         view,
+		FirstSeen:      r.pending,
+		ReleaseOrphans: r.ReleaseOrphans,
+	})
+	r.pending = plan.Pending
+	res.Plan = plan
+
+	var errs []error
+	for _, rm := range plan.RemoveEndpoints {
+		if err := r.removeEndpoint(ctx, rm, res.Fixes); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, o := range plan.ReleaseOrphans {
+		log := r.Log.WithFields(logrus.Fields{"ip": o.IP.String(), "handle": o.Handle, "block": o.Block})
+		if err := r.IPAM.ReleaseByHandle(ctx, o.Handle); err != nil {
+			errs = append(errs, fmt.Errorf("releasing orphaned address %s: %w", o.IP, err))
+			continue
+		}
+		res.Fixes[FixOrphanReleased]++
+		log.Info("reconcile: released an address no endpoint holds (neither in the datastore nor in Docker)")
+	}
+	for _, name := range plan.RemoveDetached {
+		if err := r.Dataplane.RemoveDetachedWorkload(ctx, name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		res.Fixes[FixInterfaceRemoved]++
+		r.Log.WithField("interface", name).Info("reconcile: removed a veth pair no container and no endpoint record holds")
+	}
+	for _, ep := range plan.EnsureRoutes {
+		if err := r.ensureRoutes(ctx, ep, res.DockerKnown, res.Fixes); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, id := range plan.Unknown {
+		if r.firstWarning("unknown/" + id) {
+			r.Log.WithFields(logrus.Fields{"endpoint": shortID(id), "node": r.Node}).Warn("Docker has an endpoint on a calico network that the datastore does not record for this node (was NODENAME changed?): leaving it alone")
+		}
+	}
+	for kind, n := range res.Fixes {
+		r.Metrics.Fixed(kind, n)
+	}
+	err = errors.Join(errs...)
+	switch {
+	case err != nil:
+		r.Metrics.ReconcileRun(ReconcileFailed)
+	case !res.DockerKnown:
+		r.Metrics.ReconcileRun(ReconcileNoDocker)
+	default:
+		r.Metrics.ReconcileRun(ReconcileOK)
+	}
+	return res, err
+}
+
+// removeEndpoint undoes an endpoint Docker no longer has: veth and routes,
+// its addresses, then the record (guarded by the revision the decision was
+// made on, so a record that changed since is left for the next pass). The
+// record goes last so that a failure half way is retried.
+func (r *Reconciler) removeEndpoint(ctx context.Context, rm EndpointRemoval, fixes map[string]int) error {
+	ep := rm.Endpoint
+	log := r.Log.WithFields(logrus.Fields{"endpoint": shortID(ep.ID), "network": shortID(ep.Network), "ip": strings.Join(nonEmpty(ep.IPv4, ep.IPv6), ",")})
+	if rm.RemoveVeth {
+		if err := r.Dataplane.RemoveWorkload(ctx, ep.ID, endpointNets(ep)); err != nil {
+			return fmt.Errorf("removing the veth of stale endpoint %s: %w", shortID(ep.ID), err)
+		}
+	} else {
+		log.Warn("reconcile: a live Docker endpoint has the same interface name as this stale one: keeping the veth")
+	}
+	for _, rel := range rm.Release {
+		if err := r.IPAM.ReleaseByHandle(ctx, rel.Handle); err != nil {
+			return fmt.Errorf("releasing %s of stale endpoint %s: %w", rel.IP, shortID(ep.ID), err)
+		}
+		fixes[FixAddressReleased]++
+		log.WithFields(logrus.Fields{"released": rel.IP.String(), "handle": rel.Handle}).Info("reconcile: released the address of an endpoint Docker no longer has")
+	}
+	for _, why := range rm.Kept {
+		log.Warn("reconcile: not releasing an address of a stale endpoint: " + why)
+	}
+	err := r.Store.Txn(ctx, datastore.Delete(datastore.EndpointKey(ep.Node, ep.ID), rm.Rev))
+	if errors.Is(err, datastore.ErrConflict) {
+		log.Info("reconcile: stale endpoint record changed meanwhile: leaving it to the next pass")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("deleting stale endpoint record %s: %w", shortID(ep.ID), err)
+	}
+	fixes[FixEndpointRemoved]++
+	log.WithField("joined", ep.Joined).Info("reconcile: removed an endpoint Docker no longer has (its container went while calico-cnm was down)")
+	return nil
+}
+
+// ensureRoutes restores the missing host routes of a live endpoint.
+func (r *Reconciler) ensureRoutes(ctx context.Context, ep datastore.Endpoint, dockerKnown bool, fixes map[string]int) error {
+	log := r.Log.WithFields(logrus.Fields{"endpoint": shortID(ep.ID), "network": shortID(ep.Network), "interface": ep.HostIfName})
+	missing, err := r.Dataplane.MissingWorkloadRoutes(ctx, ep.HostIfName, endpointNets(ep))
+	if errors.Is(err, dataplane.ErrNoInterface) {
+		if dockerKnown && r.firstWarning("noveth/"+ep.ID) {
+			log.Warn("reconcile: the veth of a joined endpoint Docker still has is missing: its container has no connectivity until it is restarted")
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	if err := r.Dataplane.EnsureWorkloadRoutes(ctx, ep.HostIfName, missing); err != nil {
+		return err
+	}
+	for _, m := range missing {
+		fixes[FixRouteRestored]++
+		log.WithField("ip", m.IP.String()).Info("reconcile: restored a missing host route")
+	}
+	return nil
+}
+
+// Run passes at once, then every Interval, shortly after Docker events, and
+// when pending candidates mature, until ctx is done.
+func (r *Reconciler) Run(ctx context.Context) {
+	interval := r.Interval
+	if interval <= 0 {
+		interval = DefaultResyncInterval
+	}
+	var changes <-chan struct{}
+	if r.Docker != nil {
+		changes = r.Docker.Changes(ctx)
+	}
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	followUp := time.NewTimer(time.Hour)
+	followUp.Stop()
+	defer followUp.Stop()
+	var debounce <-chan time.Time
+	var lastPass time.Time
+
+	pass := func() {
+		lastPass = time.Now()
+		res, err := r.Pass(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			r.Log.WithError(err).Warn("reconcile pass incomplete")
+		}
+		if n := res.Plan.Actions(); n > 0 || len(res.Fixes) > 0 {
+			r.Log.WithField("fixes", res.Fixes).Info("reconcile pass done")
+		}
+		// Only while Docker answers: otherwise due candidates would make
+		// this a busy loop, and the ticker retries anyway.
+		if res.DockerKnown && !res.Plan.NextDue.IsZero() {
+			followUp.Reset(max(time.Until(res.Plan.NextDue)+100*time.Millisecond, minFollowUp))
+		}
+	}
+	pass()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+			pass()
+		case <-followUp.C:
+			pass()
+		case _, ok := <-changes:
+			if !ok {
+				changes = nil
+				continue
+			}
+			if debounce == nil {
+				debounce = time.After(max(eventDebounce, time.Until(lastPass.Add(minEventGap))))
+			}
+		case <-debounce:
+			debounce = nil
+			pass()
+		}
+	}
+}
+
+// newReconciler wires the daemon's reconciler.
+func newReconciler(cfg Config, store *datastore.Store, engine *ipam.Engine, dp ReconcileDataplane, m *Metrics, log logrus.FieldLogger) (*Reconciler, error) {
+	docker, err := NewDockerSource(cfg.DockerHost, log.WithField("component", "docker"))
+	if err != nil {
+		return nil, err
+	}
+	return &Reconciler{
+		Node:      cfg.NodeName,
+		Store:     store,
+		IPAM:      engine,
+		Dataplane: dp,
+		Docker:    docker,
+		Grace:     cfg.ReconcileGrace,
+		Interval:  cfg.ResyncInterval,
+		// In global scope the swarm manager allocates for other nodes.
+		ReleaseOrphans: cfg.Scope != "global",
+		Metrics:        m,
+		Log:            log.WithField("component", "reconcile"),
+	}, nil
+}
+
+// waitServed waits until every socket in paths accepts connections.
+func waitServed(ctx context.Context, paths []string) error {
+	for _, p := range paths {
+		for {
+			var d net.Dialer
+			dctx, cancel := context.WithTimeout(ctx, time.Second)
+			c, err := d.DialContext(dctx, "unix", p)
+			cancel()
+			if err == nil {
+				c.Close()
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+func nonEmpty(ss ...string) []string {
+	var out []string
+	for _, s := range ss {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// firstWarning records a problem seen by this pass and reports whether the
+// last pass had not seen it already.
+func (r *Reconciler) firstWarning(key string) bool {
+	r.stillBad[key] = true
+	return !r.warned[key]
+}

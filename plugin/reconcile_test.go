@@ -1,0 +1,689 @@
+package plugin_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/calico-cnm/calico-cnm/dataplane"
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
+	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/plugin"
+)
+
+// epID makes a Docker-like 64-character endpoint id from a short tag (not
+// ending in 0); the tag leads, as it decides the interface name.
+func epID(tag string) string {
+	return tag + strings.Repeat("0", 64-len(tag))
+}
+
+func stored(node, tag, ip string, joined bool, rev int64) plugin.StoredEndpoint {
+	id := epID(tag)
+	return plugin.StoredEndpoint{Rev: rev, Endpoint: datastore.Endpoint{
+		ID: id, Network: "net1", Node: node, IPv4: ip + "/32", Joined: joined,
+		HostIfName: dataplane.HostIfName(id), MAC: "ee:ee:ee:ee:ee:ee",
+	}}
+}
+
+func alloc(ip, handle, node string) ipam.Allocation {
+	a := ipam.Allocation{IP: net.ParseIP(ip).To4(), HandleID: handle, Block: "10.0.0.0/26", Host: host}
+	if node != "" {
+		a.Attrs = map[string]string{"node": node}
+	}
+	return a
+}
+
+func dockerEP(tag, network string, ips ...string) plugin.DockerEndpoint {
+	de := plugin.DockerEndpoint{ID: epID(tag), Network: network}
+	for _, ip := range ips {
+		de.IPs = append(de.IPs, netip.MustParseAddr(ip))
+	}
+	return de
+}
+
+func view(eps ...plugin.DockerEndpoint) *plugin.DockerView {
+	v := &plugin.DockerView{Endpoints: map[string]plugin.DockerEndpoint{}}
+	for _, e := range eps {
+		v.Endpoints[e.ID] = e
+	}
+	return v
+}
+
+// planSummary flattens a plan into comparable strings.
+type planSummary struct {
+	Remove  []string // "<tag> veth=<bool> release=<ip:handle,...> kept=<n>"
+	Orphans []string // "<ip>:<handle>"
+	Routes  []string // tags
+	Detach  []string // interface names
+	Pending []string // candidate keys
+	Unknown []string
+}
+
+func tagOf(id string) string { return strings.TrimRight(id, "0") }
+
+func summarize(p plugin.Plan) planSummary {
+	var s planSummary
+	for _, rm := range p.RemoveEndpoints {
+		var rel []string
+		for _, r := range rm.Release {
+			rel = append(rel, r.IP.String()+":"+r.Handle)
+		}
+		s.Remove = append(s.Remove, fmt.Sprintf("%s veth=%v release=%s kept=%d", tagOf(rm.Endpoint.ID), rm.RemoveVeth, strings.Join(rel, ","), len(rm.Kept)))
+	}
+	for _, o := range p.ReleaseOrphans {
+		s.Orphans = append(s.Orphans, o.IP.String()+":"+o.Handle)
+	}
+	for _, ep := range p.EnsureRoutes {
+		s.Routes = append(s.Routes, tagOf(ep.ID))
+	}
+	s.Detach = append(s.Detach, p.RemoveDetached...)
+	for k := range p.Pending {
+		s.Pending = append(s.Pending, k)
+	}
+	for _, id := range p.Unknown {
+		s.Unknown = append(s.Unknown, tagOf(id))
+	}
+	sort.Strings(s.Remove)
+	sort.Strings(s.Orphans)
+	sort.Strings(s.Routes)
+	sort.Strings(s.Pending)
+	return s
+}
+
+func epKey(node, tag string, rev int64) string {
+	return fmt.Sprintf("endpoint/%s/%s@%d", node, epID(tag), rev)
+}
+
+func TestPlanReconcile(t *testing.T) {
+	const grace = 20 * time.Second
+	t0 := time.Date(2024, 1, 1, 12, 0, 0, 0, time.UTC)
+	now := t0.Add(time.Minute)
+	seenAt := func(keys ...string) map[string]time.Time {
+		m := map[string]time.Time{}
+		for _, k := range keys {
+			m[k] = t0
+		}
+		return m
+	}
+	tests := []struct {
+		name      string
+		eps       []plugin.StoredEndpoint
+		allocs    []ipam.Allocation
+		docker    *plugin.DockerView
+		detached  []string
+		firstSeen map[string]time.Time
+		orphans   bool
+		grace     time.Duration
+		want      planSummary
+		wantDue   time.Time
+	}{
+		{
+			name:   "docker unknown: only routes of this node's joined endpoints; nothing removed even when overdue",
+			eps:    []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5), stored(host, "a2", "10.0.0.2", false, 6), stored("host-b", "b1", "10.0.0.65", true, 7)},
+			allocs: []ipam.Allocation{alloc("10.0.0.1", "h1", host), alloc("10.0.0.9", "h9", host)},
+			// Overdue candidates are carried over, not acted on.
+			firstSeen: seenAt(epKey(host, "a2", 6), "address/10.0.0.9/h9"),
+			orphans:   true,
+			want: planSummary{
+				Routes:  []string{"a1"},
+				Pending: []string{"address/10.0.0.9/h9", epKey(host, "a2", 6)},
+			},
+			wantDue: t0.Add(grace),
+		},
+		{
+			name:    "live endpoints: routes for the joined one, nothing else",
+			eps:     []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5), stored(host, "a2", "10.0.0.2", false, 6)},
+			allocs:  []ipam.Allocation{alloc("10.0.0.1", "h1", host), alloc("10.0.0.2", "h2", host)},
+			docker:  view(dockerEP("a1", "net1", "10.0.0.1"), dockerEP("a2", "net1", "10.0.0.2")),
+			orphans: true,
+			want:    planSummary{Routes: []string{"a1"}},
+		},
+		{
+			name:    "stale endpoint seen for the first time: pending, not removed",
+			eps:     []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
+			allocs:  []ipam.Allocation{alloc("10.0.0.1", "h1", host)},
+			docker:  view(),
+			orphans: true,
+			want:    planSummary{Pending: []string{epKey(host, "a1", 5)}},
+			wantDue: now.Add(grace),
+		},
+		{
+			name:      "stale endpoint seen again within the grace period: still pending",
+			eps:       []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
+			allocs:    []ipam.Allocation{alloc("10.0.0.1", "h1", host)},
+			docker:    view(),
+			firstSeen: map[string]time.Time{epKey(host, "a1", 5): now.Add(-grace + time.Second)},
+			want:      planSummary{Pending: []string{epKey(host, "a1", 5)}},
+			wantDue:   now.Add(time.Second),
+		},
+		{
+			name:      "stale endpoint past the grace period: veth, its address (by handle) and record go",
+			eps:       []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5), stored(host, "a3", "10.0.0.3", true, 8)},
+			allocs:    []ipam.Allocation{alloc("10.0.0.1", "h1", host), alloc("10.0.0.3", "h3", host)},
+			docker:    view(dockerEP("a3", "net1", "10.0.0.3")),
+			firstSeen: seenAt(epKey(host, "a1", 5)),
+			orphans:   true,
+			want: planSummary{
+				Remove: []string{"a1 veth=true release=10.0.0.1:h1 kept=0"},
+				Routes: []string{"a3"},
+			},
+		},
+		{
+			name:      "a changed record restarts its grace period",
+			eps:       []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 9)},
+			allocs:    []ipam.Allocation{alloc("10.0.0.1", "h1", host)},
+			docker:    view(),
+			firstSeen: seenAt(epKey(host, "a1", 5)),
+			want:      planSummary{Pending: []string{epKey(host, "a1", 9)}},
+			wantDue:   now.Add(grace),
+		},
+		{
+			name:      "stale endpoint whose address is already free: only veth and record go",
+			eps:       []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", false, 5)},
+			docker:    view(),
+			firstSeen: seenAt(epKey(host, "a1", 5)),
+			want:      planSummary{Remove: []string{"a1 veth=true release= kept=0"}},
+		},
+		{
+			name:      "stale endpoint whose address Docker shows on another endpoint: the address is kept",
+			eps:       []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
+			allocs:    []ipam.Allocation{alloc("10.0.0.1", "h1", host)},
+			docker:    view(dockerEP("zz", "othernet", "10.0.0.1")),
+			firstSeen: seenAt(epKey(host, "a1", 5)),
+			want:      planSummary{Remove: []string{"a1 veth=true release= kept=1"}},
+		},
+		{
+			name: "stale endpoint sharing its interface name with a live one: the veth is kept",
+			// Same first 11 characters, different ids.
+			eps:       []plugin.StoredEndpoint{stored(host, "abcdef123451", "10.0.0.1", true, 5)},
+			allocs:    []ipam.Allocation{alloc("10.0.0.1", "h1", host)},
+			docker:    view(dockerEP("abcdef123452", "net1", "10.0.0.2")),
+			firstSeen: seenAt(epKey(host, "abcdef123451", 5)),
+			want: planSummary{
+				Remove:  []string{"abcdef123451 veth=false release=10.0.0.1:h1 kept=0"},
+				Unknown: []string{"abcdef123452"},
+			},
+		},
+		{
+			name:      "other nodes' endpoints are never touched",
+			eps:       []plugin.StoredEndpoint{stored("host-b", "b1", "10.0.0.65", true, 5)},
+			allocs:    []ipam.Allocation{alloc("10.0.0.65", "hb", "host-b")},
+			docker:    view(),
+			firstSeen: seenAt(epKey("host-b", "b1", 5)),
+			orphans:   true,
+			want:      planSummary{},
+		},
+		{
+			name: "orphaned address: first pending, then released by handle; in-use, foreign and unattributed ones stay",
+			eps:  []plugin.StoredEndpoint{stored("host-b", "b1", "10.0.0.5", true, 5)},
+			allocs: []ipam.Allocation{
+				alloc("10.0.0.9", "h9", host),       // orphan, seen at t0: released
+				alloc("10.0.0.10", "h10", host),     // orphan, new: pending
+				alloc("10.0.0.11", "h11", host),     // used by a Docker endpoint (another driver's network)
+				alloc("10.0.0.5", "h5", host),       // recorded on another node's endpoint (swarm-style)
+				alloc("10.0.0.12", "h12", "host-b"), // another node's
+				alloc("10.0.0.13", "h13", ""),       // no node attribute (CLI / old plugin)
+			},
+			docker:    view(dockerEP("x1", "bridge", "10.0.0.11")),
+			firstSeen: seenAt("address/10.0.0.9/h9"),
+			orphans:   true,
+			want: planSummary{
+				Orphans: []string{"10.0.0.9:h9"},
+				Pending: []string{"address/10.0.0.10/h10"},
+			},
+			wantDue: now.Add(grace),
+		},
+		{
+			name:      "an address re-assigned to a new handle restarts its grace period",
+			allocs:    []ipam.Allocation{alloc("10.0.0.9", "h9new", host)},
+			docker:    view(),
+			firstSeen: seenAt("address/10.0.0.9/h9"),
+			orphans:   true,
+			want:      planSummary{Pending: []string{"address/10.0.0.9/h9new"}},
+			wantDue:   now.Add(grace),
+		},
+		{
+			name:   "detached veth pairs: a record's or a Docker endpoint's stay, others go after the grace period",
+			eps:    []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", false, 5)},
+			docker: view(dockerEP("a1", "net1", "10.0.0.1"), dockerEP("d2", "net1", "10.0.0.2")),
+			detached: []string{
+				dataplane.HostIfName(epID("a1")), // its record's (mid-Join)
+				dataplane.HostIfName(epID("d2")), // a Docker endpoint's
+				"calid3d3d3d3d3d",                // seen at t0: removed
+				"calid4d4d4d4d4d",                // new: pending
+			},
+			firstSeen: seenAt("interface/calid3d3d3d3d3d"),
+			want: planSummary{
+				Detach:  []string{"calid3d3d3d3d3d"},
+				Pending: []string{"interface/calid4d4d4d4d4d"},
+				Unknown: []string{"d2"},
+			},
+			wantDue: now.Add(grace),
+		},
+		{
+			name:      "detached veth pairs are kept while Docker is unreachable",
+			detached:  []string{"calid3d3d3d3d3d"},
+			firstSeen: seenAt("interface/calid3d3d3d3d3d"),
+			want:      planSummary{Pending: []string{"interface/calid3d3d3d3d3d"}},
+			wantDue:   t0.Add(grace),
+		},
+		{
+			name:      "global scope: orphaned addresses are never released",
+			allocs:    []ipam.Allocation{alloc("10.0.0.9", "h9", host)},
+			docker:    view(),
+			firstSeen: seenAt("address/10.0.0.9/h9"),
+			orphans:   false,
+			want:      planSummary{},
+		},
+		{
+			name:    "Docker endpoint on a calico network without a record is reported, others are not",
+			docker:  view(dockerEP("c1", "net1", "10.0.0.20"), dockerEP("c2", "bridge", "172.17.0.2")),
+			orphans: true,
+			want:    planSummary{Unknown: []string{"c1"}},
+		},
+		{
+			name:    "negative grace acts at once",
+			eps:     []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
+			allocs:  []ipam.Allocation{alloc("10.0.0.1", "h1", host), alloc("10.0.0.9", "h9", host)},
+			docker:  view(),
+			orphans: true,
+			grace:   -1,
+			want: planSummary{
+				Remove:  []string{"a1 veth=true release=10.0.0.1:h1 kept=0"},
+				Orphans: []string{"10.0.0.9:h9"},
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			g := grace
+			if tc.grace != 0 {
+				g = tc.grace
+			}
+			plan := plugin.PlanReconcile(plugin.ReconcileInput{
+				Node: host, Now: now, Grace: g,
+				Endpoints: tc.eps, Allocations: tc.allocs,
+				Networks: map[string]bool{"net1": true},
+				Docker:   tc.docker, FirstSeen: tc.firstSeen, ReleaseOrphans: tc.orphans,
+				Detached: tc.detached,
+			})
+			if got := summarize(plan); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("plan:\n got %+v\nwant %+v", got, tc.want)
+			}
+			if !plan.NextDue.Equal(tc.wantDue) {
+				t.Errorf("NextDue = %v, want %v", plan.NextDue, tc.wantDue)
+			}
+			for k, first := range plan.Pending {
+				if prev, ok := tc.firstSeen[k]; ok && !first.Equal(prev) {
+					t.Errorf("pending %s first seen %v, was %v: the clock must not restart", k, first, prev)
+				}
+			}
+		})
+	}
+}
+
+// fakeDocker is a DockerSource whose view the test sets.
+type fakeDocker struct {
+	mu      sync.Mutex
+	view    plugin.DockerView
+	err     error
+	changes chan struct{}
+	views   int // View calls
+}
+
+func (f *fakeDocker) View(ctx context.Context) (plugin.DockerView, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.views++
+	if f.err != nil {
+		return plugin.DockerView{}, f.err
+	}
+	v := plugin.DockerView{Endpoints: map[string]plugin.DockerEndpoint{}}
+	for k, e := range f.view.Endpoints {
+		v.Endpoints[k] = e
+	}
+	return v, nil
+}
+
+func (f *fakeDocker) Changes(ctx context.Context) <-chan struct{} { return f.changes }
+
+func (f *fakeDocker) viewCalls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.views
+}
+
+func (f *fakeDocker) set(v *plugin.DockerView, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.view, f.err = *v, err
+}
+
+// fakeKernel is a ReconcileDataplane with interfaces and host routes.
+type fakeKernel struct {
+	mu       sync.Mutex
+	ifaces   map[string]map[string]bool // interface -> routed IPs
+	removed  []string                   // endpoint ids
+	detached map[string]bool            // detached pairs (host-side names)
+}
+
+func (k *fakeKernel) ListDetachedWorkloads(ctx context.Context) ([]string, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []string
+	for n := range k.detached {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+func (k *fakeKernel) RemoveDetachedWorkload(ctx context.Context, name string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.detached, name)
+	delete(k.ifaces, name)
+	return nil
+}
+
+func (k *fakeKernel) RemoveWorkload(ctx context.Context, id string, ips []net.IPNet) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.ifaces, dataplane.HostIfName(id))
+	k.removed = append(k.removed, id)
+	return nil
+}
+
+func (k *fakeKernel) MissingWorkloadRoutes(ctx context.Context, ifName string, ips []net.IPNet) ([]net.IPNet, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	routes, ok := k.ifaces[ifName]
+	if !ok {
+		return nil, fmt.Errorf("checking %s: %w", ifName, dataplane.ErrNoInterface)
+	}
+	var missing []net.IPNet
+	for _, ip := range ips {
+		if !routes[ip.IP.String()] {
+			missing = append(missing, ip)
+		}
+	}
+	return missing, nil
+}
+
+func (k *fakeKernel) EnsureWorkloadRoutes(ctx context.Context, ifName string, ips []net.IPNet) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, ip := range ips {
+		k.ifaces[ifName][ip.IP.String()] = true
+	}
+	return nil
+}
+
+// recEnv is a Reconciler on a real datastore and IPAM engine.
+type recEnv struct {
+	store  *datastore.Store
+	engine *ipam.Engine
+	docker *fakeDocker
+	kernel *fakeKernel
+	rec    *plugin.Reconciler
+	clock  time.Time
+}
+
+func newRecEnv(t *testing.T) *recEnv {
+	t.Helper()
+	m := etcdtest.Start(t)
+	e := &recEnv{
+		store:  m.Store,
+		engine: ipam.New(m.Store, ipam.Options{Log: quietLog()}),
+		docker: &fakeDocker{},
+		kernel: &fakeKernel{ifaces: map[string]map[string]bool{}, detached: map[string]bool{}},
+		clock:  time.Date(2024, 1, 1, 12, 0, 0, 0, time.UTC),
+	}
+	if _, err := e.engine.AddPool(context.Background(), ipam.Pool{CIDR: "10.20.0.0/16"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Txn(context.Background(), datastore.Create(datastore.NetworkKey("net1"), datastore.MustJSON(datastore.Network{ID: "net1"}))); err != nil {
+		t.Fatal(err)
+	}
+	e.rec = &plugin.Reconciler{
+		Node: host, Store: m.Store, IPAM: e.engine, Dataplane: e.kernel, Docker: e.docker,
+		Grace: 20 * time.Second, ReleaseOrphans: true,
+		Metrics: plugin.NewMetrics(nil, quietLog()),
+		Log:     quietLog(), Now: func() time.Time { return e.clock },
+	}
+	return e
+}
+
+// container does what Docker and the driver do for a running container:
+// an address (as RequestAddress), an endpoint record, a veth with its route.
+func (e *recEnv) container(t *testing.T, tag string) (string, net.IP) {
+	t.Helper()
+	ctx := context.Background()
+	ipn, err := e.engine.AutoAssign(ctx, ipam.AutoAssignArgs{Host: host, HandleID: "cnm." + tag, Attrs: map[string]string{"node": host}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := epID(tag)
+	ep := datastore.Endpoint{ID: id, Network: "net1", Node: host, IPv4: ipn.String(), MAC: "ee:ee:ee:ee:ee:ee", HostIfName: dataplane.HostIfName(id), Joined: true}
+	if err := e.store.Txn(ctx, datastore.Create(datastore.EndpointKey(host, id), datastore.MustJSON(ep))); err != nil {
+		t.Fatal(err)
+	}
+	e.kernel.mu.Lock()
+	e.kernel.ifaces[ep.HostIfName] = map[string]bool{ipn.IP.String(): true}
+	e.kernel.mu.Unlock()
+	return id, ipn.IP
+}
+
+func (e *recEnv) allocated(t *testing.T) map[string]string {
+	t.Helper()
+	as, err := e.engine.Allocations(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, a := range as {
+		out[a.IP.String()] = a.HandleID
+	}
+	return out
+}
+
+func (e *recEnv) pass(t *testing.T) plugin.PassResult {
+	t.Helper()
+	res, err := e.rec.Pass(context.Background())
+	if err != nil {
+		t.Fatalf("reconcile pass: %v", err)
+	}
+	return res
+}
+
+func TestReconcilerRepairsAfterACrash(t *testing.T) {
+	e := newRecEnv(t)
+	ctx := context.Background()
+	id1, ip1 := e.container(t, "c1")
+	id2, ip2 := e.container(t, "c2")
+	id3, ip3 := e.container(t, "c3")
+	// An address whose container never got an endpoint (the daemon died
+	// between RequestAddress and CreateEndpoint).
+	orphan, err := e.engine.AutoAssign(ctx, ipam.AutoAssignArgs{Host: host, HandleID: "cnm.orphan", Attrs: map[string]string{"node": host}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A veth pair of a Join that died half way, its record long gone.
+	e.kernel.detached["cali0dead0beef0"] = true
+	// c2 was removed while the daemon was down; c3's route was deleted.
+	e.docker.set(view(dockerEP("c1", "net1", ip1.String()), dockerEP("c3", "net1", ip3.String())), nil)
+	delete(e.kernel.ifaces[dataplane.HostIfName(id3)], ip3.String())
+
+	res := e.pass(t)
+	if res.Fixes[plugin.FixRouteRestored] != 1 || !e.kernel.ifaces[dataplane.HostIfName(id3)][ip3.String()] {
+		t.Errorf("c3's route not restored at once: fixes %v", res.Fixes)
+	}
+	if len(e.kernel.removed) != 0 || len(e.allocated(t)) != 4 {
+		t.Fatalf("first pass removed something inside the grace period: removed %v, allocated %v", e.kernel.removed, e.allocated(t))
+	}
+
+	e.clock = e.clock.Add(21 * time.Second)
+	res = e.pass(t)
+	want := map[string]int{plugin.FixEndpointRemoved: 1, plugin.FixAddressReleased: 1, plugin.FixOrphanReleased: 1, plugin.FixInterfaceRemoved: 1}
+	if !reflect.DeepEqual(res.Fixes, want) {
+		t.Errorf("fixes %v, want %v", res.Fixes, want)
+	}
+	if !reflect.DeepEqual(e.kernel.removed, []string{id2}) {
+		t.Errorf("veths removed: %v, want only c2's", e.kernel.removed)
+	}
+	if len(e.kernel.detached) != 0 {
+		t.Errorf("detached pairs left: %v", e.kernel.detached)
+	}
+	got := e.allocated(t)
+	wantAlloc := map[string]string{ip1.String(): "cnm.c1", ip3.String(): "cnm.c3"}
+	if !reflect.DeepEqual(got, wantAlloc) {
+		t.Errorf("allocations %v, want %v (c2's %s and the orphan %s released)", got, wantAlloc, ip2, orphan.IP)
+	}
+	if _, err := e.store.Get(ctx, datastore.EndpointKey(host, id2)); !errors.Is(err, datastore.ErrNotFound) {
+		t.Errorf("c2's record: %v, want it deleted", err)
+	}
+	for _, id := range []string{id1, id3} {
+		if _, err := e.store.Get(ctx, datastore.EndpointKey(host, id)); err != nil {
+			t.Errorf("live endpoint record %s: %v", id[:12], err)
+		}
+	}
+	if err := testutil.GatherAndCompare(e.rec.Metrics.Registry, strings.NewReader(`
+# HELP calico_cnm_reconcile_fixes_total Repairs made by the reconcile loop, by kind.
+# TYPE calico_cnm_reconcile_fixes_total counter
+calico_cnm_reconcile_fixes_total{kind="address_released"} 1
+calico_cnm_reconcile_fixes_total{kind="endpoint_removed"} 1
+calico_cnm_reconcile_fixes_total{kind="interface_removed"} 1
+calico_cnm_reconcile_fixes_total{kind="orphan_released"} 1
+calico_cnm_reconcile_fixes_total{kind="route_restored"} 1
+`), plugin.MetricReconcileFixes); err != nil {
+		t.Error(err)
+	}
+
+	// Nothing left to do: a further pass is a no-op.
+	e.clock = e.clock.Add(time.Minute)
+	if res := e.pass(t); len(res.Fixes) != 0 || res.Plan.Actions() != 0 {
+		t.Errorf("third pass still fixed %v", res.Fixes)
+	}
+}
+
+func TestReconcilerReleasesNothingWhileDockerIsUnreachable(t *testing.T) {
+	e := newRecEnv(t)
+	id1, ip1 := e.container(t, "c1")
+	if _, err := e.engine.AutoAssign(context.Background(), ipam.AutoAssignArgs{Host: host, HandleID: "cnm.orphan", Attrs: map[string]string{"node": host}}); err != nil {
+		t.Fatal(err)
+	}
+	e.docker.set(view(), errors.New("Cannot connect to the Docker daemon"))
+	delete(e.kernel.ifaces[dataplane.HostIfName(id1)], ip1.String())
+	for i := 0; i < 3; i++ {
+		res := e.pass(t)
+		if res.DockerKnown {
+			t.Fatal("Docker's view reported known")
+		}
+		e.clock = e.clock.Add(time.Minute)
+	}
+	if len(e.kernel.removed) != 0 || len(e.allocated(t)) != 2 {
+		t.Errorf("released or removed while Docker was unreachable: removed %v, allocated %v", e.kernel.removed, e.allocated(t))
+	}
+	// Routes through existing veths are still restored.
+	if !e.kernel.ifaces[dataplane.HostIfName(id1)][ip1.String()] {
+		t.Error("route not restored while Docker was unreachable")
+	}
+	if got := counterValue(t, e.rec.Metrics, plugin.MetricReconcileRuns, "docker_unavailable"); got != 3 {
+		t.Errorf("docker_unavailable runs = %v, want 3", got)
+	}
+
+	// Docker answers again, without c1: the candidates' clocks start when
+	// Docker's view is first known, not when Docker was unreachable.
+	e.docker.set(view(), nil)
+	if res := e.pass(t); res.Plan.Actions() != 0 {
+		t.Errorf("acted on the first pass with Docker's view: %+v", res.Plan)
+	}
+	e.clock = e.clock.Add(21 * time.Second)
+	if res := e.pass(t); res.Fixes[plugin.FixEndpointRemoved] != 1 || res.Fixes[plugin.FixOrphanReleased] != 1 {
+		t.Errorf("after the grace period: fixes %v", res.Fixes)
+	}
+	if n := len(e.allocated(t)); n != 0 {
+		t.Errorf("%d addresses still allocated", n)
+	}
+}
+
+// counterValue is one sample of a counter vector, by its single label value.
+func counterValue(t *testing.T, m *plugin.Metrics, name, label string) float64 {
+	t.Helper()
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			if len(mt.GetLabel()) == 1 && mt.GetLabel()[0].GetValue() == label {
+				return mt.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no %s{%q}", name, label)
+	return 0
+}
+
+// TestReconcilerRun: the loop passes at start, again when a pending
+// candidate matures (not only every Interval), and after Docker events.
+func TestReconcilerRun(t *testing.T) {
+	e := newRecEnv(t)
+	e.rec.Now = nil // real time: the loop's timers run on it
+	e.rec.Grace = 300 * time.Millisecond
+	e.rec.Interval = time.Hour
+	e.docker.changes = make(chan struct{}, 1)
+	e.docker.set(view(), nil)
+	id1, _ := e.container(t, "c1")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.rec.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	gone := func(id string, within time.Duration) bool {
+		deadline := time.Now().Add(within)
+		for time.Now().Before(deadline) {
+			if _, err := e.store.Get(context.Background(), datastore.EndpointKey(host, id)); errors.Is(err, datastore.ErrNotFound) {
+				return true
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		return false
+	}
+	if !gone(id1, 5*time.Second) {
+		t.Fatal("stale endpoint not removed by the follow-up pass")
+	}
+	calls := e.docker.viewCalls()
+	if calls < 2 {
+		t.Errorf("%d passes, want the first one and a follow-up", calls)
+	}
+
+	// A Docker event triggers a pass (spaced from the previous one).
+	time.Sleep(500 * time.Millisecond)
+	if got := e.docker.viewCalls(); got != calls {
+		t.Fatalf("passes without a reason: %d -> %d", calls, got)
+	}
+	e.docker.changes <- struct{}{}
+	deadline := time.Now().Add(10 * time.Second)
+	for e.docker.viewCalls() == calls && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if e.docker.viewCalls() == calls {
+		t.Error("no pass after a Docker event")
+	}
+}

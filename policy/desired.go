@@ -1,0 +1,430 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/ipam"
+)
+
+// Network options (docker network create -o KEY=VALUE), recorded by the
+// driver in the network record's Options.
+const (
+	// OptIsolation "on" (default) or "off". On: the network's containers
+	// exchange traffic only with containers of the same (logical) network,
+	// their own host and destinations outside the pools. Off: with any
+	// container whose network is also off.
+	OptIsolation = "calico.isolation"
+	// OptIngress says who outside the pools may open connections to the
+	// network's containers: "cluster" (default: the cluster's hosts, i.e.
+	// the IPv4 addresses of the node records), "host" (nobody but the
+	// container's own host, which is never filtered) or "any".
+	OptIngress = "calico.ingress"
+	// OptNetwork names the logical network the Docker network belongs to
+	// across hosts; default: the Docker network's name. See the package
+	// documentation.
+	OptNetwork = "calico.network"
+)
+
+// Ingress values.
+const (
+	IngressCluster = "cluster"
+	IngressHost    = "host"
+	IngressAny     = "any"
+)
+
+// Names of the fixed sets and chains.
+const (
+	setPools     = "pools"
+	setNATPools  = "nat-pools"
+	setHosts     = "hosts"
+	setWorkloads = "workloads"
+	chainForward = "forward"
+	chainNAT     = "postrouting"
+
+	netSetPrefix     = "net-"
+	ingressPrefix    = "in-"
+	egressPrefix     = "out-"
+	workloadIfPrefix = "cali"
+)
+
+// Base chain priorities: nftables' "filter" and "srcnat".
+const (
+	priorityFilter int32 = 0
+	prioritySrcNAT int32 = 100
+)
+
+// State is what the policy is computed from: the datastore's records as the
+// syncer last saw them, and this host's node name.
+type State struct {
+	Node      string
+	Pools     []ipam.Pool
+	Networks  []datastore.Network
+	Endpoints []datastore.Endpoint
+	Nodes     []datastore.Node
+	// IPv6 includes the ip6 table; false where the kernel has no IPv6.
+	IPv6 bool
+}
+
+// NetworkPolicy is a network's parsed options.
+type NetworkPolicy struct {
+	Isolated bool
+	Ingress  string
+}
+
+// ParseOptions reads a network's policy options; unknown keys are not ours
+// and are ignored. An invalid value is an error naming the option.
+func ParseOptions(opts map[string]string) (NetworkPolicy, error) {
+	p := NetworkPolicy{Isolated: true, Ingress: IngressCluster}
+	if v, ok := opts[OptIsolation]; ok {
+		switch strings.ToLower(strings.TrimSpace(v)) {
+		case "on", "true", "yes", "1", "":
+			p.Isolated = true
+		case "off", "false", "no", "0":
+			p.Isolated = false
+		default:
+			return NetworkPolicy{Isolated: true, Ingress: IngressCluster}, fmt.Errorf("network option %s=%q: use on or off", OptIsolation, v)
+		}
+	}
+	if v, ok := opts[OptIngress]; ok {
+		switch s := strings.ToLower(strings.TrimSpace(v)); s {
+		case IngressCluster, IngressHost, IngressAny:
+			p.Ingress = s
+		case "":
+		default:
+			return NetworkPolicy{Isolated: true, Ingress: IngressCluster}, fmt.Errorf("network option %s=%q: use cluster, host or any", OptIngress, v)
+		}
+	}
+	if v, ok := opts[OptNetwork]; ok {
+		if err := validLogicalName(v); err != nil {
+			return NetworkPolicy{Isolated: true, Ingress: IngressCluster}, err
+		}
+	}
+	return p, nil
+}
+
+// ValidateOptions checks the policy options of a network; the driver can
+// call it at CreateNetwork to refuse a typo instead of applying the default.
+func ValidateOptions(opts map[string]string) error {
+	_, err := ParseOptions(opts)
+	return err
+}
+
+func validLogicalName(v string) error {
+	if strings.TrimSpace(v) == "" || len(v) > 255 {
+		return fmt.Errorf("network option %s=%q: give a network name of 1 to 255 characters", OptNetwork, v)
+	}
+	return nil
+}
+
+// NetworkKey is the identity of the logical network a Docker network
+// belongs to, the same on every host: "name:" + the calico.network option,
+// else "name:" + the Docker network's name (Network.Name, recorded once it
+// is known), else "id:" + the Docker network id, which only this host's
+// network has.
+func NetworkKey(n datastore.Network) string {
+	if v := strings.TrimSpace(n.Options[OptNetwork]); v != "" {
+		return "name:" + v
+	}
+	if n.Name != "" {
+		return "name:" + n.Name
+	}
+	return "id:" + n.ID
+}
+
+// hashName is a short stable name part: nftables names are limited (32
+// bytes on older kernels) and Docker network names may hold anything.
+func hashName(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:6])
+}
+
+// NetworkSetName is the address set of a logical network.
+func NetworkSetName(key string) string { return netSetPrefix + hashName(key) }
+
+// IngressChainName is the chain checking traffic to the containers of a
+// Docker network (by its id); EgressChainName the one checking theirs.
+func IngressChainName(networkID string) string { return ingressPrefix + hashName(networkID) }
+
+// EgressChainName: see IngressChainName.
+func EgressChainName(networkID string) string { return egressPrefix + hashName(networkID) }
+
+// validIfname accepts what the driver names workload interfaces: cali +
+// up to 11 characters of [0-9a-zA-Z].
+func validIfname(s string) bool {
+	if !strings.HasPrefix(s, workloadIfPrefix) || len(s) >= ifnameLen || len(s) <= len(workloadIfPrefix) {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+			return false
+		}
+	}
+	return true
+}
+
+// endpointAddr parses an endpoint's CIDR field.
+func endpointAddr(s string) (netip.Addr, bool) {
+	if s == "" {
+		return netip.Addr{}, false
+	}
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Addr().Unmap(), true
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap(), true
+	}
+	return netip.Addr{}, false
+}
+
+// localEndpoint is a joined endpoint of this host with what its rules need.
+type localEndpoint struct {
+	ep      datastore.Endpoint
+	network datastore.Network // a stand-in with only ID when the record is missing
+	policy  NetworkPolicy
+	key     string
+}
+
+// Desired computes the tables from the datastore state. It is pure: the
+// same state gives the same ruleset. Problems with single records (a bad
+// option value, an unparsable address) do not stop the rest; they are
+// returned as warnings, and the record gets the safe default (isolated).
+func Desired(st State) (Ruleset, []string) {
+	var warnings []string
+	networks := make(map[string]datastore.Network, len(st.Networks))
+	for _, n := range st.Networks {
+		networks[n.ID] = n
+	}
+	keyOf := func(networkID string) string {
+		if n, ok := networks[networkID]; ok {
+			return NetworkKey(n)
+		}
+		return "id:" + networkID
+	}
+
+	// Members of each logical network, cluster-wide, by family.
+	members := map[string]map[Family][]netip.Addr{}
+	var locals []localEndpoint
+	seenIf := map[string]bool{}
+	for _, ep := range st.Endpoints {
+		key := keyOf(ep.Network)
+		if members[key] == nil {
+			members[key] = map[Family][]netip.Addr{}
+		}
+		if a, ok := endpointAddr(ep.IPv4); ok && a.Is4() {
+			members[key][IPv4] = append(members[key][IPv4], a)
+		} else if ep.IPv4 != "" {
+			warnings = append(warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv4 address %q", shortID(ep.ID), ep.IPv4))
+		}
+		if a, ok := endpointAddr(ep.IPv6); ok && a.Is6() {
+			members[key][IPv6] = append(members[key][IPv6], a)
+		} else if ep.IPv6 != "" {
+			warnings = append(warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv6 address %q", shortID(ep.ID), ep.IPv6))
+		}
+		if ep.Node != st.Node || !ep.Joined {
+			continue
+		}
+		if !validIfname(ep.HostIfName) {
+			warnings = append(warnings, fmt.Sprintf("endpoint %s: host interface name %q is not a workload interface name; no rules for it", shortID(ep.ID), ep.HostIfName))
+			continue
+		}
+		if seenIf[ep.HostIfName] {
+			warnings = append(warnings, fmt.Sprintf("endpoint %s: interface %s is claimed by another endpoint record too; using the first", shortID(ep.ID), ep.HostIfName))
+			continue
+		}
+		seenIf[ep.HostIfName] = true
+		n, ok := networks[ep.Network]
+		if !ok {
+			n = datastore.Network{ID: ep.Network}
+		}
+		pol, err := ParseOptions(n.Options)
+		if err != nil {
+			warnings = append(warnings, fmt.Sprintf("network %s: %v; applying the defaults (isolated, ingress from the cluster)", shortID(n.ID), err))
+		}
+		locals = append(locals, localEndpoint{ep: ep, network: n, policy: pol, key: key})
+	}
+	sort.Slice(locals, func(i, j int) bool { return locals[i].ep.HostIfName < locals[j].ep.HostIfName })
+
+	var pools, natPools = map[Family][]netip.Prefix{}, map[Family][]netip.Prefix{}
+	for _, p := range st.Pools {
+		pfx, err := netip.ParsePrefix(p.CIDR)
+		if err != nil {
+			warnings = append(warnings, fmt.Sprintf("pool %q: invalid CIDR, ignored", p.CIDR))
+			continue
+		}
+		f := familyOf(pfx.Addr())
+		// Disabled pools still hold addresses in use: they stay in both.
+		pools[f] = append(pools[f], pfx)
+		if p.NATOutgoing {
+			natPools[f] = append(natPools[f], pfx)
+		}
+	}
+	hosts := map[Family][]netip.Addr{}
+	for _, n := range st.Nodes {
+		if n.IPv4 == "" {
+			continue
+		}
+		a, ok := endpointAddr(n.IPv4)
+		if !ok || !a.Is4() {
+			warnings = append(warnings, fmt.Sprintf("node %s: ignoring invalid IPv4 address %q", n.Name, n.IPv4))
+			continue
+		}
+		hosts[IPv4] = append(hosts[IPv4], a)
+	}
+
+	families := []Family{IPv4}
+	if st.IPv6 {
+		families = append(families, IPv6)
+	}
+	var rs Ruleset
+	for _, f := range families {
+		rs.Tables = append(rs.Tables, desiredTable(f, locals, members, pools[f], natPools[f], hosts[f]))
+	}
+	return rs, warnings
+}
+
+func familyOf(a netip.Addr) Family {
+	if a.Unmap().Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+func desiredTable(f Family, locals []localEndpoint, members map[string]map[Family][]netip.Addr, pools, natPools []netip.Prefix, hosts []netip.Addr) Table {
+	t := Table{Family: f}
+	var ifnames []string
+	for _, l := range locals {
+		ifnames = append(ifnames, l.ep.HostIfName)
+	}
+	t.Sets = append(t.Sets,
+		Set{Name: setPools, Type: SetAddr, Interval: true, Elements: intervalElements(pools), Comment: "every calico pool"},
+		Set{Name: setNATPools, Type: SetAddr, Interval: true, Elements: intervalElements(natPools), Comment: "pools with natOutgoing"},
+		Set{Name: setHosts, Type: SetAddr, Elements: addrElements(hosts), Comment: "the cluster's hosts (node records)"},
+		Set{Name: setWorkloads, Type: SetIfname, Elements: sortedUnique(ifnames), Comment: "this host's joined workload interfaces"},
+	)
+
+	t.Chains = append(t.Chains, Chain{
+		Name: chainNAT,
+		Base: &BaseChain{Type: "nat", Hook: "postrouting", Priority: prioritySrcNAT},
+		Rules: []Rule{{
+			Matches: []Match{
+				{Kind: MatchAddrSet, In: true, Value: setNATPools},
+				{Kind: MatchAddrSet, Value: setPools, Negate: true},
+			},
+			Verdict: Masquerade,
+			Comment: "natOutgoing: pool to outside the pools",
+		}},
+	})
+
+	forward := Chain{
+		Name: chainForward,
+		Base: &BaseChain{Type: "filter", Hook: "forward", Priority: priorityFilter},
+		Rules: []Rule{
+			{Matches: []Match{{Kind: MatchCtEstablished}}, Verdict: Accept, Comment: "replies of allowed connections"},
+			// Fail closed: a workload interface whose endpoint this host
+			// has not (yet) programmed gets no traffic rather than all.
+			{Matches: []Match{{Kind: MatchIfname, In: true, Value: workloadIfPrefix, Prefix: true}, {Kind: MatchIfnameSet, In: true, Value: setWorkloads, Negate: true}},
+				Verdict: Drop, Comment: "from a workload interface without rules"},
+			{Matches: []Match{{Kind: MatchIfname, Value: workloadIfPrefix, Prefix: true}, {Kind: MatchIfnameSet, Value: setWorkloads, Negate: true}},
+				Verdict: Drop, Comment: "to a workload interface without rules"},
+		},
+	}
+	netSets := map[string]bool{}
+	netChains := map[string]bool{}
+	for _, l := range locals {
+		name := l.network.Name
+		if name == "" {
+			name = shortID(l.network.ID)
+		}
+		in, out := IngressChainName(l.network.ID), EgressChainName(l.network.ID)
+		if l.policy.Isolated {
+			forward.Unordered = append(forward.Unordered, Rule{
+				Matches: []Match{{Kind: MatchIfname, In: true, Value: l.ep.HostIfName}},
+				Verdict: Jump, Target: out,
+				Comment: fmt.Sprintf("from endpoint %s of network %s", shortID(l.ep.ID), name),
+			})
+		}
+		forward.Unordered = append(forward.Unordered, Rule{
+			Matches: []Match{{Kind: MatchIfname, Value: l.ep.HostIfName}},
+			Verdict: Jump, Target: in,
+			Comment: fmt.Sprintf("to endpoint %s of network %s", shortID(l.ep.ID), name),
+		})
+		set := NetworkSetName(l.key)
+		if l.policy.Isolated && !netSets[set] {
+			netSets[set] = true
+			t.Sets = append(t.Sets, Set{Name: set, Type: SetAddr, Elements: addrElements(members[l.key][f]), Comment: "members of " + l.key})
+		}
+		if netChains[in] {
+			continue
+		}
+		netChains[in] = true
+		t.Chains = append(t.Chains, ingressChain(in, set, name, l.policy))
+		if l.policy.Isolated {
+			t.Chains = append(t.Chains, egressChain(out, set, name))
+		}
+	}
+	t.Chains = append(t.Chains, forward)
+	return t
+}
+
+// ingressChain checks traffic to a network's local containers: it drops
+// what the network does not allow and returns otherwise, so that the
+// sender's egress chain (for a local sender) is consulted too.
+func ingressChain(name, netSet, network string, p NetworkPolicy) Chain {
+	c := Chain{Name: name}
+	if p.Isolated {
+		c.Rules = append(c.Rules,
+			Rule{Matches: []Match{{Kind: MatchAddrSet, In: true, Value: netSet}}, Verdict: Return, Comment: "from network " + network},
+			Rule{Matches: []Match{{Kind: MatchAddrSet, In: true, Value: setPools}}, Verdict: Drop, Comment: "from other calico networks"},
+		)
+	} else {
+		c.Rules = append(c.Rules,
+			Rule{Matches: []Match{{Kind: MatchAddrSet, In: true, Value: setPools}}, Verdict: Return, Comment: "from any calico network (isolation off)"},
+		)
+	}
+	switch p.Ingress {
+	case IngressAny:
+		// Everything else is allowed: fall off the end (return).
+	case IngressHost:
+		c.Rules = append(c.Rules, Rule{Verdict: Drop, Comment: "from outside the pools (ingress host)"})
+	default:
+		c.Rules = append(c.Rules,
+			Rule{Matches: []Match{{Kind: MatchAddrSet, In: true, Value: setHosts}}, Verdict: Return, Comment: "from the cluster's hosts"},
+			Rule{Verdict: Drop, Comment: "from outside the pools (ingress cluster)"},
+		)
+	}
+	return c
+}
+
+// egressChain checks traffic from an isolated network's local containers:
+// to its own network and outside the pools it returns, to other calico
+// networks it drops.
+func egressChain(name, netSet, network string) Chain {
+	return Chain{Name: name, Rules: []Rule{
+		{Matches: []Match{{Kind: MatchAddrSet, Value: netSet}}, Verdict: Return, Comment: "to network " + network},
+		{Matches: []Match{{Kind: MatchAddrSet, Value: setPools}}, Verdict: Drop, Comment: "to other calico networks"},
+	}}
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+// sortedKeys is for deterministic iteration in callers and tests.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

@@ -1,0 +1,308 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// OpKind is one kind of change to the project's tables.
+type OpKind int
+
+// Changes, in the order a batch applies them (see Diff).
+const (
+	OpAddTable OpKind = iota + 1
+	OpDelTable
+	OpAddSet      // Set, with its elements
+	OpDelSet      // Set.Name
+	OpFlushSet    // Set.Name
+	OpAddElements // Set.Name, Set.Elements = the ones to add
+	OpDelElements // Set.Name, Set.Elements = the ones to delete
+	OpAddChain    // ChainDef (without rules)
+	OpDelChain    // Chain
+	OpFlushChain  // Chain
+	OpAddRule     // Chain, Rule (appended)
+	OpDelRule     // Chain, Rule (its Handle)
+)
+
+// Op is one change; a plan is a list of them applied as one netlink batch,
+// i.e. atomically.
+type Op struct {
+	Kind     OpKind
+	Family   Family
+	Set      Set
+	Chain    string
+	ChainDef Chain
+	Rule     Rule
+}
+
+func (o Op) String() string {
+	t := fmt.Sprintf("%s %s", o.Family, TableName)
+	switch o.Kind {
+	case OpAddTable:
+		return "add table " + t
+	case OpDelTable:
+		return "delete table " + t
+	case OpAddSet:
+		return fmt.Sprintf("add %s %s", t, o.Set.render(o.Family))
+	case OpDelSet:
+		return fmt.Sprintf("delete set %s %s", t, o.Set.Name)
+	case OpFlushSet:
+		return fmt.Sprintf("flush set %s %s", t, o.Set.Name)
+	case OpAddElements:
+		return fmt.Sprintf("add element %s %s { %s }", t, o.Set.Name, strings.Join(o.Set.Elements, ", "))
+	case OpDelElements:
+		return fmt.Sprintf("delete element %s %s { %s }", t, o.Set.Name, strings.Join(o.Set.Elements, ", "))
+	case OpAddChain:
+		return fmt.Sprintf("add %s %s", t, o.ChainDef.header())
+	case OpDelChain:
+		return fmt.Sprintf("delete chain %s %s", t, o.Chain)
+	case OpFlushChain:
+		return fmt.Sprintf("flush chain %s %s", t, o.Chain)
+	case OpAddRule:
+		return fmt.Sprintf("add rule %s %s %s", t, o.Chain, o.Rule.Render(o.Family))
+	case OpDelRule:
+		return fmt.Sprintf("delete rule %s %s handle %d # %s", t, o.Chain, o.Rule.Handle, o.Rule.Render(o.Family))
+	}
+	return fmt.Sprintf("<op %d>", o.Kind)
+}
+
+// Diff is the plan that turns the tables in cur (as dumped: each chain's
+// rules all in Rules, with handles) into want. Only the project's tables
+// appear in either. An empty plan means cur already is want.
+//
+// Changes are made in place where the kernel allows it, so that an
+// endpoint's join adds its rules and set elements and its leave deletes
+// exactly those: rules are appended or deleted by handle, elements added
+// or deleted. A table whose structure differs (a base chain's hook, a set's
+// type) is replaced as a whole instead, in the same batch.
+func Diff(cur, want Ruleset) []Op {
+	var ops []Op
+	for _, w := range want.sortedTables() {
+		c, ok := cur.Table(w.Family)
+		switch {
+		case !ok:
+			ops = append(ops, ReplaceTable(w, false)...)
+		case needsReplace(c, w):
+			ops = append(ops, ReplaceTable(w, true)...)
+		default:
+			ops = append(ops, diffTable(c, w)...)
+		}
+	}
+	for _, c := range cur.sortedTables() {
+		if _, ok := want.Table(c.Family); !ok {
+			ops = append(ops, Op{Kind: OpDelTable, Family: c.Family})
+		}
+	}
+	return ops
+}
+
+// ReplaceTable is the plan that writes t from scratch. With exists, the
+// old table is deleted first; the add before the delete makes that work
+// even if it is gone by now (nft's own idiom), and being one batch, no
+// packet ever sees the table half-built.
+func ReplaceTable(t Table, exists bool) []Op {
+	f := t.Family
+	var ops []Op
+	if exists {
+		ops = append(ops, Op{Kind: OpAddTable, Family: f}, Op{Kind: OpDelTable, Family: f})
+	}
+	ops = append(ops, Op{Kind: OpAddTable, Family: f})
+	for _, s := range sortedSets(t.Sets) {
+		ops = append(ops, Op{Kind: OpAddSet, Family: f, Set: s})
+	}
+	chains := sortedChains(t.Chains)
+	for _, c := range chains {
+		ops = append(ops, Op{Kind: OpAddChain, Family: f, ChainDef: Chain{Name: c.Name, Base: c.Base}})
+	}
+	for _, c := range chains {
+		for _, r := range chainRules(c) {
+			ops = append(ops, Op{Kind: OpAddRule, Family: f, Chain: c.Name, Rule: r})
+		}
+	}
+	return ops
+}
+
+// chainRules is the order rules are written in: the ordered ones, then the
+// unordered ones sorted (deterministic plans).
+func chainRules(c Chain) []Rule {
+	un := slices.Clone(c.Unordered)
+	slices.SortFunc(un, func(a, b Rule) int { return strings.Compare(a.Render(""), b.Render("")) })
+	return append(slices.Clone(c.Rules), un...)
+}
+
+func sortedSets(ss []Set) []Set {
+	ss = slices.Clone(ss)
+	slices.SortFunc(ss, func(a, b Set) int { return strings.Compare(a.Name, b.Name) })
+	return ss
+}
+
+func sortedChains(cs []Chain) []Chain {
+	cs = slices.Clone(cs)
+	slices.SortFunc(cs, func(a, b Chain) int { return strings.Compare(a.Name, b.Name) })
+	return cs
+}
+
+// needsReplace: a set or chain the kernel cannot change in place.
+func needsReplace(cur, want Table) bool {
+	for _, w := range want.Sets {
+		if c, ok := cur.Set(w.Name); ok && (c.Type != w.Type || c.Interval != w.Interval) {
+			return true
+		}
+	}
+	for _, w := range want.Chains {
+		c, ok := cur.Chain(w.Name)
+		if !ok {
+			continue
+		}
+		if (c.Base == nil) != (w.Base == nil) || (c.Base != nil && *c.Base != *w.Base) {
+			return true
+		}
+	}
+	return false
+}
+
+func diffTable(cur, want Table) []Op {
+	f := want.Family
+	var adds, elems, chainAdds, rules, chainDels, setDels []Op
+
+	for _, w := range sortedSets(want.Sets) {
+		c, ok := cur.Set(w.Name)
+		if !ok {
+			adds = append(adds, Op{Kind: OpAddSet, Family: f, Set: w})
+			continue
+		}
+		if slices.Equal(c.Elements, w.Elements) {
+			continue
+		}
+		ref := Set{Name: w.Name, Type: w.Type, Interval: w.Interval}
+		if w.Interval {
+			// Interval elements are ranges: deleting one of several merged
+			// prefixes is not expressible; rewrite the (small) pool sets.
+			elems = append(elems, Op{Kind: OpFlushSet, Family: f, Set: ref})
+			if len(w.Elements) > 0 {
+				ref.Elements = w.Elements
+				elems = append(elems, Op{Kind: OpAddElements, Family: f, Set: ref})
+			}
+			continue
+		}
+		if gone := minus(c.Elements, w.Elements); len(gone) > 0 {
+			r := ref
+			r.Elements = gone
+			elems = append(elems, Op{Kind: OpDelElements, Family: f, Set: r})
+		}
+		if added := minus(w.Elements, c.Elements); len(added) > 0 {
+			r := ref
+			r.Elements = added
+			elems = append(elems, Op{Kind: OpAddElements, Family: f, Set: r})
+		}
+	}
+
+	for _, w := range sortedChains(want.Chains) {
+		c, ok := cur.Chain(w.Name)
+		if !ok {
+			chainAdds = append(chainAdds, Op{Kind: OpAddChain, Family: f, ChainDef: Chain{Name: w.Name, Base: w.Base}})
+			for _, r := range chainRules(w) {
+				rules = append(rules, Op{Kind: OpAddRule, Family: f, Chain: w.Name, Rule: r})
+			}
+			continue
+		}
+		rules = append(rules, diffChain(f, c, w)...)
+	}
+	for _, c := range sortedChains(cur.Chains) {
+		if _, ok := want.Chain(c.Name); !ok {
+			chainDels = append(chainDels, Op{Kind: OpDelChain, Family: f, Chain: c.Name})
+		}
+	}
+	for _, c := range sortedSets(cur.Sets) {
+		if _, ok := want.Set(c.Name); !ok {
+			setDels = append(setDels, Op{Kind: OpDelSet, Family: f, Set: Set{Name: c.Name}})
+		}
+	}
+	// Order matters within the batch: sets and chains exist before rules
+	// refer to them; rules that jump to a chain or look up a set are gone
+	// before it is deleted (deleting a chain takes its own rules along).
+	var ops []Op
+	for _, part := range [][]Op{adds, elems, chainAdds, rules, chainDels, setDels} {
+		ops = append(ops, part...)
+	}
+	return ops
+}
+
+// diffChain: the ordered head must match exactly (otherwise the chain is
+// rewritten); the unordered rest is compared as a multiset, deleting the
+// extra rules by handle and appending the missing ones.
+func diffChain(f Family, cur, want Chain) []Op {
+	all := append(slices.Clone(cur.Rules), cur.Unordered...)
+	rewrite := func() []Op {
+		ops := []Op{{Kind: OpFlushChain, Family: f, Chain: want.Name}}
+		for _, r := range chainRules(want) {
+			ops = append(ops, Op{Kind: OpAddRule, Family: f, Chain: want.Name, Rule: r})
+		}
+		return ops
+	}
+	if len(all) < len(want.Rules) {
+		return rewrite()
+	}
+	for i, r := range want.Rules {
+		if all[i].Render(f) != r.Render(f) {
+			return rewrite()
+		}
+	}
+	have := map[string][]Rule{}
+	for _, r := range all[len(want.Rules):] {
+		k := r.Render(f)
+		have[k] = append(have[k], r)
+	}
+	var ops []Op
+	var missing []Rule
+	for _, r := range want.Unordered {
+		k := r.Render(f)
+		if len(have[k]) > 0 {
+			have[k] = have[k][1:]
+			continue
+		}
+		missing = append(missing, r)
+	}
+	// Deletions first, in handle order for a deterministic plan.
+	var extra []Rule
+	for _, k := range sortedKeys(have) {
+		extra = append(extra, have[k]...)
+	}
+	slices.SortFunc(extra, func(a, b Rule) int {
+		switch {
+		case a.Handle < b.Handle:
+			return -1
+		case a.Handle > b.Handle:
+			return 1
+		}
+		return 0
+	})
+	for _, r := range extra {
+		if r.Handle == 0 {
+			// Cannot address it: rewrite the chain instead.
+			return rewrite()
+		}
+		ops = append(ops, Op{Kind: OpDelRule, Family: f, Chain: want.Name, Rule: r})
+	}
+	slices.SortFunc(missing, func(a, b Rule) int { return strings.Compare(a.Render(f), b.Render(f)) })
+	for _, r := range missing {
+		ops = append(ops, Op{Kind: OpAddRule, Family: f, Chain: want.Name, Rule: r})
+	}
+	return ops
+}
+
+// minus is a \ b, in a's order.
+func minus(a, b []string) []string {
+	in := make(map[string]bool, len(b))
+	for _, x := range b {
+		in[x] = true
+	}
+	var out []string
+	for _, x := range a {
+		if !in[x] {
+			out = append(out, x)
+		}
+	}
+	return out
+}

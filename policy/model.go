@@ -1,0 +1,306 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"unicode/utf8"
+)
+
+// TableName is the name of the project's own nftables tables, one per
+// address family (ip and ip6). Nothing else in them belongs to anybody else,
+// and nothing outside them is ever touched.
+const TableName = "calico-cnm"
+
+// Family is an nftables table family the policy uses.
+type Family string
+
+// The two families: one table each.
+const (
+	IPv4 Family = "ip"
+	IPv6 Family = "ip6"
+)
+
+// SetType is the key type of a named set.
+type SetType string
+
+// Set key types.
+const (
+	SetAddr   SetType = "addr"   // ipv4_addr or ipv6_addr, by the table's family
+	SetIfname SetType = "ifname" // interface names
+)
+
+// Ruleset is the whole desired (or dumped) content of the project's tables:
+// the pure description that Desired computes, Diff compares and the netlink
+// layer writes and reads back.
+type Ruleset struct {
+	Tables []Table
+}
+
+// Table is one family's table.
+type Table struct {
+	Family Family
+	Sets   []Set
+	Chains []Chain
+}
+
+// Set is a named set. Elements are canonical strings: for address sets
+// addresses ("192.168.0.5") or, in interval sets, the minimal list of
+// prefixes covering the merged ranges ("192.168.0.0/16"); for ifname sets
+// the names. Sorted, without duplicates (see canonicalElements).
+type Set struct {
+	Name     string
+	Type     SetType
+	Interval bool
+	Elements []string
+	// Comment is for humans (nft list); it is not compared.
+	Comment string
+}
+
+// BaseChain is the hook of a base chain. Policy is always accept: the
+// project only ever drops what it decided to drop.
+type BaseChain struct {
+	Type     string // "filter" or "nat"
+	Hook     string // "forward" or "postrouting"
+	Priority int32
+}
+
+// Chain is a chain with its rules. Rules are evaluated in order; the
+// Unordered rules come after them in any order (per-endpoint rules, each
+// matching a different interface, so their order cannot matter). Keeping
+// them apart lets an endpoint's rules be appended and deleted one by one.
+type Chain struct {
+	Name      string
+	Base      *BaseChain // nil: a regular chain, reached by jump
+	Rules     []Rule
+	Unordered []Rule
+}
+
+// MatchKind is what a match tests.
+type MatchKind int
+
+// Match kinds.
+const (
+	// MatchCtEstablished: conntrack state established or related.
+	MatchCtEstablished MatchKind = iota + 1
+	// MatchIfname: the input (In) or output interface name is Value, or
+	// starts with Value when Prefix.
+	MatchIfname
+	// MatchIfnameSet: the interface name is (Negate: is not) in set Value.
+	MatchIfnameSet
+	// MatchAddrSet: the source (In) or destination address is (Negate: is
+	// not) in set Value.
+	MatchAddrSet
+)
+
+// Match is one condition of a rule.
+type Match struct {
+	Kind   MatchKind
+	In     bool // input interface / source address; otherwise output / destination
+	Value  string
+	Prefix bool
+	Negate bool
+}
+
+// VerdictKind is what a rule does when all its matches hold.
+type VerdictKind int
+
+// Verdicts.
+const (
+	Accept VerdictKind = iota + 1
+	Drop
+	Return
+	Jump
+	Masquerade
+)
+
+// Rule is matches and a verdict. Every rule counts its packets.
+type Rule struct {
+	Matches []Match
+	Verdict VerdictKind
+	Target  string // chain of a Jump
+	Comment string
+	// Handle is the kernel's handle of a dumped rule (0 in desired rules);
+	// it is not compared.
+	Handle uint64
+}
+
+// ifnameLen is IFNAMSIZ: nftables compares interface names as 16 bytes.
+const ifnameLen = 16
+
+func (m Match) render(f Family) string {
+	dir := func(in bool, a, b string) string {
+		if in {
+			return a
+		}
+		return b
+	}
+	neg := ""
+	if m.Negate {
+		neg = "!= "
+	}
+	switch m.Kind {
+	case MatchCtEstablished:
+		return "ct state established,related"
+	case MatchIfname:
+		v := m.Value
+		if m.Prefix {
+			v += "*"
+		}
+		return fmt.Sprintf("%s %s%q", dir(m.In, "iifname", "oifname"), neg, v)
+	case MatchIfnameSet:
+		return fmt.Sprintf("%s %s@%s", dir(m.In, "iifname", "oifname"), neg, m.Value)
+	case MatchAddrSet:
+		return fmt.Sprintf("%s %s %s@%s", f, dir(m.In, "saddr", "daddr"), neg, m.Value)
+	}
+	return fmt.Sprintf("<unknown match %d>", m.Kind)
+}
+
+// Render is the rule in nft syntax, comment included: what `nft list`
+// shows, and the rule's identity when comparing rulesets.
+func (r Rule) Render(f Family) string {
+	var parts []string
+	for _, m := range r.Matches {
+		parts = append(parts, m.render(f))
+	}
+	parts = append(parts, "counter")
+	switch r.Verdict {
+	case Accept:
+		parts = append(parts, "accept")
+	case Drop:
+		parts = append(parts, "drop")
+	case Return:
+		parts = append(parts, "return")
+	case Jump:
+		parts = append(parts, "jump "+r.Target)
+	case Masquerade:
+		parts = append(parts, "masquerade")
+	default:
+		parts = append(parts, fmt.Sprintf("<unknown verdict %d>", r.Verdict))
+	}
+	if c := clipComment(r.Comment); c != "" {
+		parts = append(parts, fmt.Sprintf("comment %q", c))
+	}
+	return strings.Join(parts, " ")
+}
+
+func (s Set) render(f Family) string {
+	typ := "ifname"
+	if s.Type == SetAddr {
+		typ = "ipv4_addr"
+		if f == IPv6 {
+			typ = "ipv6_addr"
+		}
+	}
+	flags := ""
+	if s.Interval {
+		flags = " flags interval;"
+	}
+	return fmt.Sprintf("set %s { type %s;%s elements = { %s } }", s.Name, typ, flags, strings.Join(s.Elements, ", "))
+}
+
+func (c Chain) header() string {
+	if c.Base == nil {
+		return "chain " + c.Name
+	}
+	return fmt.Sprintf("chain %s { type %s hook %s priority %d; policy accept; }", c.Name, c.Base.Type, c.Base.Hook, c.Base.Priority)
+}
+
+// Render is the table as text, one line per set, chain and rule, in a
+// canonical order; two tables are equal when their renderings are.
+func (t Table) Render() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "table %s %s\n", t.Family, TableName)
+	sets := slices.Clone(t.Sets)
+	slices.SortFunc(sets, func(a, b Set) int { return strings.Compare(a.Name, b.Name) })
+	for _, s := range sets {
+		fmt.Fprintf(&b, "  %s\n", s.render(t.Family))
+	}
+	chains := slices.Clone(t.Chains)
+	slices.SortFunc(chains, func(a, b Chain) int { return strings.Compare(a.Name, b.Name) })
+	for _, c := range chains {
+		fmt.Fprintf(&b, "  %s\n", c.header())
+		for _, r := range c.Rules {
+			fmt.Fprintf(&b, "    %s\n", r.Render(t.Family))
+		}
+		un := make([]string, 0, len(c.Unordered))
+		for _, r := range c.Unordered {
+			un = append(un, r.Render(t.Family))
+		}
+		slices.Sort(un)
+		for _, r := range un {
+			fmt.Fprintf(&b, "    %s\n", r)
+		}
+	}
+	return b.String()
+}
+
+// Render is every table, IPv4 first.
+func (rs Ruleset) Render() string {
+	var b strings.Builder
+	for _, t := range rs.sortedTables() {
+		b.WriteString(t.Render())
+	}
+	return b.String()
+}
+
+func (rs Ruleset) sortedTables() []Table {
+	ts := slices.Clone(rs.Tables)
+	slices.SortFunc(ts, func(a, b Table) int { return strings.Compare(string(a.Family), string(b.Family)) })
+	return ts
+}
+
+// Table returns the table of family f.
+func (rs Ruleset) Table(f Family) (Table, bool) {
+	for _, t := range rs.Tables {
+		if t.Family == f {
+			return t, true
+		}
+	}
+	return Table{}, false
+}
+
+// Set returns the set called name.
+func (t Table) Set(name string) (Set, bool) {
+	for _, s := range t.Sets {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return Set{}, false
+}
+
+// Chain returns the chain called name.
+func (t Table) Chain(name string) (Chain, bool) {
+	for _, c := range t.Chains {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return Chain{}, false
+}
+
+// RuleCount is the number of rules in the table.
+func (t Table) RuleCount() int {
+	n := 0
+	for _, c := range t.Chains {
+		n += len(c.Rules) + len(c.Unordered)
+	}
+	return n
+}
+
+// maxComment is what the kernel keeps of a rule comment
+// (NFTNL_UDATA_COMMENT_MAXLEN is 128 with the terminating NUL).
+const maxComment = 127
+
+// clipComment cuts a comment to what the kernel stores, at a rune boundary.
+func clipComment(s string) string {
+	if len(s) <= maxComment {
+		return s
+	}
+	cut := maxComment
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}

@@ -1,0 +1,694 @@
+package policy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+)
+
+// NFT reads and writes the project's tables in one network namespace over
+// netlink (no nft binary needed, which the plugin's scratch rootfs lacks).
+// It only ever lists, creates, changes and deletes tables named TableName.
+type NFT struct {
+	nsFd int // 0: the calling thread's namespace
+	ns   *os.File
+	log  logrus.FieldLogger
+}
+
+// NewNFT works on the namespace at nsPath ("" = the current one, the
+// daemon's host namespace).
+func NewNFT(nsPath string, log logrus.FieldLogger) (*NFT, error) {
+	if log == nil {
+		log = logrus.StandardLogger()
+	}
+	n := &NFT{log: log}
+	if nsPath != "" {
+		f, err := os.Open(nsPath)
+		if err != nil {
+			return nil, fmt.Errorf("opening network namespace %s: %w", nsPath, err)
+		}
+		n.ns, n.nsFd = f, int(f.Fd())
+	}
+	return n, nil
+}
+
+// Close releases the namespace handle.
+func (n *NFT) Close() error {
+	if n.ns != nil {
+		return n.ns.Close()
+	}
+	return nil
+}
+
+// batchBuffer bounds the socket buffers of a batch. A batch gets one
+// acknowledgement per message, and the kernel queues all of them before we
+// read any: with the default buffer (~200 KB, a few hundred acks) a large
+// rewrite would fail with ENOBUFS after the kernel had committed it.
+func batchBuffer(ops int) int {
+	return max(4<<20, ops*4096)
+}
+
+func (n *NFT) conn(bufBytes int) (*nftables.Conn, error) {
+	opts := []nftables.ConnOption{}
+	if n.nsFd != 0 {
+		opts = append(opts, nftables.WithNetNSFd(n.nsFd))
+	}
+	if bufBytes > 0 {
+		opts = append(opts, nftables.WithSockOptions(func(c *netlink.Conn) error {
+			raw, err := c.SyscallConn()
+			if err != nil {
+				return err
+			}
+			var serr error
+			if err := raw.Control(func(fd uintptr) {
+				// FORCE: as root (CAP_NET_ADMIN) beyond net.core.*mem_max.
+				if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, bufBytes); e != nil {
+					serr = e
+					return
+				}
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, bufBytes)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}))
+	}
+	c, err := nftables.New(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("opening nftables netlink: %w", err)
+	}
+	return c, nil
+}
+
+func tableFamily(f Family) nftables.TableFamily {
+	if f == IPv6 {
+		return nftables.TableFamilyIPv6
+	}
+	return nftables.TableFamilyIPv4
+}
+
+func ourTable(f Family) *nftables.Table {
+	return &nftables.Table{Name: TableName, Family: tableFamily(f)}
+}
+
+// Dump reads the project's tables of the given families back into the
+// model: what Diff compares against. Rules it cannot decode (somebody
+// else's, added by hand) come back with an empty verdict, so they never
+// equal a desired rule and get deleted.
+func (n *NFT) Dump(ctx context.Context, families ...Family) (Ruleset, error) {
+	var rs Ruleset
+	if err := ctx.Err(); err != nil {
+		return rs, err
+	}
+	c, err := n.conn(0)
+	if err != nil {
+		return rs, err
+	}
+	for _, f := range families {
+		tables, err := c.ListTablesOfFamily(tableFamily(f))
+		if err != nil {
+			return rs, fmt.Errorf("listing %s tables: %w", f, err)
+		}
+		found := slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == TableName })
+		if !found {
+			continue
+		}
+		t, err := n.dumpTable(c, f)
+		if err != nil {
+			return rs, fmt.Errorf("reading table %s %s: %w", f, TableName, err)
+		}
+		rs.Tables = append(rs.Tables, t)
+	}
+	return rs, nil
+}
+
+func (n *NFT) dumpTable(c *nftables.Conn, f Family) (Table, error) {
+	t := Table{Family: f}
+	nt := ourTable(f)
+	sets, err := c.GetSets(nt)
+	if err != nil {
+		return t, fmt.Errorf("listing sets: %w", err)
+	}
+	for _, s := range sets {
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			return t, fmt.Errorf("listing elements of set %s: %w", s.Name, err)
+		}
+		t.Sets = append(t.Sets, decodeSet(f, s, elems))
+	}
+	chains, err := c.ListChainsOfTableFamily(tableFamily(f))
+	if err != nil {
+		return t, fmt.Errorf("listing chains: %w", err)
+	}
+	for _, ch := range chains {
+		if ch.Table == nil || ch.Table.Name != TableName {
+			continue
+		}
+		dc := Chain{Name: ch.Name}
+		if ch.Hooknum != nil {
+			b := &BaseChain{Type: string(ch.Type), Hook: hookName(*ch.Hooknum)}
+			if ch.Priority != nil {
+				b.Priority = int32(*ch.Priority)
+			}
+			if ch.Policy != nil && *ch.Policy != nftables.ChainPolicyAccept {
+				b.Hook += " (policy not accept)" // never equal to ours: replaced
+			}
+			dc.Base = b
+		}
+		rules, err := c.GetRules(nt, ch)
+		if err != nil {
+			return t, fmt.Errorf("listing rules of chain %s: %w", ch.Name, err)
+		}
+		for _, r := range rules {
+			dc.Rules = append(dc.Rules, decodeRule(f, r))
+		}
+		t.Chains = append(t.Chains, dc)
+	}
+	return t, nil
+}
+
+func hookName(h nftables.ChainHook) string {
+	switch h {
+	case *nftables.ChainHookForward:
+		return "forward"
+	case *nftables.ChainHookPostrouting:
+		return "postrouting"
+	case *nftables.ChainHookPrerouting:
+		return "prerouting"
+	case *nftables.ChainHookInput:
+		return "input"
+	case *nftables.ChainHookOutput:
+		return "output"
+	}
+	return fmt.Sprintf("hook-%d", h)
+}
+
+func hookNum(name string) (*nftables.ChainHook, error) {
+	switch name {
+	case "forward":
+		return nftables.ChainHookForward, nil
+	case "postrouting":
+		return nftables.ChainHookPostrouting, nil
+	}
+	return nil, fmt.Errorf("unsupported hook %q", name)
+}
+
+func decodeSet(f Family, s *nftables.Set, elems []nftables.SetElement) Set {
+	out := Set{Name: s.Name, Interval: s.Interval}
+	switch s.KeyType.Name {
+	case nftables.TypeIPAddr.Name, nftables.TypeIP6Addr.Name:
+		out.Type = SetAddr
+	case nftables.TypeIFName.Name:
+		out.Type = SetIfname
+	default:
+		out.Type = SetType("unsupported:" + s.KeyType.Name)
+		return out
+	}
+	switch {
+	case out.Type == SetIfname:
+		var names []string
+		for _, e := range elems {
+			names = append(names, string(bytes.TrimRight(e.Key, "\x00")))
+		}
+		out.Elements = sortedUnique(names)
+	case s.Interval:
+		out.Elements = rangesElements(elementsToRanges(f, elems))
+	default:
+		var as []netip.Addr
+		for _, e := range elems {
+			if a, ok := netip.AddrFromSlice(e.Key); ok {
+				as = append(as, a)
+			}
+		}
+		out.Elements = addrElements(as)
+	}
+	return out
+}
+
+// elementsToRanges rebuilds ranges from interval elements: a start key
+// opens a range, an interval-end key (one past its last address) closes it,
+// a start without an end runs to the family's last address.
+func elementsToRanges(f Family, elems []nftables.SetElement) []addrRange {
+	type edge struct {
+		a   netip.Addr
+		end bool
+	}
+	var edges []edge
+	for _, e := range elems {
+		if a, ok := netip.AddrFromSlice(e.Key); ok {
+			edges = append(edges, edge{a: a, end: e.IntervalEnd})
+		}
+	}
+	slices.SortFunc(edges, func(x, y edge) int {
+		if c := x.a.Compare(y.a); c != 0 {
+			return c
+		}
+		// At the same key an end closes the previous range first.
+		switch {
+		case x.end && !y.end:
+			return -1
+		case !x.end && y.end:
+			return 1
+		}
+		return 0
+	})
+	var out []addrRange
+	var open *netip.Addr
+	for _, e := range edges {
+		if !e.end {
+			if open == nil {
+				a := e.a
+				open = &a
+			}
+			continue
+		}
+		if open != nil {
+			if last := e.a.Prev(); last.IsValid() && last.Compare(*open) >= 0 {
+				out = append(out, addrRange{from: *open, to: last})
+			}
+			open = nil
+		}
+	}
+	if open != nil {
+		maxAddr := netip.AddrFrom4([4]byte{255, 255, 255, 255})
+		if f == IPv6 {
+			maxAddr = netip.AddrFrom16([16]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+		}
+		out = append(out, addrRange{from: *open, to: maxAddr})
+	}
+	return mergeRanges(out)
+}
+
+// Address offsets in the network header.
+func addrPayload(f Family, src bool) (offset, length uint32) {
+	if f == IPv6 {
+		if src {
+			return 8, 16
+		}
+		return 24, 16
+	}
+	if src {
+		return 12, 4
+	}
+	return 16, 4
+}
+
+func padIfname(s string) []byte {
+	b := make([]byte, ifnameLen)
+	copy(b, s)
+	return b
+}
+
+var ctEstablishedMask = binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED)
+
+// encodeRule turns a rule into nftables expressions; setIDs are the ids of
+// sets created in the same batch (0 = an existing set, found by name).
+func encodeRule(f Family, r Rule, setIDs map[string]uint32) ([]expr.Any, error) {
+	var ex []expr.Any
+	for _, m := range r.Matches {
+		switch m.Kind {
+		case MatchCtEstablished:
+			ex = append(ex,
+				&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ctEstablishedMask, Xor: make([]byte, 4)},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+			)
+		case MatchIfname, MatchIfnameSet:
+			key := expr.MetaKeyOIFNAME
+			if m.In {
+				key = expr.MetaKeyIIFNAME
+			}
+			ex = append(ex, &expr.Meta{Key: key, Register: 1})
+			if m.Kind == MatchIfnameSet {
+				ex = append(ex, &expr.Lookup{SourceRegister: 1, SetName: m.Value, SetID: setIDs[m.Value], Invert: m.Negate})
+				break
+			}
+			if m.Value == "" || len(m.Value) >= ifnameLen {
+				return nil, fmt.Errorf("interface name %q is not 1 to 15 characters", m.Value)
+			}
+			data := padIfname(m.Value)
+			if m.Prefix {
+				data = []byte(m.Value) // iptables' -i cali+: compare the first bytes only
+			}
+			op := expr.CmpOpEq
+			if m.Negate {
+				op = expr.CmpOpNeq
+			}
+			ex = append(ex, &expr.Cmp{Op: op, Register: 1, Data: data})
+		case MatchAddrSet:
+			off, l := addrPayload(f, m.In)
+			ex = append(ex,
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: l},
+				&expr.Lookup{SourceRegister: 1, SetName: m.Value, SetID: setIDs[m.Value], Invert: m.Negate},
+			)
+		default:
+			return nil, fmt.Errorf("unsupported match kind %d", m.Kind)
+		}
+	}
+	ex = append(ex, &expr.Counter{})
+	switch r.Verdict {
+	case Accept:
+		ex = append(ex, &expr.Verdict{Kind: expr.VerdictAccept})
+	case Drop:
+		ex = append(ex, &expr.Verdict{Kind: expr.VerdictDrop})
+	case Return:
+		ex = append(ex, &expr.Verdict{Kind: expr.VerdictReturn})
+	case Jump:
+		if r.Target == "" {
+			return nil, errors.New("jump without a target chain")
+		}
+		ex = append(ex, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target})
+	case Masquerade:
+		ex = append(ex, &expr.Masq{})
+	default:
+		return nil, fmt.Errorf("unsupported verdict %d", r.Verdict)
+	}
+	return ex, nil
+}
+
+// decodeRule recognises exactly the expression sequences encodeRule
+// writes. Anything else yields a rule with no verdict: unequal to every
+// desired rule.
+func decodeRule(f Family, nr *nftables.Rule) Rule {
+	r := Rule{Handle: nr.Handle}
+	if c, ok := userdata.GetString(nr.UserData, userdata.TypeComment); ok {
+		r.Comment = c
+	}
+	bad := func() Rule { return Rule{Handle: nr.Handle, Comment: "unrecognised: " + r.Comment} }
+	ex := nr.Exprs
+	for i := 0; i < len(ex); i++ {
+		switch e := ex[i].(type) {
+		case *expr.Ct:
+			if e.Key != expr.CtKeySTATE || i+2 >= len(ex) {
+				return bad()
+			}
+			bw, ok1 := ex[i+1].(*expr.Bitwise)
+			cmp, ok2 := ex[i+2].(*expr.Cmp)
+			if !ok1 || !ok2 || !bytes.Equal(bw.Mask, ctEstablishedMask) || cmp.Op != expr.CmpOpNeq || !bytes.Equal(cmp.Data, make([]byte, 4)) {
+				return bad()
+			}
+			r.Matches = append(r.Matches, Match{Kind: MatchCtEstablished})
+			i += 2
+		case *expr.Meta:
+			if (e.Key != expr.MetaKeyIIFNAME && e.Key != expr.MetaKeyOIFNAME) || i+1 >= len(ex) {
+				return bad()
+			}
+			in := e.Key == expr.MetaKeyIIFNAME
+			switch next := ex[i+1].(type) {
+			case *expr.Lookup:
+				r.Matches = append(r.Matches, Match{Kind: MatchIfnameSet, In: in, Value: next.SetName, Negate: next.Invert})
+			case *expr.Cmp:
+				if next.Op != expr.CmpOpEq && next.Op != expr.CmpOpNeq {
+					return bad()
+				}
+				m := Match{Kind: MatchIfname, In: in, Negate: next.Op == expr.CmpOpNeq}
+				if len(next.Data) == ifnameLen {
+					m.Value = string(bytes.TrimRight(next.Data, "\x00"))
+				} else {
+					m.Value, m.Prefix = string(next.Data), true
+				}
+				r.Matches = append(r.Matches, m)
+			default:
+				return bad()
+			}
+			i++
+		case *expr.Payload:
+			if e.Base != expr.PayloadBaseNetworkHeader || i+1 >= len(ex) {
+				return bad()
+			}
+			lk, ok := ex[i+1].(*expr.Lookup)
+			if !ok {
+				return bad()
+			}
+			so, sl := addrPayload(f, true)
+			do, dl := addrPayload(f, false)
+			var src bool
+			switch {
+			case e.Offset == so && e.Len == sl:
+				src = true
+			case e.Offset == do && e.Len == dl:
+			default:
+				return bad()
+			}
+			r.Matches = append(r.Matches, Match{Kind: MatchAddrSet, In: src, Value: lk.SetName, Negate: lk.Invert})
+			i++
+		case *expr.Counter:
+		case *expr.Verdict:
+			if i != len(ex)-1 {
+				return bad()
+			}
+			switch e.Kind {
+			case expr.VerdictAccept:
+				r.Verdict = Accept
+			case expr.VerdictDrop:
+				r.Verdict = Drop
+			case expr.VerdictReturn:
+				r.Verdict = Return
+			case expr.VerdictJump:
+				r.Verdict, r.Target = Jump, e.Chain
+			default:
+				return bad()
+			}
+		case *expr.Masq:
+			if i != len(ex)-1 || e.Random || e.FullyRandom || e.Persistent || e.ToPorts {
+				return bad()
+			}
+			r.Verdict = Masquerade
+		default:
+			return bad()
+		}
+	}
+	if r.Verdict == 0 {
+		return bad()
+	}
+	return r
+}
+
+// setElements encodes canonical elements for the kernel.
+func setElements(f Family, s Set) ([]nftables.SetElement, error) {
+	var out []nftables.SetElement
+	switch {
+	case s.Type == SetIfname:
+		for _, e := range s.Elements {
+			if e == "" || len(e) >= ifnameLen {
+				return nil, fmt.Errorf("set %s: interface name %q is not 1 to 15 characters", s.Name, e)
+			}
+			out = append(out, nftables.SetElement{Key: padIfname(e)})
+		}
+	case s.Interval:
+		rs, err := parseIntervalElements(s.Elements)
+		if err != nil {
+			return nil, fmt.Errorf("set %s: %w", s.Name, err)
+		}
+		for _, r := range rs {
+			if familyOf(r.from) != f {
+				return nil, fmt.Errorf("set %s: %s is not an %s address", s.Name, r.from, f)
+			}
+			out = append(out, nftables.SetElement{Key: r.from.AsSlice()})
+			// The end element is one past the range; a range up to the
+			// last address has none (it runs to the end).
+			if next := r.to.Next(); next.IsValid() {
+				out = append(out, nftables.SetElement{Key: next.AsSlice(), IntervalEnd: true})
+			}
+		}
+	default:
+		for _, e := range s.Elements {
+			a, err := netip.ParseAddr(e)
+			if err != nil || familyOf(a) != f {
+				return nil, fmt.Errorf("set %s: %q is not an %s address", s.Name, e, f)
+			}
+			out = append(out, nftables.SetElement{Key: a.Unmap().AsSlice()})
+		}
+	}
+	return out, nil
+}
+
+func (n *NFT) nftSet(f Family, s Set) *nftables.Set {
+	ns := &nftables.Set{Table: ourTable(f), Name: s.Name, Interval: s.Interval, Comment: clipComment(s.Comment)}
+	switch s.Type {
+	case SetIfname:
+		ns.KeyType = nftables.TypeIFName
+		ns.KeyByteOrder = binaryutil.NativeEndian
+	default:
+		ns.KeyType = nftables.TypeIPAddr
+		if f == IPv6 {
+			ns.KeyType = nftables.TypeIP6Addr
+		}
+		ns.KeyByteOrder = binaryutil.BigEndian
+	}
+	return ns
+}
+
+// Execute applies ops as one netlink batch: all of them or none.
+func (n *NFT) Execute(ctx context.Context, ops []Op) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c, err := n.conn(batchBuffer(len(ops)))
+	if err != nil {
+		return err
+	}
+	setIDs := map[string]uint32{} // family/name -> id, sets created in this batch
+	idsOf := func(f Family) map[string]uint32 {
+		m := map[string]uint32{}
+		for k, v := range setIDs {
+			if fam, name, ok := cutFamily(k); ok && fam == f {
+				m[name] = v
+			}
+		}
+		return m
+	}
+	for _, op := range ops {
+		t := ourTable(op.Family)
+		switch op.Kind {
+		case OpAddTable:
+			c.AddTable(t)
+		case OpDelTable:
+			c.DelTable(t)
+			for k := range setIDs {
+				if fam, _, _ := cutFamily(k); fam == op.Family {
+					delete(setIDs, k)
+				}
+			}
+		case OpAddSet:
+			ns := n.nftSet(op.Family, op.Set)
+			elems, err := setElements(op.Family, op.Set)
+			if err != nil {
+				return err
+			}
+			if err := c.AddSet(ns, elems); err != nil {
+				return fmt.Errorf("adding set %s: %w", op.Set.Name, err)
+			}
+			setIDs[string(op.Family)+"/"+op.Set.Name] = ns.ID
+		case OpDelSet:
+			c.DelSet(&nftables.Set{Table: t, Name: op.Set.Name})
+		case OpFlushSet:
+			c.FlushSet(&nftables.Set{Table: t, Name: op.Set.Name})
+		case OpAddElements, OpDelElements:
+			ns := n.nftSet(op.Family, op.Set)
+			ns.ID = setIDs[string(op.Family)+"/"+op.Set.Name]
+			elems, err := setElements(op.Family, op.Set)
+			if err != nil {
+				return err
+			}
+			if op.Kind == OpAddElements {
+				err = c.SetAddElements(ns, elems)
+			} else {
+				err = c.SetDeleteElements(ns, elems)
+			}
+			if err != nil {
+				return fmt.Errorf("changing elements of set %s: %w", op.Set.Name, err)
+			}
+		case OpAddChain:
+			ch := &nftables.Chain{Name: op.ChainDef.Name, Table: t}
+			if b := op.ChainDef.Base; b != nil {
+				hook, err := hookNum(b.Hook)
+				if err != nil {
+					return err
+				}
+				prio := nftables.ChainPriority(b.Priority)
+				policy := nftables.ChainPolicyAccept
+				ch.Type, ch.Hooknum, ch.Priority, ch.Policy = nftables.ChainType(b.Type), hook, &prio, &policy
+			}
+			c.AddChain(ch)
+		case OpDelChain:
+			c.DelChain(&nftables.Chain{Name: op.Chain, Table: t})
+		case OpFlushChain:
+			c.FlushChain(&nftables.Chain{Name: op.Chain, Table: t})
+		case OpAddRule:
+			ex, err := encodeRule(op.Family, op.Rule, idsOf(op.Family))
+			if err != nil {
+				return fmt.Errorf("rule %q: %w", op.Rule.Render(op.Family), err)
+			}
+			var ud []byte
+			if cm := clipComment(op.Rule.Comment); cm != "" {
+				ud = userdata.AppendString(nil, userdata.TypeComment, cm)
+			}
+			c.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: op.Chain, Table: t}, Exprs: ex, UserData: ud})
+		case OpDelRule:
+			if err := c.DelRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: op.Chain, Table: t}, Handle: op.Rule.Handle}); err != nil {
+				return fmt.Errorf("deleting rule %d of chain %s: %w", op.Rule.Handle, op.Chain, err)
+			}
+		default:
+			return fmt.Errorf("unsupported operation %d", op.Kind)
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables batch of %d changes failed (nothing was changed): %w", len(ops), err)
+	}
+	return nil
+}
+
+func cutFamily(k string) (Family, string, bool) {
+	for i := 0; i < len(k); i++ {
+		if k[i] == '/' {
+			return Family(k[:i]), k[i+1:], true
+		}
+	}
+	return "", "", false
+}
+
+// Apply makes the project's tables equal to want, changing only what
+// differs, in one batch. If that batch fails (the kernel refused some
+// change), it falls back to rewriting the tables whole, also in one batch.
+// It returns the number of changes made.
+func (n *NFT) Apply(ctx context.Context, want Ruleset) (int, error) {
+	families := []Family{IPv4, IPv6}
+	cur, err := n.Dump(ctx, families...)
+	if err != nil {
+		return 0, err
+	}
+	ops := Diff(cur, want)
+	if len(ops) == 0 {
+		return 0, nil
+	}
+	err = n.Execute(ctx, ops)
+	if err == nil {
+		return len(ops), nil
+	}
+	n.log.WithError(err).Warn("updating the nftables tables in place failed; rewriting them")
+	var full []Op
+	for _, t := range want.sortedTables() {
+		_, exists := cur.Table(t.Family)
+		full = append(full, ReplaceTable(t, exists)...)
+	}
+	for _, t := range cur.sortedTables() {
+		if _, ok := want.Table(t.Family); !ok {
+			full = append(full, Op{Kind: OpDelTable, Family: t.Family})
+		}
+	}
+	if err2 := n.Execute(ctx, full); err2 != nil {
+		return 0, fmt.Errorf("rewriting the nftables tables: %w (in-place update: %v)", err2, err)
+	}
+	return len(full), nil
+}
+
+// Delete removes the project's tables (both families); absent ones are
+// fine. The daemon never calls it on shutdown: the rules must keep
+// protecting running containers while it restarts.
+func (n *NFT) Delete(ctx context.Context) error {
+	cur, err := n.Dump(ctx, IPv4, IPv6)
+	if err != nil {
+		return err
+	}
+	var ops []Op
+	for _, t := range cur.sortedTables() {
+		ops = append(ops, Op{Kind: OpDelTable, Family: t.Family})
+	}
+	return n.Execute(ctx, ops)
+}

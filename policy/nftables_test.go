@@ -1,0 +1,359 @@
+package policy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+)
+
+// requireNetns skips, loudly, where throw-away namespaces cannot be made.
+func requireNetns(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("!!!!!! SKIPPED: this nftables integration test needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) for a throw-away network namespace; run `go test ./policy/` as root. The kernel side is NOT verified !!!!!!")
+	}
+	for _, bin := range []string{"ip", "nft"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("!!!!!! SKIPPED: %s is not installed (iproute2, nftables; see scripts/install-deps.sh). The kernel side is NOT verified !!!!!!", bin)
+		}
+	}
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// newNetns makes a namespace that the test deletes when it ends.
+func newNetns(t *testing.T, prefix string) string {
+	t.Helper()
+	name := prefix + randHex(4)
+	mustRun(t, "ip", "netns", "add", name)
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "delete", name).CombinedOutput(); err != nil {
+			t.Errorf("deleting netns %s: %v: %s", name, err, out)
+		}
+	})
+	mustRun(t, "ip", "-n", name, "link", "set", "lo", "up")
+	return name
+}
+
+func mustRun(t *testing.T, argv ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(argv, " "), err, out)
+	}
+	return string(out)
+}
+
+// nftIn runs the nft binary in the namespace: an independent reader of
+// what the netlink code wrote.
+func nftIn(t *testing.T, ns string, args ...string) string {
+	t.Helper()
+	return mustRun(t, append([]string{"ip", "netns", "exec", ns, "nft"}, args...)...)
+}
+
+func testLog(t *testing.T) logrus.FieldLogger {
+	l := logrus.New()
+	l.SetOutput(testWriter{t})
+	l.SetLevel(logrus.DebugLevel)
+	return l
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// decoys are other people's tables, including one of our name in another
+// family and an iptables-nft style filter table like Docker's.
+const decoys = `
+table ip decoy {
+	set addrs { type ipv4_addr; elements = { 192.168.0.1 } }
+	chain fwd1 { type filter hook forward priority 0; policy accept; iifname "cali*" counter accept; }
+}
+table inet calico-cnm {
+	chain fwd1 { type filter hook forward priority 0; policy accept; }
+}
+table ip6 decoy6 {
+	chain post { type nat hook postrouting priority 100; policy accept; }
+}
+table ip filter {
+	chain FORWARD { type filter hook forward priority 0; policy drop; jump DOCKER-USER; }
+	chain DOCKER-USER { iifname "cali*" accept; oifname "cali*" accept; }
+}
+`
+
+var decoyTables = [][]string{{"ip", "decoy"}, {"inet", "calico-cnm"}, {"ip6", "decoy6"}, {"ip", "filter"}}
+
+func listDecoys(t *testing.T, ns string) string {
+	t.Helper()
+	var b strings.Builder
+	for _, d := range decoyTables {
+		b.WriteString(nftIn(t, ns, "-s", "list", "table", d[0], d[1]))
+	}
+	return b.String()
+}
+
+// checkInSync dumps the tables and requires them to equal want exactly.
+func checkInSync(t *testing.T, n *NFT, want Ruleset) {
+	t.Helper()
+	got, err := n.Dump(context.Background(), IPv4, IPv6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ops := Diff(got, want); len(ops) != 0 {
+		t.Fatalf("kernel differs from the desired tables; plan:\n%s\nkernel:\n%s", strings.Join(opStrings(ops), "\n"), got.Render())
+	}
+	if len(got.Tables) != len(want.Tables) {
+		t.Fatalf("kernel has %d of our tables, want %d", len(got.Tables), len(want.Tables))
+	}
+}
+
+// TestNFTApplyIntegration writes, changes and deletes the tables in a
+// throw-away namespace: exactly what is desired, idempotent, endpoint
+// rules added and removed one by one, repaired when tampered with, and no
+// other table touched.
+func TestNFTApplyIntegration(t *testing.T) {
+	requireNetns(t)
+	ctx := context.Background()
+	ns := newNetns(t, "cnmpol-")
+	cmd := exec.Command("ip", "netns", "exec", ns, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(decoys)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("creating decoy tables: %v\n%s", err, out)
+	}
+	before := listDecoys(t, ns)
+
+	n, err := NewNFT("/var/run/netns/"+ns, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+
+	st := baseState()
+	st.IPv6 = true
+	st.Endpoints = append(st.Endpoints, ep(5, net1ID, "h1", "192.168.0.5", true))
+	st.Endpoints[len(st.Endpoints)-1].IPv6 = "fd00:1::5/128"
+	want := desired(t, st)
+
+	changes, err := n.Apply(ctx, want)
+	if err != nil {
+		t.Fatalf("first apply: %v", err)
+	}
+	if changes == 0 {
+		t.Fatal("first apply made no changes")
+	}
+	checkInSync(t, n, want)
+
+	// An independent reader sees the rules and elements.
+	listing := nftIn(t, ns, "list", "table", "ip", TableName)
+	for _, s := range []string{
+		`oifname "` + ifOf(epID(0)) + `" counter packets 0 bytes 0 jump ` + IngressChainName(net1ID),
+		`iifname "` + ifOf(epID(0)) + `" counter packets 0 bytes 0 jump ` + EgressChainName(net1ID),
+		`ip saddr @nat-pools ip daddr != @pools counter packets 0 bytes 0 masquerade`,
+		`type nat hook postrouting priority srcnat; policy accept;`,
+		`type filter hook forward priority filter; policy accept;`,
+		`192.168.0.0/16`,
+		`ct state established,related counter`,
+		`iifname "cali*" iifname != @workloads counter packets 0 bytes 0 drop`,
+	} {
+		if !strings.Contains(listing, s) {
+			t.Errorf("nft list lacks %q:\n%s", s, listing)
+		}
+	}
+	listing6 := nftIn(t, ns, "list", "table", "ip6", TableName)
+	if !strings.Contains(listing6, "fd00:1::5") || !strings.Contains(listing6, "ip6 saddr @nat-pools ip6 daddr != @pools") {
+		t.Errorf("ip6 table lacks the member fd00:1::5 or the masquerade:\n%s", listing6)
+	}
+
+	// Idempotent.
+	if changes, err := n.Apply(ctx, want); err != nil || changes != 0 {
+		t.Fatalf("second apply: %d changes, %v; want none", changes, err)
+	}
+
+	// Join: only the new endpoint's rules and elements are added.
+	joined := ep(7, net1ID, "h1", "192.168.0.7", true)
+	st2 := st
+	st2.Endpoints = append(slices.Clone(st.Endpoints), joined)
+	want2 := desired(t, st2)
+	handlesBefore := ruleHandles(t, n)
+	changes, err = n.Apply(ctx, want2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Per family: 2 rules + workloads element (+ net1 element in ip).
+	if changes != 7 {
+		t.Errorf("join made %d changes, want 7 (2 rules and the workloads element per family, net1's element in ip)", changes)
+	}
+	checkInSync(t, n, want2)
+	handlesAfter := ruleHandles(t, n)
+	for h, r := range handlesBefore {
+		if handlesAfter[h] != r {
+			t.Errorf("join replaced rule %d (%s): the other rules must stay as they are", h, r)
+		}
+	}
+
+	// Leave: nothing of the endpoint is left, the rest untouched.
+	changes, err = n.Apply(ctx, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changes != 7 {
+		t.Errorf("leave made %d changes, want 7", changes)
+	}
+	checkInSync(t, n, want)
+	all := nftIn(t, ns, "list", "ruleset")
+	for _, s := range []string{joined.HostIfName, "192.168.0.7"} {
+		if strings.Contains(all, s) {
+			t.Errorf("after leave the ruleset still mentions %s:\n%s", s, all)
+		}
+	}
+	if got := ruleHandles(t, n); !mapsEqual(got, handlesBefore) {
+		t.Errorf("after join+leave the rules differ from before")
+	}
+
+	// Somebody deletes one of our rules and adds one: repaired.
+	h := findHandle(t, ns, "ip", "forward", ifOf(epID(1)))
+	nftIn(t, ns, "delete", "rule", "ip", TableName, "forward", "handle", h)
+	nftIn(t, ns, "add", "rule", "ip", TableName, "forward", "ip", "saddr", "1.2.3.4", "accept")
+	if changes, err := n.Apply(ctx, want); err != nil || changes != 2 {
+		t.Errorf("repair: %d changes, %v; want 2 (add the missing rule, delete the foreign one)", changes, err)
+	}
+	checkInSync(t, n, want)
+
+	// The whole table deleted by hand: rebuilt.
+	nftIn(t, ns, "delete", "table", "ip", TableName)
+	if _, err := n.Apply(ctx, want); err != nil {
+		t.Fatal(err)
+	}
+	checkInSync(t, n, want)
+
+	// IPv6 off: the ip6 table goes.
+	st.IPv6 = false
+	want4 := desired(t, st)
+	if _, err := n.Apply(ctx, want4); err != nil {
+		t.Fatal(err)
+	}
+	checkInSync(t, n, want4)
+
+	if err := n.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := n.Dump(ctx, IPv4, IPv6); err != nil || len(got.Tables) != 0 {
+		t.Errorf("after Delete: %v, %v", got.Render(), err)
+	}
+	if after := listDecoys(t, ns); after != before {
+		t.Errorf("other tables changed:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}
+
+func ruleHandles(t *testing.T, n *NFT) map[uint64]string {
+	t.Helper()
+	rs, err := n.Dump(context.Background(), IPv4, IPv6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[uint64]string{}
+	for _, tb := range rs.Tables {
+		for _, c := range tb.Chains {
+			for _, r := range c.Rules {
+				out[r.Handle] = string(tb.Family) + " " + c.Name + " " + r.Render(tb.Family)
+			}
+		}
+	}
+	return out
+}
+
+func mapsEqual(a, b map[uint64]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// findHandle is the handle (nft -a) of the first rule in chain mentioning s.
+func findHandle(t *testing.T, ns, family, chain, s string) string {
+	t.Helper()
+	out := nftIn(t, ns, "-a", "list", "chain", family, TableName, chain)
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, s) {
+			if i := strings.LastIndex(line, "# handle "); i >= 0 {
+				return strings.TrimSpace(line[i+len("# handle "):])
+			}
+		}
+	}
+	t.Fatalf("no rule mentioning %s in chain %s:\n%s", s, chain, out)
+	return ""
+}
+
+// TestNFTLargeBatch: a host with many containers: the first write is one
+// large batch (the socket buffers must hold all its acknowledgements), and
+// a single leave afterwards is a handful of changes, not a rewrite.
+func TestNFTLargeBatch(t *testing.T) {
+	requireNetns(t)
+	ctx := context.Background()
+	ns := newNetns(t, "cnmpol-")
+	n, err := NewNFT("/var/run/netns/"+ns, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	st := baseState()
+	st.IPv6 = true
+	const count = 1500
+	for i := 0; i < count; i++ {
+		id := fmt.Sprintf("%011x%053d", 0xc0ffee000+i, 0)
+		st.Endpoints = append(st.Endpoints, localEP(id, []string{net1ID, net2ID}[i%2], fmt.Sprintf("192.168.%d.%d", 8+i/250, 1+i%250)))
+	}
+	want := desired(t, st)
+	start := time.Now()
+	changes, err := n.Apply(ctx, want)
+	if err != nil {
+		t.Fatalf("applying %d endpoints: %v", count, err)
+	}
+	t.Logf("%d local endpoints: %d changes in %s", count, changes, time.Since(start))
+	checkInSync(t, n, want)
+
+	st.Endpoints = st.Endpoints[:len(st.Endpoints)-1]
+	want2 := desired(t, st)
+	start = time.Now()
+	changes, err = n.Apply(ctx, want2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("one leave among %d: %d changes in %s", count, changes, time.Since(start))
+	if changes > 8 {
+		t.Errorf("one leave made %d changes: the tables were rewritten instead of updated", changes)
+	}
+	checkInSync(t, n, want2)
+}
+
+// localEP is a joined endpoint of this host (h1).
+func localEP(id, network, ip string) datastore.Endpoint {
+	return datastore.Endpoint{ID: id, Network: network, Node: "h1", IPv4: ip + "/32", HostIfName: ifOf(id), Joined: true}
+}

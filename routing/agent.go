@@ -1,0 +1,634 @@
+package routing
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/ipam"
+)
+
+// BlockSource is the part of IPAM routing follows (ipam.Engine has it).
+type BlockSource interface {
+	HostBlocks(ctx context.Context, host string) ([]net.IPNet, error)
+	WatchHostBlocks(ctx context.Context, host string) <-chan ipam.BlockEvent
+	ListPools(ctx context.Context) ([]ipam.Pool, error)
+}
+
+// Store is the part of the datastore routing uses (*datastore.Store has it).
+type Store interface {
+	Get(ctx context.Context, key string) (datastore.KV, error)
+	List(ctx context.Context, prefix string) ([]datastore.KV, error)
+	Txn(ctx context.Context, ops ...datastore.Op) error
+	Retry(ctx context.Context, fn func(ctx context.Context) error) error
+	Watch(ctx context.Context, prefix string, fromRev int64) <-chan datastore.Event
+}
+
+// Deps are what the agent works with; tests pass fakes for Speaker and
+// Routes.
+type Deps struct {
+	Store    Store
+	Blocks   BlockSource
+	Speaker  Speaker
+	Routes   RouteTable
+	NodeName string
+	Config   Config
+	Log      logrus.FieldLogger
+	// DetectAddress finds the node address when Config.NodeIP is empty
+	// (default: DetectAddress in the current network namespace).
+	DetectAddress func(method string) (netip.Addr, error)
+	// ResyncInterval re-checks everything even without events (default 10s).
+	ResyncInterval time.Duration
+}
+
+// Agent registers the node, runs the speaker's sessions and exports, and
+// keeps the kernel's learned routes in step with the RIB.
+type Agent struct {
+	d   Deps
+	log logrus.FieldLogger
+
+	start time.Time
+	self  Self
+
+	// Inputs, refreshed on datastore events.
+	nodes   []datastore.Node
+	peers   []datastore.BGPPeer
+	cfg     datastore.BGPConfig
+	pools   []netip.Prefix
+	blocks  map[netip.Prefix]bool
+	workIPs []netip.Addr
+
+	// What the speaker has been told.
+	sessions   map[netip.Addr]PeerSpec
+	advertised map[netip.Prefix]bool
+
+	synced    bool
+	conflicts map[netip.Prefix]bool // logged once each
+
+	mu     sync.Mutex
+	status Status
+}
+
+// NewAgent validates the configuration and returns an agent; Run does the
+// work.
+func NewAgent(d Deps) (*Agent, error) {
+	if err := d.Config.Finish(); err != nil {
+		return nil, err
+	}
+	if d.NodeName == "" {
+		return nil, errors.New("routing needs the node name")
+	}
+	if d.Log == nil {
+		d.Log = logrus.StandardLogger()
+	}
+	if d.DetectAddress == nil {
+		d.DetectAddress = DetectAddress
+	}
+	if d.ResyncInterval <= 0 {
+		d.ResyncInterval = 10 * time.Second
+	}
+	return &Agent{
+		d:          d,
+		log:        d.Log.WithField("component", "bgp"),
+		blocks:     map[netip.Prefix]bool{},
+		sessions:   map[netip.Addr]PeerSpec{},
+		advertised: map[netip.Prefix]bool{},
+		conflicts:  map[netip.Prefix]bool{},
+	}, nil
+}
+
+// retry runs fn until it succeeds or ctx ends, backing off: the agent must
+// survive a datastore that is not up yet or a port still held by a dying
+// predecessor, without blocking the plugin.
+func (a *Agent) retry(ctx context.Context, what string, fn func(ctx context.Context) error) error {
+	backoff := 200 * time.Millisecond
+	for {
+		err := fn(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		a.log.WithError(err).Warnf("%s failed, retrying in %s", what, backoff)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 10*time.Second)
+	}
+}
+
+// Run works until ctx ends. It returns nil then; other errors only for
+// configuration that cannot work.
+func (a *Agent) Run(ctx context.Context) error {
+	a.start = time.Now()
+	var addr netip.Addr
+	if err := a.retry(ctx, "detecting the node address", func(context.Context) error {
+		if a.d.Config.NodeIP != "" {
+			addr = netip.MustParseAddr(a.d.Config.NodeIP)
+			return nil
+		}
+		var err error
+		addr, err = a.d.DetectAddress(a.d.Config.AutodetectMethod)
+		return err
+	}); err != nil {
+		return nil
+	}
+	a.log = a.log.WithField("address", addr.String())
+
+	// Watches start before the first reads so that no change between the
+	// read and the watch is missed.
+	dirty := make(chan string, 8)
+	for _, prefix := range []string{datastore.NodesPrefix, "bgp/", "pools/", datastore.EndpointsPrefix + a.d.NodeName + "/"} {
+		go a.follow(ctx, prefix, dirty)
+	}
+
+	if err := a.retry(ctx, "registering the node", func(ctx context.Context) error { return a.register(ctx, addr) }); err != nil {
+		return nil
+	}
+	if err := a.retry(ctx, "reading the BGP configuration", a.loadNodesAndPeers); err != nil {
+		return nil
+	}
+	if err := a.retry(ctx, "starting the BGP speaker", func(ctx context.Context) error {
+		return a.d.Speaker.Start(ctx, GlobalSpec{
+			ASN: a.self.ASN, RouterID: addr, ListenAddress: a.d.Config.ListenAddress,
+			Port: a.d.Config.Port, RestartTime: a.d.Config.RestartTime,
+		})
+	}); err != nil {
+		return nil
+	}
+	a.log.WithFields(logrus.Fields{"asn": a.self.ASN, "port": a.d.Config.Port}).Info("BGP speaker started")
+	if a.d.Config.StatusSocket != "" {
+		go func() {
+			if err := serveStatus(ctx, a.d.Config.StatusSocket, a.Status, a.log); err != nil {
+				a.log.WithError(err).Warn("BGP status socket failed; `node status` will not work")
+			}
+		}()
+	}
+
+	// Our prefixes go out before any session exists: a peer that kept our
+	// routes through our restart drops whatever we have not re-announced by
+	// our End-of-RIB, which gobgp sends right after the initial update.
+	if err := a.retry(ctx, "reading this host's blocks", a.loadInitialExports); err != nil {
+		return nil
+	}
+	if err := a.retry(ctx, "reading the IP pools", a.loadPools); err != nil {
+		return nil
+	}
+	a.syncExports(ctx)
+	a.syncPeers(ctx)
+	a.syncRoutes(ctx)
+
+	blockEvents := a.d.Blocks.WatchHostBlocks(ctx, a.d.NodeName)
+	ticker := time.NewTicker(a.d.ResyncInterval)
+	defer ticker.Stop()
+	for {
+		var reloadNodes, reloadPools, reloadEndpoints, exports bool
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-blockEvents:
+			if !ok {
+				blockEvents = nil
+				continue
+			}
+			a.applyBlockEvent(ev)
+			exports = true
+		case prefix := <-dirty:
+			switch prefix {
+			case datastore.NodesPrefix, "bgp/":
+				reloadNodes = true
+			case "pools/":
+				reloadPools = true
+			default:
+				reloadEndpoints = true
+			}
+		case <-a.d.Speaker.Changes():
+		case <-ticker.C:
+			reloadNodes, reloadPools, reloadEndpoints = true, true, true
+		}
+		// Drain what else is queued so a burst costs one reconcile.
+		for drained := false; !drained; {
+			select {
+			case ev, ok := <-blockEvents:
+				if !ok {
+					blockEvents = nil
+					continue
+				}
+				a.applyBlockEvent(ev)
+				exports = true
+			case prefix := <-dirty:
+				switch prefix {
+				case datastore.NodesPrefix, "bgp/":
+					reloadNodes = true
+				case "pools/":
+					reloadPools = true
+				default:
+					reloadEndpoints = true
+				}
+			default:
+				drained = true
+			}
+		}
+		if reloadNodes {
+			if err := a.loadNodesAndPeers(ctx); err != nil {
+				a.log.WithError(err).Warn("reloading nodes and BGP peers")
+			}
+		}
+		if reloadPools {
+			if err := a.loadPools(ctx); err != nil {
+				a.log.WithError(err).Warn("reloading IP pools")
+			}
+		}
+		if reloadEndpoints {
+			if err := a.loadEndpoints(ctx); err != nil {
+				a.log.WithError(err).Warn("reloading local endpoints")
+			}
+			exports = true
+		}
+		if exports || reloadNodes {
+			a.syncExports(ctx)
+		}
+		if reloadNodes {
+			a.syncPeers(ctx)
+		}
+		a.syncRoutes(ctx)
+	}
+}
+
+// follow signals dirty with prefix for every change under it, re-watching
+// after a break (and signalling then, since changes may have been missed).
+func (a *Agent) follow(ctx context.Context, prefix string, dirty chan<- string) {
+	for ctx.Err() == nil {
+		for ev := range a.d.Store.Watch(ctx, prefix, 0) {
+			if ev.Err != nil {
+				break
+			}
+			select {
+			case dirty <- prefix:
+			case <-ctx.Done():
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+		select {
+		case dirty <- prefix:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// register writes this node's record: its name and address, and the ASN
+// when configured; the route-reflector settings (`bgp config`) are kept.
+func (a *Agent) register(ctx context.Context, addr netip.Addr) error {
+	return a.d.Store.Retry(ctx, func(ctx context.Context) error {
+		key := datastore.NodeKey(a.d.NodeName)
+		var n datastore.Node
+		var rev int64
+		kv, err := a.d.Store.Get(ctx, key)
+		switch {
+		case err == nil:
+			if err := json.Unmarshal(kv.Value, &n); err != nil {
+				return fmt.Errorf("decoding %s: %w", key, err)
+			}
+			rev = kv.ModRevision
+		case !errors.Is(err, datastore.ErrNotFound):
+			return err
+		}
+		want := n
+		want.Name, want.IPv4 = a.d.NodeName, addr.String()
+		if a.d.Config.ASN != 0 {
+			want.ASN = a.d.Config.ASN
+		}
+		if rev != 0 && want == n {
+			return nil
+		}
+		if err := a.d.Store.Txn(ctx, datastore.Write(key, datastore.MustJSON(want), rev)); err != nil {
+			return err
+		}
+		a.log.WithFields(logrus.Fields{"node": want.Name, "asn": want.ASN}).Info("node registered")
+		return nil
+	})
+}
+
+// loadNodesAndPeers reads nodes, explicit peers and the BGP config, and
+// refreshes self (route-reflector settings may change at run time).
+func (a *Agent) loadNodesAndPeers(ctx context.Context) error {
+	var cfg datastore.BGPConfig
+	kv, err := a.d.Store.Get(ctx, datastore.BGPConfigKey)
+	switch {
+	case err == nil:
+		if err := json.Unmarshal(kv.Value, &cfg); err != nil {
+			a.log.WithError(err).Warn("ignoring an unreadable BGP config record")
+			cfg = datastore.BGPConfig{}
+		}
+	case !errors.Is(err, datastore.ErrNotFound):
+		return err
+	}
+	kvs, err := a.d.Store.List(ctx, datastore.NodesPrefix)
+	if err != nil {
+		return err
+	}
+	var nodes []datastore.Node
+	var me *datastore.Node
+	for _, kv := range kvs {
+		var n datastore.Node
+		if err := json.Unmarshal(kv.Value, &n); err != nil || n.Name == "" {
+			continue
+		}
+		nodes = append(nodes, n)
+		if n.Name == a.d.NodeName {
+			me = &nodes[len(nodes)-1]
+		}
+	}
+	pkvs, err := a.d.Store.List(ctx, datastore.BGPPeersPrefix)
+	if err != nil {
+		return err
+	}
+	var peers []datastore.BGPPeer
+	for _, kv := range pkvs {
+		var p datastore.BGPPeer
+		if err := json.Unmarshal(kv.Value, &p); err == nil {
+			peers = append(peers, p)
+		}
+	}
+	a.nodes, a.peers, a.cfg = nodes, peers, cfg
+	if me != nil {
+		asn := EffectiveASN(*me, cfg)
+		if a.self.ASN != 0 && asn != a.self.ASN {
+			a.log.WithFields(logrus.Fields{"running": a.self.ASN, "configured": asn}).Warn("this node's AS number changed: restart the daemon to apply it")
+			asn = a.self.ASN
+		}
+		addr, _ := netip.ParseAddr(me.IPv4)
+		if a.self.Address.IsValid() && addr != a.self.Address {
+			addr = a.self.Address // the speaker runs with the address it started with
+		}
+		a.self = Self{Name: me.Name, Address: addr, ASN: asn, RouteReflector: me.RouteReflector, ClusterID: me.ClusterID}
+		if a.self.RouteReflector && a.self.ClusterID == "" {
+			a.self.ClusterID = addr.String()
+		}
+	}
+	if !a.self.Address.IsValid() {
+		return fmt.Errorf("node record %s is missing", datastore.NodeKey(a.d.NodeName))
+	}
+	return nil
+}
+
+func (a *Agent) loadPools(ctx context.Context) error {
+	pools, err := a.d.Blocks.ListPools(ctx)
+	if err != nil {
+		return err
+	}
+	var out []netip.Prefix
+	for _, p := range pools {
+		if pfx, err := netip.ParsePrefix(p.CIDR); err == nil {
+			out = append(out, pfx.Masked())
+		}
+	}
+	a.pools = out
+	return nil
+}
+
+func (a *Agent) loadInitialExports(ctx context.Context) error {
+	blocks, err := a.d.Blocks.HostBlocks(ctx, a.d.NodeName)
+	if err != nil {
+		return err
+	}
+	for _, b := range blocks {
+		if p, ok := prefixFromIPNet(b); ok {
+			a.blocks[p] = true
+		}
+	}
+	return a.loadEndpoints(ctx)
+}
+
+func (a *Agent) loadEndpoints(ctx context.Context) error {
+	kvs, err := a.d.Store.List(ctx, datastore.EndpointsPrefix+a.d.NodeName+"/")
+	if err != nil {
+		return err
+	}
+	var ips []netip.Addr
+	for _, kv := range kvs {
+		var ep datastore.Endpoint
+		if err := json.Unmarshal(kv.Value, &ep); err != nil {
+			continue
+		}
+		if p, err := netip.ParsePrefix(ep.IPv4); err == nil {
+			ips = append(ips, p.Addr())
+		}
+	}
+	a.workIPs = ips
+	return nil
+}
+
+func (a *Agent) applyBlockEvent(ev ipam.BlockEvent) {
+	p, ok := prefixFromIPNet(ev.Block)
+	if !ok {
+		return
+	}
+	if ev.Added {
+		a.blocks[p] = true
+	} else {
+		delete(a.blocks, p)
+	}
+}
+
+// syncExports makes the speaker originate exactly DesiredExports.
+func (a *Agent) syncExports(ctx context.Context) {
+	blocks := make([]netip.Prefix, 0, len(a.blocks))
+	for b := range a.blocks {
+		blocks = append(blocks, b)
+	}
+	want := DesiredExports(blocks, a.workIPs)
+	wantSet := map[netip.Prefix]bool{}
+	for _, p := range want {
+		wantSet[p] = true
+		if a.advertised[p] {
+			continue
+		}
+		if err := a.d.Speaker.Advertise(ctx, p, a.self.Address); err != nil {
+			a.log.WithError(err).WithField("prefix", p.String()).Warn("advertising")
+			continue
+		}
+		a.advertised[p] = true
+		a.log.WithField("prefix", p.String()).Info("advertising")
+	}
+	for p := range a.advertised {
+		if wantSet[p] {
+			continue
+		}
+		if err := a.d.Speaker.Withdraw(ctx, p); err != nil {
+			a.log.WithError(err).WithField("prefix", p.String()).Warn("withdrawing")
+			continue
+		}
+		delete(a.advertised, p)
+		a.log.WithField("prefix", p.String()).Info("withdrawn")
+	}
+}
+
+// syncPeers makes the speaker's sessions match DesiredPeers.
+func (a *Agent) syncPeers(ctx context.Context) {
+	want := DesiredPeers(a.self, a.nodes, a.peers, a.cfg)
+	wantSet := map[netip.Addr]PeerSpec{}
+	for _, p := range want {
+		wantSet[p.Address] = p
+	}
+	for addr, cur := range a.sessions {
+		if w, ok := wantSet[addr]; ok && w.Equal(cur) {
+			continue
+		}
+		if err := a.d.Speaker.DeletePeer(ctx, addr); err != nil {
+			a.log.WithError(err).WithField("peer", cur.String()).Warn("removing BGP peer")
+			continue
+		}
+		delete(a.sessions, addr)
+		a.log.WithField("peer", cur.String()).Info("BGP peer removed")
+	}
+	for _, p := range want {
+		if _, ok := a.sessions[p.Address]; ok {
+			continue
+		}
+		p.Restarting = !a.synced
+		if err := a.d.Speaker.AddPeer(ctx, p); err != nil {
+			a.log.WithError(err).WithField("peer", p.String()).Warn("adding BGP peer")
+			continue
+		}
+		a.sessions[p.Address] = p
+		a.log.WithFields(logrus.Fields{"peer": p.String(), "md5": p.Password != ""}).Info("BGP peer added")
+	}
+}
+
+// syncRoutes runs the import policy over the RIB and programs the result.
+func (a *Agent) syncRoutes(ctx context.Context) {
+	paths, err := a.d.Speaker.Paths(ctx)
+	if err != nil {
+		a.log.WithError(err).Warn("reading the RIB")
+		return
+	}
+	nodes := map[netip.Addr]string{}
+	for _, n := range a.nodes {
+		if addr, err := netip.ParseAddr(n.IPv4); err == nil && n.Name != a.d.NodeName {
+			nodes[addr] = n.Name
+		}
+	}
+	pol := ImportPolicy{Self: a.self, Pools: a.pools, Nodes: nodes, Peers: a.sessions, Exports: a.advertised}
+	sel := Select(paths, pol)
+	states, err := a.d.Speaker.Peers(ctx)
+	if err != nil {
+		a.log.WithError(err).Warn("reading BGP sessions")
+	}
+	if !a.synced {
+		a.synced = a.allPeersSynced(states) || time.Since(a.start) > a.d.Config.SyncTimeout
+		if a.synced {
+			a.log.WithField("after", time.Since(a.start).Round(time.Millisecond).String()).Info("BGP in sync: stale learned routes may now be removed")
+		}
+	}
+	kernel, err := a.d.Routes.ListLearned(ctx)
+	if err != nil {
+		a.log.WithError(err).Warn("listing kernel routes")
+		return
+	}
+	diff := DiffRoutes(sel.Routes, kernel, a.synced)
+	conflicts, err := ApplyDiff(ctx, a.d.Routes, diff, a.log)
+	if err != nil {
+		a.log.WithError(err).Warn("programming learned routes")
+	}
+	for _, p := range conflicts {
+		// Repeats on every pass until the other route goes: say it once.
+		if !a.conflicts[p] {
+			a.conflicts[p] = true
+			a.log.WithField("dst", p.String()).Warn("a learned route collides with a route routing does not own (blackhole, workload or admin route); left alone")
+		}
+	}
+	a.updateStatus(sel, states)
+}
+
+// allPeersSynced: every session is up and has sent its End-of-RIB.
+func (a *Agent) allPeersSynced(states []PeerState) bool {
+	byAddr := map[netip.Addr]PeerState{}
+	for _, s := range states {
+		byAddr[s.Address] = s
+	}
+	for addr := range a.sessions {
+		s, ok := byAddr[addr]
+		if !ok || s.State != "Established" || !s.EORReceived {
+			return false
+		}
+	}
+	return true
+}
+
+func (a *Agent) updateStatus(sel Selection, states []PeerState) {
+	st := Status{
+		Node: a.self.Name, Address: a.self.Address.String(), ASN: a.self.ASN,
+		RouteReflector: a.self.RouteReflector, ClusterID: a.self.ClusterID,
+		Mesh: a.cfg.MeshEnabled(), Synced: a.synced,
+		Peers: []PeerStatus{}, Advertised: []string{}, Routes: []RouteStatus{}, Rejected: sel.Rejected,
+	}
+	byAddr := map[netip.Addr]PeerState{}
+	for _, s := range states {
+		byAddr[s.Address] = s
+	}
+	for addr, spec := range a.sessions {
+		ps := byAddr[addr]
+		counts := sel.PerPeer[addr]
+		row := PeerStatus{
+			Address: addr.String(), Name: spec.Name, ASN: spec.ASN, Type: spec.Type, State: ps.State,
+			Since: ps.Since, Received: counts.Received, Accepted: counts.Accepted, Advertised: ps.Advertised,
+		}
+		if row.State == "" {
+			row.State = "Unknown"
+		}
+		st.Peers = append(st.Peers, row)
+	}
+	slices.SortFunc(st.Peers, func(x, y PeerStatus) int {
+		ax, _ := netip.ParseAddr(x.Address)
+		ay, _ := netip.ParseAddr(y.Address)
+		return ax.Compare(ay)
+	})
+	for p := range a.advertised {
+		st.Advertised = append(st.Advertised, p.String())
+	}
+	slices.Sort(st.Advertised)
+	var dsts []netip.Prefix
+	for p := range sel.Routes {
+		dsts = append(dsts, p)
+	}
+	slices.SortFunc(dsts, comparePrefix)
+	for _, p := range dsts {
+		st.Routes = append(st.Routes, RouteStatus{Dst: p.String(), Via: addrStrings(sel.Routes[p])})
+	}
+	a.mu.Lock()
+	a.status = st
+	a.mu.Unlock()
+}
+
+// Status returns the last reconciled state, with uptimes computed now.
+func (a *Agent) Status(context.Context) Status {
+	a.mu.Lock()
+	st := a.status
+	st.Peers = slices.Clone(st.Peers)
+	a.mu.Unlock()
+	for i := range st.Peers {
+		if !st.Peers[i].Since.IsZero() {
+			st.Peers[i].Uptime = FormatUptime(time.Since(st.Peers[i].Since))
+		}
+	}
+	return st
+}

@@ -1,0 +1,263 @@
+package routing
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
+	"github.com/calico-cnm/calico-cnm/ipam"
+)
+
+// fakeSpeaker records what the agent asks for and serves paths the test
+// sets.
+type fakeSpeaker struct {
+	mu         sync.Mutex
+	global     GlobalSpec
+	peers      map[netip.Addr]PeerSpec
+	advertised map[netip.Prefix]bool
+	paths      []LearnedPath
+	states     []PeerState
+	changes    chan struct{}
+}
+
+func newFakeSpeaker() *fakeSpeaker {
+	return &fakeSpeaker{peers: map[netip.Addr]PeerSpec{}, advertised: map[netip.Prefix]bool{}, changes: make(chan struct{}, 1)}
+}
+
+func (f *fakeSpeaker) Start(_ context.Context, g GlobalSpec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.global = g
+	return nil
+}
+func (f *fakeSpeaker) AddPeer(_ context.Context, p PeerSpec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.peers[p.Address] = p
+	return nil
+}
+func (f *fakeSpeaker) DeletePeer(_ context.Context, a netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.peers, a)
+	return nil
+}
+func (f *fakeSpeaker) Advertise(_ context.Context, p netip.Prefix, _ netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.advertised[p] = true
+	return nil
+}
+func (f *fakeSpeaker) Withdraw(_ context.Context, p netip.Prefix) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.advertised, p)
+	return nil
+}
+func (f *fakeSpeaker) Paths(context.Context) ([]LearnedPath, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.paths), nil
+}
+func (f *fakeSpeaker) Peers(context.Context) ([]PeerState, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.states), nil
+}
+func (f *fakeSpeaker) Changes() <-chan struct{} { return f.changes }
+func (f *fakeSpeaker) Stop(bool)                {}
+
+func (f *fakeSpeaker) set(paths []LearnedPath, states []PeerState) {
+	f.mu.Lock()
+	f.paths, f.states = paths, states
+	f.mu.Unlock()
+	select {
+	case f.changes <- struct{}{}:
+	default:
+	}
+}
+
+func (f *fakeSpeaker) snapshot() (map[netip.Addr]PeerSpec, []netip.Prefix) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var adv []netip.Prefix
+	for p := range f.advertised {
+		adv = append(adv, p)
+	}
+	slices.SortFunc(adv, comparePrefix)
+	peers := map[netip.Addr]PeerSpec{}
+	for k, v := range f.peers {
+		peers[k] = v
+	}
+	return peers, adv
+}
+
+// syncTable is fakeTable made safe for the agent's goroutine.
+type syncTable struct {
+	mu sync.Mutex
+	ft fakeTable
+}
+
+func (s *syncTable) ListLearned(ctx context.Context) ([]KernelRoute, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ft.ListLearned(ctx)
+}
+func (s *syncTable) Add(ctx context.Context, r KernelRoute) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ft.Add(ctx, r)
+}
+func (s *syncTable) Replace(ctx context.Context, r KernelRoute) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ft.Replace(ctx, r)
+}
+func (s *syncTable) Delete(ctx context.Context, d netip.Prefix) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ft.Delete(ctx, d)
+}
+func (s *syncTable) routes() map[netip.Prefix][]netip.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[netip.Prefix][]netip.Addr{}
+	for k, v := range s.ft.learned {
+		out[k] = v
+	}
+	return out
+}
+
+func eventually(t *testing.T, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestAgentRestart drives the agent against a real (embedded) etcd with a
+// fake speaker and route table: registration keeps the reflector settings,
+// blocks and borrowed addresses are exported before any session exists,
+// and learned routes left by a previous run survive until every peer has
+// sent its End-of-RIB, then the stale one goes.
+func TestAgentRestart(t *testing.T) {
+	m := etcdtest.Start(t)
+	store := m.Client(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := logrus.New()
+	log.SetLevel(logrus.WarnLevel)
+	eng := ipam.New(store, ipam.Options{Log: log})
+	if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: "192.168.0.0/16"}); err != nil {
+		t.Fatal(err)
+	}
+	// Another node, and this node's record as `bgp config --node a` left it.
+	for _, n := range []datastore.Node{{Name: "b", IPv4: "10.0.0.2"}, {Name: "a", RouteReflector: true, ClusterID: "1.0.0.1"}} {
+		if err := store.Txn(ctx, datastore.Put(datastore.NodeKey(n.Name), datastore.MustJSON(n))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, pool, _ := net.ParseCIDR("192.168.0.0/16")
+	ip, err := eng.AutoAssign(ctx, ipam.AutoAssignArgs{Host: "a", HandleID: "h1", Within: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	myBlock := netip.MustParsePrefix((&net.IPNet{IP: ip.IP.Mask(net.CIDRMask(26, 32)), Mask: net.CIDRMask(26, 32)}).String())
+	// A workload with an address borrowed from b's block.
+	ep := datastore.Endpoint{ID: "e1", Network: "n", Node: "a", IPv4: "192.168.200.7/32"}
+	if err := store.Txn(ctx, datastore.Put(datastore.EndpointKey("a", "e1"), datastore.MustJSON(ep))); err != nil {
+		t.Fatal(err)
+	}
+
+	sp := newFakeSpeaker()
+	rt := &syncTable{ft: fakeTable{learned: map[netip.Prefix][]netip.Addr{
+		pfx("192.168.1.0/26"): {addr("10.0.0.2")}, // still announced by b
+		pfx("192.168.9.0/26"): {addr("10.0.0.2")}, // gone while we were down
+	}}}
+	agent, err := NewAgent(Deps{
+		Store: store, Blocks: eng, Speaker: sp, Routes: rt, NodeName: "a", Log: log,
+		Config: Config{Enabled: true, NodeIP: "10.0.0.1", SyncTimeout: time.Hour},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = agent.Run(ctx)
+	}()
+	defer func() { cancel(); <-done }()
+
+	eventually(t, "exports and the session to b", func() error {
+		peers, adv := sp.snapshot()
+		want := []netip.Prefix{myBlock, pfx("192.168.200.7/32")}
+		slices.SortFunc(want, comparePrefix)
+		if !slices.Equal(adv, want) {
+			return fmt.Errorf("advertised %v, want %v", adv, want)
+		}
+		// The mesh is on by default (the reflector flag matters only with
+		// it off), a session added while syncing announces a restart, and
+		// the lower address (ours) waits for b to dial.
+		p, ok := peers[addr("10.0.0.2")]
+		if !ok || p.Type != PeerMesh || !p.Restarting || !p.Passive {
+			return fmt.Errorf("peer b = %+v (present %v)", p, ok)
+		}
+		return nil
+	})
+	var n datastore.Node
+	if _, err := store.GetJSON(ctx, datastore.NodeKey("a"), &n); err != nil {
+		t.Fatal(err)
+	}
+	if n.IPv4 != "10.0.0.1" || !n.RouteReflector || n.ClusterID != "1.0.0.1" {
+		t.Errorf("node record after registration = %+v: address missing or reflector settings lost", n)
+	}
+
+	// b is back but has not finished: both old routes stay.
+	b := addr("10.0.0.2")
+	sp.set([]LearnedPath{{Prefix: pfx("192.168.1.0/26"), NextHop: b, Peer: b}}, []PeerState{{Address: b, State: "Established"}})
+	time.Sleep(200 * time.Millisecond)
+	if r := rt.routes(); len(r) != 2 {
+		t.Fatalf("before b's End-of-RIB the kernel routes changed: %v", r)
+	}
+	// End-of-RIB from b: the route b no longer announces goes.
+	sp.set([]LearnedPath{{Prefix: pfx("192.168.1.0/26"), NextHop: b, Peer: b}}, []PeerState{{Address: b, State: "Established", EORReceived: true}})
+	eventually(t, "stale route removed after End-of-RIB", func() error {
+		r := rt.routes()
+		if len(r) != 1 || r[pfx("192.168.1.0/26")] == nil {
+			return fmt.Errorf("routes %v", r)
+		}
+		return nil
+	})
+	if st := agent.Status(ctx); !st.Synced || len(st.Routes) != 1 {
+		t.Errorf("status = %+v", st)
+	}
+
+	// Releasing the borrowed address's endpoint withdraws its /32.
+	if err := store.Txn(ctx, datastore.Delete(datastore.EndpointKey("a", "e1"), 0)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "borrowed /32 withdrawn", func() error {
+		_, adv := sp.snapshot()
+		if !slices.Equal(adv, []netip.Prefix{myBlock}) {
+			return fmt.Errorf("advertised %v", adv)
+		}
+		return nil
+	})
+}

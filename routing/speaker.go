@@ -1,0 +1,417 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	api "github.com/osrg/gobgp/v3/api"
+	"github.com/osrg/gobgp/v3/pkg/apiutil"
+	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
+	"github.com/osrg/gobgp/v3/pkg/packet/bgp"
+	"github.com/osrg/gobgp/v3/pkg/server"
+	"github.com/sirupsen/logrus"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// Speaker is the narrow view of a BGP implementation that the agent needs.
+// Everything the agent decides (which peers, which prefixes, what reaches
+// the kernel) is computed outside it, so tests can drive the agent with a
+// fake and the real speaker stays a thin adapter.
+type Speaker interface {
+	// Start begins listening and speaking as asn/routerID.
+	Start(ctx context.Context, g GlobalSpec) error
+	AddPeer(ctx context.Context, p PeerSpec) error
+	DeletePeer(ctx context.Context, addr netip.Addr) error
+	// Advertise originates prefix with nextHop; Withdraw stops it.
+	Advertise(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr) error
+	Withdraw(ctx context.Context, prefix netip.Prefix) error
+	// Paths lists every path learned from peers (all candidates, not just
+	// the best one, so that ECMP and the import counters see them all).
+	Paths(ctx context.Context) ([]LearnedPath, error)
+	// Peers reports session state and counters.
+	Peers(ctx context.Context) ([]PeerState, error)
+	// Changes is signalled (coalesced) whenever paths or sessions change.
+	Changes() <-chan struct{}
+	// Stop ends the speaker. graceful: drop the sessions without a BGP
+	// NOTIFICATION, as a crash would, so that peers keep our routes for the
+	// graceful-restart time; otherwise tell peers to forget us.
+	Stop(graceful bool)
+}
+
+// GlobalSpec is the speaker's own identity.
+type GlobalSpec struct {
+	ASN           uint32
+	RouterID      netip.Addr
+	ListenAddress string // "" = all
+	Port          int    // also the port peers are dialled on
+	RestartTime   time.Duration
+}
+
+// PeerState is one session as `node status` shows it.
+type PeerState struct {
+	Address     netip.Addr `json:"address"`
+	State       string     `json:"state"` // Established, Active, Idle, ...
+	Since       time.Time  `json:"since"` // when it entered the state (zero if unknown)
+	Received    int        `json:"received"`
+	Advertised  int        `json:"advertised"`
+	EORReceived bool       `json:"endOfRibReceived"`
+}
+
+// GoBGP is the Speaker backed by an in-process github.com/osrg/gobgp/v3.
+type GoBGP struct {
+	s       *server.BgpServer
+	log     logrus.FieldLogger
+	nextHop netip.Addr
+	port    int
+	restart time.Duration
+	changes chan struct{}
+
+	mu      sync.Mutex
+	started bool
+	cancel  context.CancelFunc
+}
+
+// NewGoBGP creates the speaker; nothing listens until Start.
+func NewGoBGP(log logrus.FieldLogger) *GoBGP {
+	g := &GoBGP{log: log, changes: make(chan struct{}, 1)}
+	g.s = server.NewBgpServer(server.LoggerOption(&gobgpLogger{log: log.WithField("component", "gobgp")}))
+	go g.s.Serve()
+	return g
+}
+
+var ipv4Unicast = &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}
+
+// Start implements Speaker.
+func (g *GoBGP) Start(ctx context.Context, spec GlobalSpec) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.started {
+		return errors.New("BGP speaker already started")
+	}
+	port := int32(spec.Port)
+	var listen []string
+	if spec.ListenAddress != "" {
+		listen = []string{spec.ListenAddress}
+	}
+	if err := g.s.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
+		Asn:             spec.ASN,
+		RouterId:        spec.RouterID.String(),
+		ListenPort:      port,
+		ListenAddresses: listen,
+		GracefulRestart: &api.GracefulRestart{Enabled: true, RestartTime: uint32(spec.RestartTime / time.Second)},
+	}}); err != nil {
+		return fmt.Errorf("starting the BGP speaker (AS %d, port %d): %w", spec.ASN, spec.Port, err)
+	}
+	// Routes learned over eBGP (from routers) are not passed on to anyone:
+	// a node is not a transit router, every node peers with its routers
+	// itself, and passing them into the mesh would only give peers paths
+	// whose next hop is not the announcing node's (rejected anyway).
+	if err := g.s.AddPolicy(ctx, &api.AddPolicyRequest{Policy: &api.Policy{
+		Name: "calico-cnm-no-transit",
+		Statements: []*api.Statement{{
+			Name:       "calico-cnm-reject-external",
+			Conditions: &api.Conditions{RouteType: api.Conditions_ROUTE_TYPE_EXTERNAL},
+			Actions:    &api.Actions{RouteAction: api.RouteAction_REJECT},
+		}},
+	}}); err != nil {
+		return fmt.Errorf("defining the export policy: %w", err)
+	}
+	if err := g.s.AddPolicyAssignment(ctx, &api.AddPolicyAssignmentRequest{Assignment: &api.PolicyAssignment{
+		Name: "global", Direction: api.PolicyDirection_EXPORT,
+		Policies:      []*api.Policy{{Name: "calico-cnm-no-transit"}},
+		DefaultAction: api.RouteAction_ACCEPT,
+	}}); err != nil {
+		return fmt.Errorf("assigning the export policy: %w", err)
+	}
+	g.nextHop, g.port, g.restart, g.started = spec.RouterID, spec.Port, spec.RestartTime, true
+	wctx, cancel := context.WithCancel(context.Background())
+	g.cancel = cancel
+	// Best-path, per-peer adj-in and session events all just poke the
+	// agent, which re-reads the RIB: level-triggered, so nothing is lost
+	// when events are coalesced.
+	err := g.s.WatchEvent(wctx, &api.WatchEventRequest{
+		Peer: &api.WatchEventRequest_Peer{},
+		Table: &api.WatchEventRequest_Table{Filters: []*api.WatchEventRequest_Table_Filter{
+			{Type: api.WatchEventRequest_Table_Filter_BEST},
+			{Type: api.WatchEventRequest_Table_Filter_ADJIN},
+			{Type: api.WatchEventRequest_Table_Filter_EOR},
+		}},
+	}, func(*api.WatchEventResponse) { g.poke() })
+	if err != nil {
+		cancel()
+		return fmt.Errorf("watching the BGP RIB: %w", err)
+	}
+	return nil
+}
+
+func (g *GoBGP) poke() {
+	select {
+	case g.changes <- struct{}{}:
+	default:
+	}
+}
+
+// Changes implements Speaker.
+func (g *GoBGP) Changes() <-chan struct{} { return g.changes }
+
+// AddPeer implements Speaker. Graceful restart is on for every session (we
+// are both a restarting speaker and a helper); timers are short so that a
+// restarted neighbour is re-established within seconds.
+func (g *GoBGP) AddPeer(ctx context.Context, p PeerSpec) error {
+	peer := &api.Peer{
+		Conf: &api.PeerConf{
+			NeighborAddress: p.Address.String(),
+			PeerAsn:         p.ASN,
+			AuthPassword:    p.Password,
+			Description:     string(p.Type) + ":" + p.Name,
+		},
+		Transport: &api.Transport{RemotePort: uint32(g.port), PassiveMode: p.Passive},
+		Timers: &api.Timers{Config: &api.TimersConfig{
+			ConnectRetry:           3,
+			HoldTime:               90,
+			KeepaliveInterval:      30,
+			IdleHoldTimeAfterReset: 1,
+		}},
+		GracefulRestart: &api.GracefulRestart{
+			Enabled:         true,
+			RestartTime:     uint32(g.restart / time.Second),
+			DeferralTime:    5,
+			LocalRestarting: p.Restarting,
+		},
+		AfiSafis: []*api.AfiSafi{{
+			Config:            &api.AfiSafiConfig{Family: ipv4Unicast, Enabled: true},
+			MpGracefulRestart: &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}},
+		}},
+	}
+	if p.RRClient {
+		peer.RouteReflector = &api.RouteReflector{RouteReflectorClient: true, RouteReflectorClusterId: p.ClusterID}
+	}
+	if err := g.s.AddPeer(ctx, &api.AddPeerRequest{Peer: peer}); err != nil {
+		return fmt.Errorf("adding BGP peer %s: %w", p, err)
+	}
+	return nil
+}
+
+// DeletePeer implements Speaker.
+func (g *GoBGP) DeletePeer(ctx context.Context, addr netip.Addr) error {
+	if err := g.s.DeletePeer(ctx, &api.DeletePeerRequest{Address: addr.String()}); err != nil {
+		return fmt.Errorf("deleting BGP peer %s: %w", addr, err)
+	}
+	return nil
+}
+
+func originPath(prefix netip.Prefix, nextHop netip.Addr) (*api.Path, error) {
+	nlri, err := anypb.New(&api.IPAddressPrefix{Prefix: prefix.Addr().String(), PrefixLen: uint32(prefix.Bits())})
+	if err != nil {
+		return nil, err
+	}
+	origin, err := anypb.New(&api.OriginAttribute{Origin: 0}) // IGP
+	if err != nil {
+		return nil, err
+	}
+	nh, err := anypb.New(&api.NextHopAttribute{NextHop: nextHop.String()})
+	if err != nil {
+		return nil, err
+	}
+	return &api.Path{Family: ipv4Unicast, Nlri: nlri, Pattrs: []*anypb.Any{origin, nh}}, nil
+}
+
+// Advertise implements Speaker.
+func (g *GoBGP) Advertise(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr) error {
+	if !prefix.Addr().Is4() {
+		return fmt.Errorf("advertising %s: only IPv4 prefixes are supported", prefix)
+	}
+	p, err := originPath(prefix.Masked(), nextHop)
+	if err != nil {
+		return err
+	}
+	if _, err := g.s.AddPath(ctx, &api.AddPathRequest{Path: p}); err != nil {
+		return fmt.Errorf("advertising %s: %w", prefix, err)
+	}
+	return nil
+}
+
+// Withdraw implements Speaker.
+func (g *GoBGP) Withdraw(ctx context.Context, prefix netip.Prefix) error {
+	p, err := originPath(prefix.Masked(), g.nextHop)
+	if err != nil {
+		return err
+	}
+	if err := g.s.DeletePath(ctx, &api.DeletePathRequest{Family: ipv4Unicast, Path: p}); err != nil {
+		return fmt.Errorf("withdrawing %s: %w", prefix, err)
+	}
+	return nil
+}
+
+// Paths implements Speaker.
+func (g *GoBGP) Paths(ctx context.Context) ([]LearnedPath, error) {
+	var out []LearnedPath
+	var convErr error
+	err := g.s.ListPath(ctx, &api.ListPathRequest{TableType: api.TableType_GLOBAL, Family: ipv4Unicast}, func(d *api.Destination) {
+		for _, p := range d.Paths {
+			if p.IsWithdraw {
+				continue
+			}
+			lp, ok, err := learnedFromAPI(p)
+			if err != nil {
+				convErr = err
+				continue
+			}
+			if ok {
+				out = append(out, lp)
+			}
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing the BGP RIB: %w", err)
+	}
+	if convErr != nil {
+		g.log.WithError(convErr).Debug("skipped an undecodable path")
+	}
+	return out, nil
+}
+
+// learnedFromAPI converts a gobgp path; ok is false for our own paths.
+func learnedFromAPI(p *api.Path) (LearnedPath, bool, error) {
+	peer, err := netip.ParseAddr(p.NeighborIp)
+	if err != nil || !peer.IsValid() || peer.IsUnspecified() {
+		return LearnedPath{}, false, nil // locally originated
+	}
+	nlri, err := apiutil.UnmarshalNLRI(bgp.RF_IPv4_UC, p.Nlri)
+	if err != nil {
+		return LearnedPath{}, false, fmt.Errorf("path from %s: %w", peer, err)
+	}
+	pfx, err := netip.ParsePrefix(nlri.String())
+	if err != nil {
+		return LearnedPath{}, false, fmt.Errorf("path from %s: prefix %q: %w", peer, nlri.String(), err)
+	}
+	lp := LearnedPath{Prefix: pfx, Peer: peer, Stale: p.Stale}
+	for _, a := range p.Pattrs {
+		attr, err := apiutil.UnmarshalAttribute(a)
+		if err != nil {
+			continue
+		}
+		switch v := attr.(type) {
+		case *bgp.PathAttributeNextHop:
+			lp.NextHop, _ = netip.AddrFromSlice(v.Value.To4())
+		case *bgp.PathAttributeMpReachNLRI:
+			if v.Nexthop != nil {
+				if a, ok := netip.AddrFromSlice(v.Nexthop); ok {
+					lp.NextHop = a.Unmap()
+				}
+			}
+		case *bgp.PathAttributeAsPath:
+			for _, seg := range v.Value {
+				lp.ASPath = append(lp.ASPath, seg.GetAS()...)
+			}
+		case *bgp.PathAttributeLocalPref:
+			lp.LocalPref = v.Value
+		}
+	}
+	return lp, true, nil
+}
+
+// Peers implements Speaker.
+func (g *GoBGP) Peers(ctx context.Context) ([]PeerState, error) {
+	var out []PeerState
+	err := g.s.ListPeer(ctx, &api.ListPeerRequest{EnableAdvertised: true}, func(p *api.Peer) {
+		var ps PeerState
+		if p.Conf != nil {
+			ps.Address, _ = netip.ParseAddr(p.Conf.NeighborAddress)
+		}
+		if p.State != nil {
+			ps.State = sessionStateName(p.State.SessionState)
+		}
+		if p.Timers != nil && p.Timers.State != nil {
+			if ps.State == "Established" && p.Timers.State.Uptime != nil {
+				ps.Since = p.Timers.State.Uptime.AsTime()
+			} else if p.Timers.State.Downtime != nil {
+				ps.Since = p.Timers.State.Downtime.AsTime()
+			}
+		}
+		eor := len(p.AfiSafis) > 0
+		for _, af := range p.AfiSafis {
+			if af.State != nil {
+				ps.Received += int(af.State.Received)
+				ps.Advertised += int(af.State.Advertised)
+			}
+			if af.MpGracefulRestart == nil || af.MpGracefulRestart.State == nil || !af.MpGracefulRestart.State.EndOfRibReceived {
+				eor = false
+			}
+		}
+		ps.EORReceived = eor
+		out = append(out, ps)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing BGP peers: %w", err)
+	}
+	return out, nil
+}
+
+func sessionStateName(s api.PeerState_SessionState) string {
+	switch s {
+	case api.PeerState_IDLE:
+		return "Idle"
+	case api.PeerState_CONNECT:
+		return "Connect"
+	case api.PeerState_ACTIVE:
+		return "Active"
+	case api.PeerState_OPENSENT:
+		return "OpenSent"
+	case api.PeerState_OPENCONFIRM:
+		return "OpenConfirm"
+	case api.PeerState_ESTABLISHED:
+		return "Established"
+	}
+	return "Unknown"
+}
+
+// Stop implements Speaker. gobgp has no way to close its sessions without
+// sending a NOTIFICATION, and a NOTIFICATION makes peers drop our routes at
+// once; so the graceful stop only stops our watchers and leaves the sessions
+// to the process exit, where the kernel closes the sockets and peers keep our
+// routes as stale for the restart time (RFC 4724) - exactly what kill -9 does.
+func (g *GoBGP) Stop(graceful bool) {
+	g.mu.Lock()
+	cancel := g.cancel
+	started := g.started
+	g.cancel = nil
+	g.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	if !graceful && started {
+		g.s.Stop()
+	}
+}
+
+// gobgpLogger adapts logrus to gobgp's logger. gobgp's Fatal/Panic are for
+// its own internal bugs; they are logged as errors rather than killing the
+// daemon that hosts the plugin sockets.
+type gobgpLogger struct{ log logrus.FieldLogger }
+
+func (l *gobgpLogger) Panic(msg string, f gobgplog.Fields) {
+	l.log.WithFields(logrus.Fields(f)).Error("gobgp panic: " + msg)
+}
+func (l *gobgpLogger) Fatal(msg string, f gobgplog.Fields) {
+	l.log.WithFields(logrus.Fields(f)).Error("gobgp fatal: " + msg)
+}
+func (l *gobgpLogger) Error(msg string, f gobgplog.Fields) {
+	l.log.WithFields(logrus.Fields(f)).Error(msg)
+}
+func (l *gobgpLogger) Warn(msg string, f gobgplog.Fields) {
+	l.log.WithFields(logrus.Fields(f)).Warn(msg)
+}
+
+// Info is logged at debug: gobgp is chatty about every session transition,
+// which the agent already logs in its own words.
+func (l *gobgpLogger) Info(msg string, f gobgplog.Fields) {
+	l.log.WithFields(logrus.Fields(f)).Debug(msg)
+}
+func (l *gobgpLogger) Debug(msg string, f gobgplog.Fields) {}
+func (l *gobgpLogger) SetLevel(gobgplog.LogLevel)          {}
+func (l *gobgpLogger) GetLevel() gobgplog.LogLevel         { return gobgplog.InfoLevel }

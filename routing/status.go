@@ -1,0 +1,116 @@
+package routing
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/sirupsen/logrus"
+)
+
+// Status is what `calico-cnm node status` shows, served by the daemon on
+// its status socket.
+type Status struct {
+	Node           string         `json:"node"`
+	Address        string         `json:"address"`
+	ASN            uint32         `json:"asn"`
+	RouteReflector bool           `json:"routeReflector"`
+	ClusterID      string         `json:"clusterID,omitempty"`
+	Mesh           bool           `json:"nodeToNodeMesh"`
+	Synced         bool           `json:"synced"` // stale learned routes may be deleted
+	Peers          []PeerStatus   `json:"peers"`
+	Advertised     []string       `json:"advertised"`
+	Routes         []RouteStatus  `json:"routes"`
+	Rejected       map[string]int `json:"rejected"`
+}
+
+// PeerStatus is one session.
+type PeerStatus struct {
+	Address    string    `json:"address"`
+	Name       string    `json:"name"`
+	ASN        uint32    `json:"asn"`
+	Type       PeerType  `json:"type"`
+	State      string    `json:"state"`
+	Since      time.Time `json:"since,omitzero"`
+	Uptime     string    `json:"uptime,omitempty"` // for humans; Since is exact
+	Received   int       `json:"received"`
+	Accepted   int       `json:"accepted"`
+	Advertised int       `json:"advertised"`
+}
+
+// RouteStatus is one learned route in the kernel.
+type RouteStatus struct {
+	Dst string   `json:"dst"`
+	Via []string `json:"via"`
+}
+
+// serveStatus answers GET /status on a unix socket until ctx ends.
+func serveStatus(ctx context.Context, path string, get func(context.Context) Status, log logrus.FieldLogger) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing stale status socket %s: %w", path, err)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", path, err)
+	}
+	_ = os.Chmod(path, 0o600)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(get(r.Context()))
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	log.WithField("socket", path).Debug("serving BGP status")
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// FetchStatus asks the daemon listening on socket for its BGP status.
+func FetchStatus(ctx context.Context, socket string) (Status, error) {
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+	}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://calico-cnm/status", nil)
+	if err != nil {
+		return Status{}, err
+	}
+	res, err := client.Do(req)
+	if err != nil {
+		return Status{}, fmt.Errorf("no BGP status from the daemon at %s (is `calico-cnm serve --bgp` running on this host?): %w", socket, err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return Status{}, fmt.Errorf("BGP status from %s: HTTP %d", socket, res.StatusCode)
+	}
+	var s Status
+	if err := json.NewDecoder(res.Body).Decode(&s); err != nil {
+		return Status{}, fmt.Errorf("decoding BGP status: %w", err)
+	}
+	return s, nil
+}
+
+// FormatUptime renders a duration like calicoctl does ("3m12s", "2h05m").
+func FormatUptime(d time.Duration) string {
+	d = d.Round(time.Second)
+	switch {
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
+}

@@ -1,0 +1,386 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/calico-cnm/calico-cnm/test/e2e/harness"
+)
+
+// newFaultHost is newCalicoHost with host options, plugin env and extra
+// daemon flags.
+func newFaultHost(t *testing.T, name string, opts harness.HostOptions, env []string, extra ...string) *calicoHost {
+	t.Helper()
+	harness.RequirePrereqs(t)
+	bin := harness.BuildBinary(t)
+	h := harness.NewFabric(t, "").AddHost(t, name, opts)
+	h.ImportBusybox(t)
+	p := h.StartPlugin(t, bin, env, append(h.ServeArgs(env), extra...)...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			h.DumpLogs(t, 120)
+		}
+	})
+	return &calicoHost{Host: h, bin: bin, plugin: p}
+}
+
+// clean reports what is left of workloads on the host: allocated
+// addresses, `ipam check` problems, cali veths, /32 routes (nil when clean).
+func (h *calicoHost) leftovers(t *testing.T) error {
+	t.Helper()
+	var problems []string
+	if out, err := h.ipamCheck(t); err != nil {
+		problems = append(problems, fmt.Sprintf("ipam check: %v: %s", err, strings.TrimSpace(out)))
+	}
+	if n := h.usedIPs(t); n != 0 {
+		problems = append(problems, fmt.Sprintf("%d addresses allocated", n))
+	}
+	if links := h.caliLinks(t); len(links) != 0 {
+		problems = append(problems, fmt.Sprintf("cali veths %v", links))
+	}
+	if routes := h.workloadRoutes(t); len(routes) != 0 {
+		problems = append(problems, fmt.Sprintf("/32 routes %v", routes))
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s", strings.Join(problems, "; "))
+}
+
+// TestKill9DaemonDuringChurn: a loop of 50 `docker run` + `docker rm -f`,
+// with the daemon SIGKILLed at random moments (about one iteration in
+// three, at a random point of the run/rm pair) and restarted each time.
+// Docker calls that hit the dead daemon may fail; what must hold is that
+// once every container is gone, the daemon (its reconcile with Docker) has
+// left no leaked address (`ipam check` clean, 0 allocated), no orphan
+// veth and no orphan route.
+func TestKill9DaemonDuringChurn(t *testing.T) {
+	const iterations = 50
+	h := newFaultHost(t, "kill9", harness.HostOptions{}, nil, "--reconcile-grace", "3s", "--resync-interval", "3s")
+	h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.0.0/16", "calico-net")
+
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("random seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	kills, runFails, rmFails := 0, 0, 0
+	for i := 0; i < iterations; i++ {
+		name := fmt.Sprintf("churn%02d", i)
+		// Docker's side runs in the background so that the daemon is
+		// restarted right after the kill, as systemd would: Docker's
+		// plugin client retries a dead socket for up to 30 s.
+		var runErr, rmErr error
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, runErr = h.DockerCtx(context.Background(), "run", "-d", "--name", name, "--net", "calico-net", harness.Image, "sleep", "3600")
+			_, rmErr = h.DockerCtx(context.Background(), "rm", "-f", name)
+		}()
+		if rng.IntN(3) == 0 {
+			kills++
+			// A random point of the ~1 s run/rm pair: before, during
+			// RequestAddress/CreateEndpoint/Join, or during the removal.
+			time.Sleep(time.Duration(rng.IntN(1500)) * time.Millisecond)
+			h.plugin.Kill9(t)
+			h.plugin.Start(t)
+		}
+		<-done
+		if runErr != nil {
+			runFails++
+			t.Logf("iteration %d: docker run failed: %v", i, runErr)
+		}
+		if rmErr != nil {
+			rmFails++
+			t.Logf("iteration %d: docker rm -f failed: %v", i, rmErr)
+		}
+	}
+	t.Logf("%d iterations, %d kills, %d docker run and %d docker rm failures", iterations, kills, runFails, rmFails)
+	if kills == 0 {
+		t.Fatal("the daemon was never killed: the test proved nothing (re-run)")
+	}
+
+	// Whatever Docker could not remove while the daemon was dead goes now.
+	harness.Eventually(t, 60*time.Second, time.Second, "all containers removed", func() error {
+		ids := strings.Fields(h.MustDocker(t, "ps", "-aq"))
+		if len(ids) == 0 {
+			return nil
+		}
+		_, err := h.Docker(t, append([]string{"rm", "-f"}, ids...)...)
+		return fmt.Errorf("%d containers left (%v)", len(ids), err)
+	})
+	// The daemon's reconcile (grace 3 s) releases what Docker no longer
+	// knows: no manual `ipam check --release`.
+	harness.Eventually(t, 60*time.Second, 2*time.Second, "no leaked address, veth or route", func() error {
+		return h.leftovers(t)
+	})
+	// And the host still works.
+	h.MustDocker(t, "run", "-d", "--name", "after", "--net", "calico-net", harness.Image, "sleep", "3600")
+	h.containerIP(t, "after", "calico-net")
+	h.MustDocker(t, "rm", "-f", "after")
+	if err := h.leftovers(t); err != nil {
+		t.Errorf("after a clean run/rm: %v", err)
+	}
+}
+
+// dockerTimed runs a docker command with a hard bound far above the one
+// under test, so that a hang shows as a measured duration, not a stuck test.
+func dockerTimed(h *calicoHost, args ...string) (string, time.Duration, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	start := time.Now()
+	out, err := h.DockerCtx(ctx, args...)
+	return out, time.Since(start), err
+}
+
+// TestEtcdOutage: the daemon uses an external etcd with --etcd-timeout 3s.
+// While etcd is frozen (SIGSTOP: connections hang, the worst case) or dead
+// (SIGKILL, restarted on the same data dir after 10 s), every Docker call
+// that needs the datastore fails within the timeout (plus Docker's own
+// overhead) with a message saying the datastore is unreachable; none hangs.
+// Once etcd is back, new containers work without any manual step.
+func TestEtcdOutage(t *testing.T) {
+	const (
+		etcdTimeout = 3 * time.Second
+		// dockerSlack is Docker's own work around the failing plugin
+		// call (container create, rollback).
+		dockerSlack = 4 * time.Second
+		outage      = 10 * time.Second
+	)
+	harness.RequirePrereqs(t)
+	harness.RequireFile(t, harness.EtcdPath, "package etcd-server")
+	bin := harness.BuildBinary(t)
+	fab := harness.NewFabric(t, "")
+	etcd := harness.StartEtcd(t, fab.Gateway.String())
+	h := fab.AddHost(t, "outage", harness.HostOptions{})
+	h.ImportBusybox(t)
+	env := []string{"ETCD_ENDPOINTS=" + etcd.Endpoint}
+	p := h.StartPlugin(t, bin, env, append(h.ServeArgs(env), "--etcd-timeout", etcdTimeout.String())...)
+	ch := &calicoHost{Host: h, bin: bin, plugin: p}
+	t.Cleanup(func() {
+		if t.Failed() {
+			h.DumpLogs(t, 80)
+		}
+	})
+	h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.0.0/16", "calico-net")
+
+	for _, mode := range []string{"SIGSTOP", "SIGKILL"} {
+		t.Run(mode, func(t *testing.T) {
+			tag := strings.ToLower(mode)
+			h.MustDocker(t, "run", "-d", "--name", "before-"+tag, "--net", "calico-net", harness.Image, "sleep", "3600")
+			h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.200.0/24", "spare-"+tag)
+
+			down := time.Now()
+			switch mode {
+			case "SIGSTOP":
+				if err := etcd.Signal(syscall.SIGSTOP); err != nil {
+					t.Fatal(err)
+				}
+				defer etcd.Signal(syscall.SIGCONT) // never leave it frozen
+			case "SIGKILL":
+				etcd.Kill9(t)
+				defer func() {
+					if etcd.Exited() {
+						etcd.Start(t)
+					}
+				}()
+			}
+
+			// Every call at once, as a busy host would issue them.
+			calls := []struct {
+				name string
+				args []string
+				// mustFail: the call needs the datastore. docker rm -f
+				// succeeds anyway (Docker ignores driver errors on
+				// removal); it must only not hang, and reconcile
+				// releases the address later.
+				mustFail bool
+			}{
+				{"docker run", []string{"run", "-d", "--name", "during-" + tag, "--net", "calico-net", harness.Image, "sleep", "3600"}, true},
+				{"docker network create", []string{"network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.201.0/24", "new-" + tag}, true},
+				{"docker network rm", []string{"network", "rm", "spare-" + tag}, true},
+				{"docker rm -f", []string{"rm", "-f", "before-" + tag}, false},
+			}
+			var wg sync.WaitGroup
+			for _, c := range calls {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					out, took, err := dockerTimed(ch, c.args...)
+					t.Logf("%s while etcd is down (%s): %s, err=%v %s", c.name, mode, took.Round(time.Millisecond), err, out)
+					if took > etcdTimeout+dockerSlack {
+						t.Errorf("%s took %s with etcd down: want at most %s (--etcd-timeout %s + %s Docker overhead)", c.name, took.Round(time.Millisecond), etcdTimeout+dockerSlack, etcdTimeout, dockerSlack)
+					}
+					if !c.mustFail {
+						return
+					}
+					if err == nil {
+						t.Errorf("%s succeeded with etcd down", c.name)
+						return
+					}
+					if !strings.Contains(err.Error(), "unreachable") {
+						t.Errorf("%s error does not say the datastore is unreachable: %v", c.name, err)
+					}
+				}()
+			}
+			wg.Wait()
+			// Docker's retries of the rm -f rollback etc. must not hang either.
+			if rest := outage - time.Since(down); rest > 0 {
+				time.Sleep(rest)
+			}
+
+			switch mode {
+			case "SIGSTOP":
+				if err := etcd.Signal(syscall.SIGCONT); err != nil {
+					t.Fatal(err)
+				}
+			case "SIGKILL":
+				etcd.Start(t)
+			}
+			back := time.Now()
+			// No manual step: the next docker run works, give or take the
+			// etcd client's reconnect backoff.
+			var recovered time.Duration
+			harness.Eventually(t, 30*time.Second, 500*time.Millisecond, "docker run after etcd returned", func() error {
+				_, _, err := dockerTimed(ch, "run", "-d", "--name", "after-"+tag, "--net", "calico-net", harness.Image, "sleep", "3600")
+				if err != nil {
+					_, _, _ = dockerTimed(ch, "rm", "-f", "after-"+tag)
+					return err
+				}
+				recovered = time.Since(back)
+				return nil
+			})
+			t.Logf("first successful docker run %s after etcd returned (%s)", recovered.Round(time.Millisecond), mode)
+			ip := ch.containerIP(t, "after-"+tag, "calico-net")
+			if out, err := h.Docker(t, "exec", "after-"+tag, "ip", "-4", "addr", "show", "eth0"); err != nil || !strings.Contains(out, ip.String()+"/32") {
+				t.Errorf("container after the outage lacks %s/32 on eth0: %v\n%s", ip, err, out)
+			}
+			h.MustDocker(t, "rm", "-f", "after-"+tag)
+			_, _ = h.Docker(t, "network", "rm", "spare-"+tag)
+			_, _ = h.Docker(t, "rm", "-f", "during-"+tag)
+		})
+	}
+
+	// The container removed during the outage (Docker could not tell us)
+	// must not leak its address, veth or route: reconcile cleans it.
+	harness.Eventually(t, 90*time.Second, 2*time.Second, "no leftovers after the outages", func() error {
+		var problems []string
+		used := 0
+		for _, b := range etcdUsage(t, bin, etcd.Endpoint) {
+			used += b.Used
+		}
+		if used != 0 {
+			problems = append(problems, fmt.Sprintf("%d addresses allocated", used))
+		}
+		if links := ch.caliLinks(t); len(links) != 0 {
+			problems = append(problems, fmt.Sprintf("cali veths %v", links))
+		}
+		if routes := ch.workloadRoutes(t); len(routes) != 0 {
+			problems = append(problems, fmt.Sprintf("/32 routes %v", routes))
+		}
+		if len(problems) > 0 {
+			return fmt.Errorf("%s", strings.Join(problems, "; "))
+		}
+		return nil
+	})
+}
+
+// TestDockerdRestartWithRestartAlways: containers started with
+// --restart=always survive a dockerd restart with working networking:
+// running again, addressed (the same addresses when Docker asks for them),
+// plumbed (one veth and route each), able to reach each other, and with
+// nothing leaked from their previous incarnation.
+func TestDockerdRestartWithRestartAlways(t *testing.T) {
+	h := newFaultHost(t, "restart", harness.HostOptions{DockerdDebug: true}, nil)
+	h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.0.0/16", "calico-net")
+	names := []string{"always1", "always2"}
+	before := map[string]net.IP{}
+	for _, n := range names {
+		h.MustDocker(t, "run", "-d", "--restart=always", "--name", n, "--net", "calico-net", harness.Image, "sleep", "3600")
+		before[n] = h.containerIP(t, n, "calico-net")
+	}
+	t.Logf("before the restart: %v", before)
+
+	h.RestartDockerd(t)
+
+	harness.Eventually(t, 60*time.Second, time.Second, "restart=always containers running again", func() error {
+		for _, n := range names {
+			out, err := h.Docker(t, "inspect", "-f", "{{.State.Running}}", n)
+			if err != nil || out != "true" {
+				return fmt.Errorf("%s running=%q %v", n, out, err)
+			}
+		}
+		return nil
+	})
+	calls := pluginCallsInLog(h.DockerdLog())
+	t.Logf("plugin calls dockerd made (whole log): %v", calls)
+
+	after := map[string]net.IP{}
+	for _, n := range names {
+		after[n] = h.containerIP(t, n, "calico-net")
+		if !after[n].Equal(before[n]) {
+			t.Logf("%s came back with %s (had %s)", n, after[n], before[n])
+		}
+		addr := h.MustDocker(t, "exec", n, "ip", "-4", "addr", "show", "eth0")
+		if !strings.Contains(addr, after[n].String()+"/32") {
+			t.Errorf("%s: eth0 lacks %s/32 after the restart:\n%s", n, after[n], addr)
+		}
+		if routes := h.MustDocker(t, "exec", n, "ip", "route"); !strings.Contains(routes, "default via 169.254.1.1 dev eth0") {
+			t.Errorf("%s: no default route via 169.254.1.1 after the restart:\n%s", n, routes)
+		}
+	}
+	if after[names[0]].Equal(after[names[1]]) {
+		t.Fatalf("both containers have %s", after[names[0]])
+	}
+	for i, n := range names {
+		peer := after[names[1-i]]
+		if out, err := h.Docker(t, "exec", n, "ping", "-c", "2", "-W", "2", peer.String()); err != nil {
+			t.Errorf("%s cannot ping %s after the dockerd restart: %v\n%s", n, peer, err, out)
+		}
+	}
+	if got := len(h.caliLinks(t)); got != len(names) {
+		t.Errorf("%d cali veths after the restart, want %d: %v", got, len(names), h.caliLinks(t))
+	}
+	if got := len(h.workloadRoutes(t)); got != len(names) {
+		t.Errorf("%d /32 routes after the restart, want %d: %v", got, len(names), h.workloadRoutes(t))
+	}
+	if got := h.usedIPs(t); got != len(names) {
+		t.Errorf("%d addresses allocated after the restart, want %d (the old ones leaked?)", got, len(names))
+	}
+	if out, err := h.ipamCheck(t); err != nil {
+		t.Errorf("ipam check after the restart: %v\n%s", err, out)
+	}
+
+	for _, n := range names {
+		h.MustDocker(t, "rm", "-f", n)
+	}
+	harness.Eventually(t, 30*time.Second, time.Second, "clean after removal", func() error { return h.leftovers(t) })
+}
+
+// pluginCallsInLog lists, in order and without repeats in a row, the plugin
+// methods dockerd --debug logged calling.
+func pluginCallsInLog(path string) []string {
+	var calls []string
+	for _, line := range strings.Split(harness.TailFile(path, 100000), "\n") {
+		i := strings.Index(line, "/NetworkDriver.")
+		if i < 0 {
+			i = strings.Index(line, "/IpamDriver.")
+		}
+		if i < 0 {
+			continue
+		}
+		m := line[i+1:]
+		if j := strings.IndexAny(m, " \"\\"); j >= 0 {
+			m = m[:j]
+		}
+		if len(calls) == 0 || calls[len(calls)-1] != m {
+			calls = append(calls, m)
+		}
+	}
+	return calls
+}
