@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"sync"
 	"time"
 
@@ -43,16 +44,33 @@ func (d *connDiag) recent(within time.Duration) error {
 	return d.err
 }
 
-// dialOption installs transport credentials (TLS from tlsCfg, or plain
-// text when nil) that report connection failures to d.
-func (d *connDiag) dialOption(tlsCfg *tls.Config) grpc.DialOption {
+// dialOption installs transport credentials that report connection
+// failures to d. They are the ones the etcd client would pick for the
+// first endpoint (its balancer uses those for all): plain text for http://
+// and unix://, TLS for https:// and unixs:// (tlsCfg, else system roots),
+// and tlsCfg if set for an endpoint without a scheme.
+func (d *connDiag) dialOption(firstEndpoint string, tlsCfg *tls.Config) grpc.DialOption {
+	scheme := ""
+	if u, err := url.Parse(firstEndpoint); err == nil {
+		scheme = u.Scheme
+	}
+	useTLS := tlsCfg != nil
+	switch scheme {
+	case "http", "unix":
+		useTLS = false
+	case "https", "unixs":
+		useTLS = true
+	}
 	var inner grpccredentials.TransportCredentials
-	if tlsCfg != nil {
+	if useTLS {
+		if tlsCfg == nil {
+			tlsCfg = &tls.Config{}
+		}
 		inner = credentials.NewTransportCredential(tlsCfg)
 	} else {
 		inner = insecure.NewCredentials()
 	}
-	return grpc.WithTransportCredentials(&diagCreds{TransportCredentials: inner, d: d, tls: tlsCfg != nil})
+	return grpc.WithTransportCredentials(&diagCreds{TransportCredentials: inner, d: d, tls: useTLS})
 }
 
 type diagCreds struct {

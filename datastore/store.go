@@ -158,7 +158,7 @@ func Open(ctx context.Context, cfg Config, log logrus.FieldLogger) (*Store, erro
 		DialKeepAliveTimeout: 5 * time.Second,
 		// Our transport credentials (the same TLS, or plain text) also
 		// record why a connection was refused, for the error messages.
-		DialOptions: []grpc.DialOption{s.diag.dialOption(tlsCfg)},
+		DialOptions: []grpc.DialOption{s.diag.dialOption(endpoints[0], tlsCfg)},
 	})
 	if err != nil {
 		s.closeMember()

@@ -139,7 +139,7 @@ func (d *NetworkDriver) CreateNetwork(ctx context.Context, req *network.CreateNe
 			continue
 		}
 		if !ourAddressSpace(data.AddressSpace) {
-			return userError(fmt.Sprintf("network driver calico needs --ipam-driver calico-ipam (the network's addresses come from address space %q)", data.AddressSpace), ErrForeignIPAM)
+			return userError(fmt.Sprintf("network driver calico needs --ipam-driver calico-ipam (with the managed plugin: the plugin's name, e.g. calico:latest); the network's addresses come from address space %q", data.AddressSpace), ErrForeignIPAM)
 		}
 		_, subnet, err := net.ParseCIDR(data.Pool)
 		if err != nil {

@@ -126,6 +126,14 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	}
 	defer stopRouting()
 
+	stopPolicy, err := startPolicy(ctx, cfg, store, engine, entry)
+	if err != nil {
+		cancel()
+		wg.Wait()
+		return fmt.Errorf("starting network policy: %w", err)
+	}
+	defer stopPolicy()
+
 	var runErr error
 	select {
 	case <-ctx.Done():

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -42,8 +43,9 @@ type Config struct {
 	Names NameResolver
 	// IPv6 programs the ip6 table too.
 	IPv6 bool
-	// ResyncInterval re-reads every record and re-checks the kernel
-	// (repairing what somebody else changed in our tables).
+	// ResyncInterval is how often the kernel is compared with the records
+	// and repaired (somebody else changed our tables). The records
+	// themselves come from watches, re-listed whenever a watch breaks.
 	ResyncInterval time.Duration
 	Log            logrus.FieldLogger
 }
@@ -98,15 +100,27 @@ type update struct {
 // running containers.
 func (s *Syncer) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
+	// Returning waits for the helpers: nothing of the syncer uses the
+	// datastore or Docker after Run.
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	defer cancel()
 	updates := make(chan update, 256)
 	for _, p := range followed {
-		go s.follow(ctx, p, updates)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.follow(ctx, p, updates)
+		}()
 	}
 	var names chan map[string]bool
 	if s.cfg.Names != nil {
 		names = make(chan map[string]bool, 1)
-		go s.resolveNames(ctx, names)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.resolveNames(ctx, names)
+		}()
 	}
 
 	records := map[string]map[string][]byte{}
@@ -125,12 +139,15 @@ func (s *Syncer) Run(ctx context.Context) error {
 		}
 		st, bad := s.state(records)
 		want, warnings := Desired(st)
+		// Each problem is logged once while it lasts, not at every burst.
+		now := map[string]bool{}
 		for _, w := range append(bad, warnings...) {
+			now[w] = true
 			if !warned[w] {
-				warned[w] = true
 				s.log.Warn(w)
 			}
 		}
+		warned = now
 		if names != nil {
 			offerNames(names, unnamedNetworks(st.Networks))
 		}

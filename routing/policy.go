@@ -41,6 +41,8 @@ type PeerSpec struct {
 	// FSMs can stay in lockstep after a restart, each closing the other's
 	// connection while in its 5 s idle hold, and never establish.
 	Passive bool
+	// LocalOnly: send this peer only the routes we originate.
+	LocalOnly bool
 	// Restarting sets the Restart State bit (and forwarding-preserved) in
 	// our OPEN, so the peer keeps our stale routes until our End-of-RIB
 	// instead of dropping them on the new OPEN (RFC 4724). The agent sets
@@ -126,15 +128,12 @@ func DesiredPeers(self Self, nodes []datastore.Node, peers []datastore.BGPPeer, 
 		case mesh:
 			spec.Type = PeerMesh
 		case self.RouteReflector && n.RouteReflector:
-			spec.Type = PeerReflector
-			// Reflectors of one cluster treat each other as clients, so
-			// that a route one reflected is never sent back to it: gobgp
-			// checks CLUSTER_LIST only on the way out to clients, and
-			// without that check two reflectors can keep a withdrawn
-			// route alive between them.
-			if self.ClusterID != "" && self.ClusterID == n.ClusterID {
-				spec.RRClient, spec.ClusterID = true, self.ClusterID
-			}
+			// Reflectors exchange only their own routes: every client
+			// peers with every reflector anyway, and gobgp, when the new
+			// best path may not be reflected to a peer, sends neither it
+			// nor a withdrawal, so two reflectors passing client routes to
+			// each other can keep a withdrawn route alive between them.
+			spec.Type, spec.LocalOnly = PeerReflector, true
 		case self.RouteReflector:
 			spec.Type, spec.RRClient, spec.ClusterID = PeerRRClient, true, self.ClusterID
 		case n.RouteReflector:

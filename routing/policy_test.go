@@ -66,12 +66,12 @@ func TestDesiredPeers(t *testing.T) {
 			want: []want{{"10.0.0.11", PeerReflector, 64512, false}, {"10.0.0.12", PeerReflector, 64512, false}},
 		},
 		{
-			name: "mesh off, reflector: clients, and the other reflector of its cluster as a client too",
+			name: "mesh off, reflector: clients, and the other reflector as a plain peer",
 			self: Self{Name: "rr1", Address: addr("10.0.0.11"), RouteReflector: true, ClusterID: "1.1.1.1"},
 			cfg:  meshOff,
 			want: []want{
 				{"10.0.0.1", PeerRRClient, 64512, true}, {"10.0.0.2", PeerRRClient, 65002, true},
-				{"10.0.0.3", PeerRRClient, 64512, true}, {"10.0.0.12", PeerReflector, 64512, true},
+				{"10.0.0.3", PeerRRClient, 64512, true}, {"10.0.0.12", PeerReflector, 64512, false},
 			},
 		},
 		{
@@ -121,6 +121,9 @@ func TestDesiredPeers(t *testing.T) {
 		for _, p := range got {
 			if p.Address == addr("10.0.0.254") && p.Password != "s3cret" {
 				t.Errorf("ToR session lost its password")
+			}
+			if (p.Type == PeerReflector) != p.LocalOnly {
+				t.Errorf("%s: reflector-to-reflector sessions must carry only own routes (LocalOnly=%v)", p.Address, p.LocalOnly)
 			}
 			if p.Type == PeerRRClient && p.ClusterID != "1.1.1.1" {
 				t.Errorf("client %s has cluster id %q", p.Address, p.ClusterID)

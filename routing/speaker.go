@@ -70,18 +70,21 @@ type GoBGP struct {
 	restart time.Duration
 	changes chan struct{}
 
-	mu      sync.Mutex
-	started bool
-	cancel  context.CancelFunc
+	mu        sync.Mutex
+	started   bool
+	localOnly map[netip.Addr]bool // members of localOnlySet
+	cancel    context.CancelFunc
 }
 
 // NewGoBGP creates the speaker; nothing listens until Start.
 func NewGoBGP(log logrus.FieldLogger) *GoBGP {
-	g := &GoBGP{log: log, changes: make(chan struct{}, 1)}
+	g := &GoBGP{log: log, changes: make(chan struct{}, 1), localOnly: map[netip.Addr]bool{}}
 	g.s = server.NewBgpServer(server.LoggerOption(&gobgpLogger{log: log.WithField("component", "gobgp")}))
 	go g.s.Serve()
 	return g
 }
+
+const localOnlySet = "calico-cnm-local-only"
 
 var ipv4Unicast = &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}
 
@@ -110,12 +113,26 @@ func (g *GoBGP) Start(ctx context.Context, spec GlobalSpec) error {
 	// a node is not a transit router, every node peers with its routers
 	// itself, and passing them into the mesh would only give peers paths
 	// whose next hop is not the announcing node's (rejected anyway).
+	// Peers in the localOnlySet (other route reflectors) get only what we
+	// originate. The set needs an entry to exist: a never-used address.
+	if err := g.s.AddDefinedSet(ctx, &api.AddDefinedSetRequest{DefinedSet: &api.DefinedSet{
+		DefinedType: api.DefinedType_NEIGHBOR, Name: localOnlySet, List: []string{"255.255.255.255/32"},
+	}}); err != nil {
+		return fmt.Errorf("defining the reflector neighbor set: %w", err)
+	}
 	if err := g.s.AddPolicy(ctx, &api.AddPolicyRequest{Policy: &api.Policy{
 		Name: "calico-cnm-no-transit",
 		Statements: []*api.Statement{{
 			Name:       "calico-cnm-reject-external",
 			Conditions: &api.Conditions{RouteType: api.Conditions_ROUTE_TYPE_EXTERNAL},
 			Actions:    &api.Actions{RouteAction: api.RouteAction_REJECT},
+		}, {
+			Name: "calico-cnm-local-only",
+			Conditions: &api.Conditions{
+				NeighborSet: &api.MatchSet{Name: localOnlySet, Type: api.MatchSet_ANY},
+				RouteType:   api.Conditions_ROUTE_TYPE_INTERNAL,
+			},
+			Actions: &api.Actions{RouteAction: api.RouteAction_REJECT},
 		}},
 	}}); err != nil {
 		return fmt.Errorf("defining the export policy: %w", err)
@@ -190,8 +207,37 @@ func (g *GoBGP) AddPeer(ctx context.Context, p PeerSpec) error {
 	if p.RRClient {
 		peer.RouteReflector = &api.RouteReflector{RouteReflectorClient: true, RouteReflectorClusterId: p.ClusterID}
 	}
+	if p.LocalOnly {
+		if err := g.s.AddDefinedSet(ctx, &api.AddDefinedSetRequest{DefinedSet: &api.DefinedSet{
+			DefinedType: api.DefinedType_NEIGHBOR, Name: localOnlySet, List: []string{p.Address.String() + "/32"},
+		}}); err != nil {
+			return fmt.Errorf("adding BGP peer %s to the reflector set: %w", p, err)
+		}
+		g.mu.Lock()
+		g.localOnly[p.Address] = true
+		g.mu.Unlock()
+	} else if err := g.removeLocalOnly(ctx, p.Address); err != nil {
+		return err
+	}
 	if err := g.s.AddPeer(ctx, &api.AddPeerRequest{Peer: peer}); err != nil {
 		return fmt.Errorf("adding BGP peer %s: %w", p, err)
+	}
+	return nil
+}
+
+func (g *GoBGP) removeLocalOnly(ctx context.Context, addr netip.Addr) error {
+	g.mu.Lock()
+	member := g.localOnly[addr]
+	delete(g.localOnly, addr)
+	g.mu.Unlock()
+	if !member {
+		return nil
+	}
+	err := g.s.DeleteDefinedSet(ctx, &api.DeleteDefinedSetRequest{DefinedSet: &api.DefinedSet{
+		DefinedType: api.DefinedType_NEIGHBOR, Name: localOnlySet, List: []string{addr.String() + "/32"},
+	}})
+	if err != nil {
+		return fmt.Errorf("removing %s from the reflector set: %w", addr, err)
 	}
 	return nil
 }
@@ -201,7 +247,7 @@ func (g *GoBGP) DeletePeer(ctx context.Context, addr netip.Addr) error {
 	if err := g.s.DeletePeer(ctx, &api.DeletePeerRequest{Address: addr.String()}); err != nil {
 		return fmt.Errorf("deleting BGP peer %s: %w", addr, err)
 	}
-	return nil
+	return g.removeLocalOnly(ctx, addr)
 }
 
 func originPath(prefix netip.Prefix, nextHop netip.Addr) (*api.Path, error) {

@@ -41,7 +41,9 @@ func (c *cli) serve(ctx context.Context, args []string) error {
 		return usagef("serve takes no arguments, got %q", fs.Args())
 	}
 	cfg.Datastore.Endpoints = plugin.SplitEndpoints(*endpoints)
-	return plugin.Run(ctx, cfg, newLogger(c.stderr))
+	// stdout, not stderr: dockerd files a managed plugin's stderr as
+	// errors, whatever the line's own level.
+	return plugin.Run(ctx, cfg, newLogger(c.stdout))
 }
 
 // parseErr keeps -h a success and turns flag mistakes into usage errors.

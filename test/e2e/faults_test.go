@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -55,8 +56,9 @@ func (h *calicoHost) leftovers(t *testing.T) error {
 }
 
 // TestKill9DaemonDuringChurn: a loop of 50 `docker run` + `docker rm -f`,
-// with the daemon SIGKILLed at random moments (about one iteration in
-// three, at a random point of the run/rm pair) and restarted each time.
+// with the daemon SIGKILLed at random moments (about one iteration in two,
+// at a random point of the run/rm pair) and restarted each time: at once
+// (as systemd would), or twice only after Docker's calls gave up.
 // Docker calls that hit the dead daemon may fail; what must hold is that
 // once every container is gone, the daemon (its reconcile with Docker) has
 // left no leaked address (`ipam check` clean, 0 allocated), no orphan
@@ -69,7 +71,7 @@ func TestKill9DaemonDuringChurn(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("random seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
-	kills, runFails, rmFails := 0, 0, 0
+	kills, lateRestarts, runFails, rmFails := 0, 0, 0, 0
 	for i := 0; i < iterations; i++ {
 		name := fmt.Sprintf("churn%02d", i)
 		// Docker's side runs in the background so that the daemon is
@@ -82,15 +84,27 @@ func TestKill9DaemonDuringChurn(t *testing.T) {
 			_, runErr = h.DockerCtx(context.Background(), "run", "-d", "--name", name, "--net", "calico-net", harness.Image, "sleep", "3600")
 			_, rmErr = h.DockerCtx(context.Background(), "rm", "-f", name)
 		}()
-		if rng.IntN(3) == 0 {
+		late := false
+		if rng.IntN(2) == 0 {
 			kills++
-			// A random point of the ~1 s run/rm pair: before, during
-			// RequestAddress/CreateEndpoint/Join, or during the removal.
-			time.Sleep(time.Duration(rng.IntN(1500)) * time.Millisecond)
+			// A random point of the run/rm pair, mostly where docker run
+			// calls RequestAddress, CreateEndpoint and Join.
+			time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond)
 			h.plugin.Kill9(t)
-			h.plugin.Start(t)
+			// Twice per run the daemon stays down until Docker gave up
+			// (its retries last ~30 s): the calls fail and whatever they
+			// left is for the restarted daemon to find.
+			late = lateRestarts < 2 && rng.IntN(4) == 0
+			if late {
+				lateRestarts++
+			} else {
+				h.plugin.Start(t)
+			}
 		}
 		<-done
+		if late {
+			h.plugin.Start(t)
+		}
 		if runErr != nil {
 			runFails++
 			t.Logf("iteration %d: docker run failed: %v", i, runErr)
@@ -100,7 +114,7 @@ func TestKill9DaemonDuringChurn(t *testing.T) {
 			t.Logf("iteration %d: docker rm -f failed: %v", i, rmErr)
 		}
 	}
-	t.Logf("%d iterations, %d kills, %d docker run and %d docker rm failures", iterations, kills, runFails, rmFails)
+	t.Logf("%d iterations, %d kills (%d restarted only after Docker gave up), %d docker run and %d docker rm failures", iterations, kills, lateRestarts, runFails, rmFails)
 	if kills == 0 {
 		t.Fatal("the daemon was never killed: the test proved nothing (re-run)")
 	}
@@ -116,9 +130,20 @@ func TestKill9DaemonDuringChurn(t *testing.T) {
 	})
 	// The daemon's reconcile (grace 3 s) releases what Docker no longer
 	// knows: no manual `ipam check --release`.
+	settle := time.Now()
+	first := h.leftovers(t)
 	harness.Eventually(t, 60*time.Second, 2*time.Second, "no leaked address, veth or route", func() error {
 		return h.leftovers(t)
 	})
+	t.Logf("right after the churn: %v; clean %s later", first, time.Since(settle).Round(time.Millisecond))
+	fixes := 0
+	for _, line := range strings.Split(h.plugin.Log(), "\n") {
+		if strings.Contains(line, "reconcile pass done") {
+			fixes++
+			t.Logf("daemon: %s", line[strings.Index(line, "msg="):])
+		}
+	}
+	t.Logf("%d reconcile passes fixed something", fixes)
 	// And the host still works.
 	h.MustDocker(t, "run", "-d", "--name", "after", "--net", "calico-net", harness.Image, "sleep", "3600")
 	h.containerIP(t, "after", "calico-net")
@@ -175,6 +200,7 @@ func TestEtcdOutage(t *testing.T) {
 			h.MustDocker(t, "run", "-d", "--name", "before-"+tag, "--net", "calico-net", harness.Image, "sleep", "3600")
 			h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.200.0/24", "spare-"+tag)
 
+			logMark := len(p.Log())
 			down := time.Now()
 			switch mode {
 			case "SIGSTOP":
@@ -203,7 +229,9 @@ func TestEtcdOutage(t *testing.T) {
 			}{
 				{"docker run", []string{"run", "-d", "--name", "during-" + tag, "--net", "calico-net", harness.Image, "sleep", "3600"}, true},
 				{"docker network create", []string{"network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.201.0/24", "new-" + tag}, true},
-				{"docker network rm", []string{"network", "rm", "spare-" + tag}, true},
+				// Docker logs DeleteNetwork's error and removes the
+				// network anyway.
+				{"docker network rm", []string{"network", "rm", "spare-" + tag}, false},
 				{"docker rm -f", []string{"rm", "-f", "before-" + tag}, false},
 			}
 			var wg sync.WaitGroup
@@ -213,8 +241,12 @@ func TestEtcdOutage(t *testing.T) {
 					defer wg.Done()
 					out, took, err := dockerTimed(ch, c.args...)
 					t.Logf("%s while etcd is down (%s): %s, err=%v %s", c.name, mode, took.Round(time.Millisecond), err, out)
-					if took > etcdTimeout+dockerSlack {
-						t.Errorf("%s took %s with etcd down: want at most %s (--etcd-timeout %s + %s Docker overhead)", c.name, took.Round(time.Millisecond), etcdTimeout+dockerSlack, etcdTimeout, dockerSlack)
+					// docker rm -f makes three plugin calls that need
+					// etcd (Leave, DeleteEndpoint, ReleaseAddress), each
+					// bounded by the timeout; the per-call bound is
+					// checked on the daemon's log below.
+					if bound := 3*etcdTimeout + dockerSlack; took > bound {
+						t.Errorf("%s took %s with etcd down: want at most %s (3 plugin calls x --etcd-timeout %s + %s Docker overhead)", c.name, took.Round(time.Millisecond), bound, etcdTimeout, dockerSlack)
 					}
 					if !c.mustFail {
 						return
@@ -256,6 +288,24 @@ func TestEtcdOutage(t *testing.T) {
 				return nil
 			})
 			t.Logf("first successful docker run %s after etcd returned (%s)", recovered.Round(time.Millisecond), mode)
+			// Every plugin call Docker made meanwhile answered within the
+			// timeout (plus scheduling slack): the bound that matters to
+			// Docker, whose own calls time out and retry otherwise.
+			reqs := pluginRequests(p.Log()[logMark:])
+			failed, slowest := 0, time.Duration(0)
+			for _, r := range reqs {
+				if r.code != 200 {
+					failed++
+				}
+				slowest = max(slowest, r.took)
+				if r.took > etcdTimeout+time.Second {
+					t.Errorf("plugin call %s took %s (code %d): want at most --etcd-timeout %s + 1s", r.method, r.took, r.code, etcdTimeout)
+				}
+			}
+			t.Logf("%d plugin calls during the outage and recovery, %d failed, slowest %s", len(reqs), failed, slowest.Round(time.Millisecond))
+			if failed == 0 {
+				t.Errorf("no plugin call failed during the outage: the daemon's log shows none of them")
+			}
 			ip := ch.containerIP(t, "after-"+tag, "calico-net")
 			if out, err := h.Docker(t, "exec", "after-"+tag, "ip", "-4", "addr", "show", "eth0"); err != nil || !strings.Contains(out, ip.String()+"/32") {
 				t.Errorf("container after the outage lacks %s/32 on eth0: %v\n%s", ip, err, out)
@@ -292,20 +342,32 @@ func TestEtcdOutage(t *testing.T) {
 
 // TestDockerdRestartWithRestartAlways: containers started with
 // --restart=always survive a dockerd restart with working networking:
-// running again, addressed (the same addresses when Docker asks for them),
-// plumbed (one veth and route each), able to reach each other, and with
-// nothing leaked from their previous incarnation.
+// running again, addressed, plumbed (one veth and route each), able to
+// reach each other, and with nothing leaked from their previous
+// incarnation. What dockerd 20.10 does: at shutdown Leave, DeleteEndpoint,
+// ReleaseAddress per container; at start RequestAddress (with the address
+// only for a container created with --ip), CreateEndpoint, Join. So a
+// container with --ip gets its address back exactly; the others get a
+// fresh one from the pool (Docker does not tell IPAM which container asks).
 func TestDockerdRestartWithRestartAlways(t *testing.T) {
 	h := newFaultHost(t, "restart", harness.HostOptions{DockerdDebug: true}, nil)
 	h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.0.0/16", "calico-net")
-	names := []string{"always1", "always2"}
+	// always1/2 get whatever calico-ipam picks; fixed has --ip, which
+	// Docker keeps in the container's config and asks for again.
+	names := []string{"always1", "always2", "fixed"}
+	const fixedIP = "192.168.50.50"
 	before := map[string]net.IP{}
 	for _, n := range names {
-		h.MustDocker(t, "run", "-d", "--restart=always", "--name", n, "--net", "calico-net", harness.Image, "sleep", "3600")
+		args := []string{"run", "-d", "--restart=always", "--name", n, "--net", "calico-net"}
+		if n == "fixed" {
+			args = append(args, "--ip", fixedIP)
+		}
+		h.MustDocker(t, append(args, harness.Image, "sleep", "3600")...)
 		before[n] = h.containerIP(t, n, "calico-net")
 	}
 	t.Logf("before the restart: %v", before)
 
+	mark := len(h.plugin.Log())
 	h.RestartDockerd(t)
 
 	harness.Eventually(t, 60*time.Second, time.Second, "restart=always containers running again", func() error {
@@ -317,8 +379,11 @@ func TestDockerdRestartWithRestartAlways(t *testing.T) {
 		}
 		return nil
 	})
-	calls := pluginCallsInLog(h.DockerdLog())
-	t.Logf("plugin calls dockerd made (whole log): %v", calls)
+	var calls []string
+	for _, r := range pluginRequests(h.plugin.Log()[mark:]) {
+		calls = append(calls, fmt.Sprintf("%s=%d", strings.TrimPrefix(r.method, "/"), r.code))
+	}
+	t.Logf("plugin calls across the dockerd restart: %v", calls)
 
 	after := map[string]net.IP{}
 	for _, n := range names {
@@ -334,11 +399,18 @@ func TestDockerdRestartWithRestartAlways(t *testing.T) {
 			t.Errorf("%s: no default route via 169.254.1.1 after the restart:\n%s", n, routes)
 		}
 	}
-	if after[names[0]].Equal(after[names[1]]) {
-		t.Fatalf("both containers have %s", after[names[0]])
+	if got := after["fixed"].String(); got != fixedIP {
+		t.Errorf("the --ip %s container came back with %s", fixedIP, got)
+	}
+	distinct := map[string]bool{}
+	for _, ip := range after {
+		distinct[ip.String()] = true
+	}
+	if len(distinct) != len(names) {
+		t.Fatalf("containers share addresses after the restart: %v", after)
 	}
 	for i, n := range names {
-		peer := after[names[1-i]]
+		peer := after[names[(i+1)%len(names)]]
 		if out, err := h.Docker(t, "exec", n, "ping", "-c", "2", "-W", "2", peer.String()); err != nil {
 			t.Errorf("%s cannot ping %s after the dockerd restart: %v\n%s", n, peer, err, out)
 		}
@@ -362,25 +434,33 @@ func TestDockerdRestartWithRestartAlways(t *testing.T) {
 	harness.Eventually(t, 30*time.Second, time.Second, "clean after removal", func() error { return h.leftovers(t) })
 }
 
-// pluginCallsInLog lists, in order and without repeats in a row, the plugin
-// methods dockerd --debug logged calling.
-func pluginCallsInLog(path string) []string {
-	var calls []string
-	for _, line := range strings.Split(harness.TailFile(path, 100000), "\n") {
-		i := strings.Index(line, "/NetworkDriver.")
-		if i < 0 {
-			i = strings.Index(line, "/IpamDriver.")
-		}
-		if i < 0 {
+type pluginRequest struct {
+	method string
+	code   int
+	took   time.Duration
+}
+
+// pluginRequests parses the daemon's debug lines `msg="plugin request"
+// code=500 duration=3.0001s method=/IpamDriver.RequestAddress`.
+func pluginRequests(log string) []pluginRequest {
+	var out []pluginRequest
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, `msg="plugin request"`) {
 			continue
 		}
-		m := line[i+1:]
-		if j := strings.IndexAny(m, " \"\\"); j >= 0 {
-			m = m[:j]
+		var r pluginRequest
+		for _, f := range strings.Fields(line) {
+			k, v, _ := strings.Cut(f, "=")
+			switch k {
+			case "method":
+				r.method = v
+			case "code":
+				r.code, _ = strconv.Atoi(v)
+			case "duration":
+				r.took, _ = time.ParseDuration(v)
+			}
 		}
-		if len(calls) == 0 || calls[len(calls)-1] != m {
-			calls = append(calls, m)
-		}
+		out = append(out, r)
 	}
-	return calls
+	return out
 }

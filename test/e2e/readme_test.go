@@ -13,106 +13,187 @@ import (
 	"github.com/calico-cnm/calico-cnm/test/e2e/harness"
 )
 
-// quickStart returns the README's quick start block, as a user would paste it.
-func quickStart(t *testing.T) string {
+// readmeBlock returns the ```sh block between <!-- NAME:begin --> and
+// <!-- NAME:end --> in README.md, as a user would paste it.
+func readmeBlock(t *testing.T, name string) string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(harness.ModuleRoot(t), "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := string(b)
-	begin := strings.Index(s, "<!-- quickstart:begin -->")
-	end := strings.Index(s, "<!-- quickstart:end -->")
+	begin := strings.Index(s, "<!-- "+name+":begin -->")
+	end := strings.Index(s, "<!-- "+name+":end -->")
 	if begin < 0 || end < begin {
-		t.Fatal("README.md has no quickstart:begin/end markers")
+		t.Fatalf("README.md has no %s:begin/end markers", name)
 	}
 	block := s[begin:end]
 	start := strings.Index(block, "```sh\n")
 	stop := strings.LastIndex(block, "```")
 	if start < 0 || stop <= start {
-		t.Fatal("quick start has no ```sh block")
+		t.Fatalf("README block %s has no ```sh fence", name)
 	}
 	return block[start+len("```sh\n") : stop]
 }
 
-// TestReadmeQuickStart runs the README's two promises together: `make run`
-// as written (it starts dockerd, since none answers, and the daemon on its
-// embedded etcd with the default socket dir), then the quick start pasted
-// into a shell. Both run in a throw-away netns and a private mount namespace
-// whose /run, /var/lib/docker, /var/lib/calico-cnm and /var/log are the
-// test's own, so nothing of the machine's is touched.
-func TestReadmeQuickStart(t *testing.T) {
+// userSandbox is a stand-in for a user's Debian host: a throw-away netns
+// (with an uplink and a default route) and a private mount namespace whose
+// /run, /var/lib/docker, /var/lib/calico-cnm and /var/log are the test's
+// own, so a command that uses the default paths (`make run`, dockerd with
+// no flags, `docker plugin create`) touches nothing of the machine's.
+type userSandbox struct {
+	host    *harness.Host
+	root    string // the checkout: the user's working directory
+	dirs    string
+	main    *harness.Process // the long-running command the sandbox was made for
+	mountNS string
+}
+
+// newUserSandbox starts command (run by sh in the checkout) as the
+// sandbox's main process, in the private mount namespace.
+func newUserSandbox(t *testing.T, name, command string) *userSandbox {
+	t.Helper()
 	harness.RequirePrereqs(t)
-	root := harness.ModuleRoot(t)
-	h := harness.NewFabric(t, "").AddHost(t, "readme", harness.HostOptions{NoDockerd: true})
+	sb := &userSandbox{root: harness.ModuleRoot(t), dirs: t.TempDir()}
+	sb.host = harness.NewFabric(t, "").AddHost(t, name, harness.HostOptions{NoDockerd: true})
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		t.Fatalf("go not on PATH: %v", err)
 	}
-	gocache, _ := exec.Command(goBin, "env", "GOCACHE").Output()
-	gomodcache, _ := exec.Command(goBin, "env", "GOMODCACHE").Output()
-	dirs := t.TempDir()
 	var mounts []string
 	for _, d := range []string{"/var/lib/docker", "/var/lib/calico-cnm", "/var/log"} {
-		src := filepath.Join(dirs, strings.ReplaceAll(strings.TrimPrefix(d, "/"), "/", "_"))
+		src := filepath.Join(sb.dirs, strings.ReplaceAll(strings.TrimPrefix(d, "/"), "/", "_"))
 		if err := os.MkdirAll(src, 0o755); err != nil {
 			t.Fatal(err)
 		}
 		mounts = append(mounts, fmt.Sprintf("mkdir -p %s && mount --bind %s %s", d, src, d))
 	}
-	wrapper := "set -e; mount -t tmpfs tmpfs /run; " + strings.Join(mounts, "; ") + "; cd " + root + " && exec make run"
+	wrapper := "set -e; mount -t tmpfs tmpfs /run; " + strings.Join(mounts, "; ") + "; cd " + sb.root + " && exec " + command
+	env := append(sb.goEnv(t, goBin), "DOCKER_HOST=") // the default socket, as in a user's shell
+	sb.main = sb.host.StartProcess(t, name+"-main", env, nil, "unshare", "-m", "--propagation", "private", "sh", "-c", wrapper)
+	sb.mountNS = fmt.Sprintf("/proc/%d/ns/mnt", sb.main.Pid())
+	return sb
+}
+
+// goEnv is a root shell's environment, with Go's caches where this test
+// process has them and the module proxy off: the sandbox has no route to
+// it, so a build must come from the cache (CI fills it with `make deps`).
+func (sb *userSandbox) goEnv(t *testing.T, goBin string) []string {
+	t.Helper()
 	env := []string{
 		"PATH=" + filepath.Dir(goBin) + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME=/root",
-		"GOCACHE=" + strings.TrimSpace(string(gocache)),
-		"GOMODCACHE=" + strings.TrimSpace(string(gomodcache)),
-		"DOCKER_HOST=", // make run talks to the default socket, as a user's shell does
+		"GOPROXY=off",
 	}
-	mk := h.StartProcess(t, "make-run", env, nil, "unshare", "-m", "--propagation", "private", "sh", "-c", wrapper)
-	mountNS := fmt.Sprintf("/proc/%d/ns/mnt", mk.Pid())
-	sock := fmt.Sprintf("/proc/%d/root/run/docker/plugins/calico-ipam.sock", mk.Pid())
-	harness.Eventually(t, 4*time.Minute, 500*time.Millisecond, "make run serving its sockets", func() error {
-		if mk.Exited() {
-			return fmt.Errorf("make run exited: %v\n%s", mk.ExitErr(), mk.LogTail(30))
+	for _, v := range []string{"GOCACHE", "GOMODCACHE", "GOPATH"} {
+		out, err := exec.Command(goBin, "env", v).Output()
+		if err != nil {
+			t.Fatalf("go env %s: %v", v, err)
 		}
-		_, err := os.Stat(sock)
+		env = append(env, v+"="+strings.TrimSpace(string(out)))
+	}
+	return env
+}
+
+// path is a path inside the sandbox's mount namespace, seen from here.
+func (sb *userSandbox) path(p string) string {
+	return fmt.Sprintf("/proc/%d/root%s", sb.main.Pid(), p)
+}
+
+// waitFor polls until p exists in the sandbox.
+func (sb *userSandbox) waitFor(t *testing.T, p string, timeout time.Duration) {
+	t.Helper()
+	harness.Eventually(t, timeout, 500*time.Millisecond, p+" in the sandbox", func() error {
+		if sb.main.Exited() {
+			return fmt.Errorf("sandbox command exited: %v\n%s", sb.main.ExitErr(), sb.main.LogTail(30))
+		}
+		_, err := os.Stat(sb.path(p))
 		return err
 	})
-	t.Logf("make run is serving (log %s)", mk.Log())
+}
 
-	cmd := exec.Command("nsenter", "--net="+h.NetnsPath, "--mount="+mountNS, "--wd="+root, "--", "sh", "-ex", "-c", quickStart(t))
-	cmd.Dir = root
-	cmd.Env = []string{"PATH=/usr/bin:/usr/sbin:/bin:/sbin", "HOME=" + dirs, "DOCKER_CONFIG=" + t.TempDir()}
+// shell pastes script into `sh -ex` in the sandbox, in the checkout, and
+// returns everything it printed.
+func (sb *userSandbox) shell(t *testing.T, script string, timeout time.Duration) string {
+	t.Helper()
+	goBin, _ := exec.LookPath("go")
+	cmd := exec.Command("nsenter", "--net="+sb.host.NetnsPath, "--mount="+sb.mountNS, "--wd="+sb.root, "--", "sh", "-ex", "-c", script)
+	cmd.Env = append(sb.goEnv(t, goBin), "DOCKER_CONFIG="+t.TempDir())
 	done := make(chan struct{})
 	var out []byte
+	var err error
 	go func() { out, err = cmd.CombinedOutput(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(3 * time.Minute):
+	case <-time.After(timeout):
 		_ = cmd.Process.Kill()
 		<-done
-		t.Fatalf("quick start did not finish in 3 minutes:\n%s", out)
+		t.Fatalf("pasted commands did not finish in %s:\n%s", timeout, out)
 	}
-	t.Logf("quick start output:\n%s", out)
+	t.Logf("output:\n%s", out)
 	if err != nil {
-		t.Fatalf("quick start failed: %v\nmake run log:\n%s", err, mk.LogTail(40))
+		t.Fatalf("pasted commands failed: %v\nsandbox log:\n%s", err, sb.main.LogTail(40))
 	}
-	text := string(out)
-	for _, want := range []string{
+	return string(out)
+}
+
+func requireOutput(t *testing.T, text string, wants ...string) {
+	t.Helper()
+	for _, want := range wants {
+		if !strings.Contains(text, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+}
+
+// TestReadmeQuickStart runs the README's two promises together: `make run`
+// as written (it starts dockerd, since none answers, and the daemon on its
+// embedded etcd with the default socket dir), then the quick start pasted
+// into a shell.
+func TestReadmeQuickStart(t *testing.T) {
+	sb := newUserSandbox(t, "readme", "make run")
+	sb.waitFor(t, "/run/docker/plugins/calico-ipam.sock", 4*time.Minute)
+	text := sb.shell(t, readmeBlock(t, "quickstart"), 3*time.Minute)
+	requireOutput(t, text,
 		"default via 169.254.1.1 dev eth0",
 		"2 packets transmitted, 2 packets received",
 		"blackhole 192.168.",
 		"192.168.0.77/32",
-	} {
-		if !strings.Contains(text, want) {
-			t.Errorf("quick start output lacks %q", want)
-		}
-	}
+	)
 	// make run names the node after the hostname, as a user's daemon does.
 	if hostname, _ := os.Hostname(); !regexp.MustCompile(`(?m)^192\.168\.\S+/26\s+192\.168\.0\.0/16\s+` + regexp.QuoteMeta(hostname) + `\s+2\s+62$`).MatchString(text) {
 		t.Errorf("ipam show does not list a block of host %s with 2 used, 62 free", hostname)
 	}
-	if links, _ := h.Exec(t, "ip", "-o", "link", "show"); strings.Contains(links, "cali") {
+	if links, _ := sb.host.Exec(t, "ip", "-o", "link", "show"); strings.Contains(links, "cali") {
+		t.Errorf("cali veths left after the quick start removed its containers:\n%s", links)
+	}
+}
+
+// TestReadmeManagedQuickStart pastes the README's managed-plugin quick start
+// on a host whose dockerd runs with its defaults, as on a fresh install.
+func TestReadmeManagedQuickStart(t *testing.T) {
+	sb := newUserSandbox(t, "readme-managed", "dockerd")
+	sb.waitFor(t, "/run/docker.sock", 2*time.Minute)
+	t.Cleanup(func() {
+		// The plugin's embedded etcd and the containers die with the
+		// sandbox's processes; removing the plugin first keeps dockerd's
+		// shutdown quick.
+		cmd := exec.Command("nsenter", "--net="+sb.host.NetnsPath, "--mount="+sb.mountNS, "--", "sh", "-c",
+			"docker rm -f c1 c2 >/dev/null 2>&1; docker plugin disable -f calico >/dev/null 2>&1; docker plugin rm -f calico >/dev/null 2>&1; true")
+		cmd.Env = []string{"PATH=/usr/bin:/usr/sbin:/bin:/sbin"}
+		_ = cmd.Run()
+	})
+	text := sb.shell(t, readmeBlock(t, "managed-quickstart"), 6*time.Minute)
+	if n := strings.Count(text, "2 packets transmitted, 2 packets received"); n != 2 {
+		t.Errorf("want 2 successful pings (before and after the settings change), got %d", n)
+	}
+	if hostname, _ := os.Hostname(); !regexp.MustCompile(`(?m)\s` + regexp.QuoteMeta(hostname) + `\s+2\s+62$`).MatchString(text) {
+		t.Errorf("ipam show does not list a block of host %s with 2 used", hostname)
+	}
+	if _, err := os.Stat(sb.path("/var/lib/calico-cnm/etcd")); err != nil {
+		t.Errorf("the embedded etcd data is not in the state mount: %v", err)
+	}
+	if links, _ := sb.host.Exec(t, "ip", "-o", "link", "show"); strings.Contains(links, "cali") {
 		t.Errorf("cali veths left after the quick start removed its containers:\n%s", links)
 	}
 }

@@ -125,10 +125,16 @@ func TestDaemonExposure(t *testing.T) {
 	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || filepath.Base(exe) != filepath.Base(h.bin) {
 		t.Fatalf("pid %d is %q (%v), not the daemon", pid, exe, err)
 	}
-	// Let the daemon finish starting (reconcile, metrics) before looking.
+	// Let the daemon finish starting (the metrics listener comes up after
+	// the datastore) before looking.
 	harness.Eventually(t, 20*time.Second, 200*time.Millisecond, "metrics listener up", func() error {
-		_, err := h.Exec(t, "curl", "-sS", "-f", "--max-time", "2", "http://"+metrics+"/healthz")
-		return err
+		mine := socketInodes(t, pid)
+		for _, s := range procInetSockets(t, pid) {
+			if mine[s.inode] && s.port == 9091 && s.state == "0A" {
+				return nil
+			}
+		}
+		return fmt.Errorf("the daemon does not listen on %s yet", metrics)
 	})
 
 	t.Run("sockets are 0660 root:root", func(t *testing.T) {
