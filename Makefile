@@ -30,6 +30,7 @@ BENCH_TIMEOUT ?= 30m
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s -benchmem ./ipam/
 	CALICO_CNM_BENCH=1 $(GO) test -count=1 -timeout $(BENCH_TIMEOUT) -run '^TestBenchReport$$' -v ./bench/
+	$(GO) test -count=1 -timeout $(BENCH_TIMEOUT) -run '^$$' -bench BenchmarkMultiHost -benchtime 1x ./test/e2e/
 
 # Each fuzz target for FUZZTIME (plain `go test` already runs the committed
 # corpus in testdata/fuzz as regression tests).

@@ -32,6 +32,9 @@ type IPAM interface {
 	AssignIP(ctx context.Context, args ipam.AssignIPArgs) error
 	// ReleaseIP frees ip; releasing a free address is not an error.
 	ReleaseIP(ctx context.Context, ip net.IP) error
+	// AddressHolder is the assignment holding ip (found false: free),
+	// read fresh from the datastore.
+	AddressHolder(ctx context.Context, ip net.IP) (a ipam.Allocation, found bool, err error)
 }
 
 // Dataplane is what the network driver needs of the host's kernel
@@ -106,6 +109,25 @@ const (
 	// AttrNode and AttrPool are the attributes recorded with an address.
 	AttrNode = "node"
 	AttrPool = "pool"
+	// AttrSwarm ("true") marks an address the swarm manager assigned (for
+	// a task, a service VIP or an attachable container) through a
+	// swarm pool (SwarmPoolIDPrefix). The node that runs the task uses it
+	// without assigning it again, and only the manager releases it.
+	AttrSwarm = "swarm"
+
+	// SwarmPoolIDPrefix starts the PoolID of a pool requested in the
+	// global address space. Only the swarm manager's allocator asks
+	// there: a node's libnetwork gives a swarm network local data scope,
+	// hence asks in the local space (libnetwork network.DataScope). So the
+	// PoolID tells the manager's RequestAddress/ReleaseAddress from the
+	// nodes'.
+	SwarmPoolIDPrefix = "swarm:"
+
+	// OptSwarm ("true") is the network option AllocateNetwork adds to the
+	// options the swarm manager hands to every node's CreateNetwork: the
+	// network record belongs to the manager (AllocateNetwork writes it,
+	// FreeNetwork deletes it) and the nodes share it.
+	OptSwarm = "calico.swarm"
 )
 
 // Sentinel errors, wrapped by the errors the drivers return.

@@ -91,9 +91,15 @@ func parsePoolOptions(opts map[string]string) (poolOptions, error) {
 // 0.0.0.0/0); with --subnet the subnet must be, or sit inside, an enabled
 // calico pool (or becomes one with --ipam-opt calico.create-pool=true), and
 // the canonical subnet is the PoolID. Data always carries a virtual gateway so
-// that Docker does not ask for one.
+// that Docker does not ask for one. A request in the global address space
+// comes from the swarm manager: its PoolID gets SwarmPoolIDPrefix.
 func (d *IPAMDriver) RequestPool(ctx context.Context, req *ipamapi.RequestPoolRequest) (*ipamapi.RequestPoolResponse, error) {
-	log := d.log.WithFields(logrus.Fields{"pool": req.Pool, "v6": req.V6})
+	swarm := req.AddressSpace == CalicoGlobalAddressSpace
+	idPrefix := ""
+	if swarm {
+		idPrefix = SwarmPoolIDPrefix
+	}
+	log := d.log.WithFields(logrus.Fields{"pool": req.Pool, "v6": req.V6, "swarm": swarm})
 	if req.SubPool != "" {
 		return nil, userError(fmt.Sprintf("calico-ipam does not support --ip-range (%s): addresses come from the calico pool's blocks, so use --subnet alone", req.SubPool), ErrNotSupported)
 	}
@@ -138,7 +144,7 @@ func (d *IPAMDriver) RequestPool(ctx context.Context, req *ipamapi.RequestPoolRe
 		}
 		log.WithField("calicoPool", pool.CIDR).Debug("network uses all enabled IPv4 pools")
 		return &ipamapi.RequestPoolResponse{
-			PoolID: PoolIDV4,
+			PoolID: idPrefix + PoolIDV4,
 			Pool:   VirtualGatewayIPv4, // 0.0.0.0/0: any calico pool
 			Data:   map[string]string{GatewayDataKey: VirtualGatewayIPv4},
 		}, nil
@@ -175,7 +181,7 @@ func (d *IPAMDriver) RequestPool(ctx context.Context, req *ipamapi.RequestPoolRe
 	}
 	log.WithField("calicoPool", pool.CIDR).Debug("network subnet is in a calico pool")
 	return &ipamapi.RequestPoolResponse{
-		PoolID: cidr,
+		PoolID: idPrefix + cidr,
 		Pool:   cidr,
 		Data:   map[string]string{GatewayDataKey: gw},
 	}, nil
@@ -212,20 +218,31 @@ func (d *IPAMDriver) ReleasePool(ctx context.Context, req *ipamapi.ReleasePoolRe
 	return nil
 }
 
-// parsePoolID returns the subnet addresses must come from (nil: any pool) and
-// the family.
-func parsePoolID(id string) (within *net.IPNet, v6 bool, err error) {
-	switch id {
+// parsePoolID returns the subnet addresses must come from (nil: any pool),
+// the family, and whether the pool is the swarm manager's.
+func parsePoolID(id string) (within *net.IPNet, v6, swarm bool, err error) {
+	rest, swarm := strings.CutPrefix(id, SwarmPoolIDPrefix)
+	switch rest {
 	case PoolIDV4:
-		return nil, false, nil
+		return nil, false, swarm, nil
 	case PoolIDV6:
-		return nil, true, nil
+		return nil, true, swarm, nil
 	}
-	_, n, err := net.ParseCIDR(id)
+	_, n, err := net.ParseCIDR(rest)
 	if err != nil {
-		return nil, false, userError(fmt.Sprintf("pool id %q was not issued by calico-ipam (recreate the network with --ipam-driver calico-ipam)", id), ErrInvalidRequest, err)
+		return nil, false, false, userError(fmt.Sprintf("pool id %q was not issued by calico-ipam (recreate the network with --ipam-driver calico-ipam)", id), ErrInvalidRequest, err)
 	}
-	return n, n.IP.To4() == nil, nil
+	return n, n.IP.To4() == nil, swarm, nil
+}
+
+// swarmHeld tells whether ip is held by an assignment the swarm manager
+// made (AttrSwarm).
+func (d *IPAMDriver) swarmHeld(ctx context.Context, ip net.IP) (bool, error) {
+	a, found, err := d.ipam.AddressHolder(ctx, ip)
+	if err != nil {
+		return false, err
+	}
+	return found && a.Attrs[AttrSwarm] == "true", nil
 }
 
 // RequestAddress assigns a container address (AssignIP for docker run --ip,
@@ -233,8 +250,16 @@ func parsePoolID(id string) (within *net.IPNet, v6 bool, err error) {
 // (/128), so that all the container's traffic goes through its gateway. A
 // request for the network's gateway is answered with the virtual gateway
 // 0.0.0.0/0 (::/0) and reserves nothing: see VirtualGatewayIPv4.
+//
+// Swarm: the manager's requests (swarm pool) assign with AttrSwarm, under
+// the manager's node name. A node then asks, in its local pool, for the
+// very address the manager assigned to the task it runs: an address held
+// by a swarm assignment is answered as is, without a second assignment.
+// So is a manager's request for an address a swarm assignment already
+// holds: after a restart or a leader change the manager re-requests every
+// task's address (its own allocator state is in memory, ours in etcd).
 func (d *IPAMDriver) RequestAddress(ctx context.Context, req *ipamapi.RequestAddressRequest) (*ipamapi.RequestAddressResponse, error) {
-	within, v6, err := parsePoolID(req.PoolID)
+	within, v6, swarm, err := parsePoolID(req.PoolID)
 	if err != nil {
 		return nil, err
 	}
@@ -254,6 +279,9 @@ func (d *IPAMDriver) RequestAddress(ctx context.Context, req *ipamapi.RequestAdd
 	}
 
 	attrs := map[string]string{AttrNode: d.host, AttrPool: req.PoolID}
+	if swarm {
+		attrs[AttrSwarm] = "true"
+	}
 	var ip net.IP
 	if req.Address != "" {
 		ip = net.ParseIP(req.Address)
@@ -273,6 +301,21 @@ func (d *IPAMDriver) RequestAddress(ctx context.Context, req *ipamapi.RequestAdd
 		}
 		log = log.WithField("ip", ip.String())
 		err := d.ipam.AssignIP(ctx, ipam.AssignIPArgs{IP: ip, Host: d.host, HandleID: newHandleID(), Attrs: attrs})
+		if errors.Is(err, ipam.ErrAddressInUse) {
+			held, herr := d.swarmHeld(ctx, ip)
+			if herr != nil {
+				return nil, assignErr("address "+ip.String(), herr)
+			}
+			if held {
+				if swarm {
+					log.Info("the swarm manager asks again for an address it assigned (restart or leader change): keeping the assignment")
+				} else {
+					log.Info("address assigned by the swarm manager to a task of this node: used as is (the manager releases it)")
+				}
+				hn := hostNet(ip)
+				return &ipamapi.RequestAddressResponse{Address: hn.String()}, nil
+			}
+		}
 		if err != nil {
 			return nil, assignErr("address "+ip.String(), err)
 		}
@@ -327,6 +370,20 @@ func (d *IPAMDriver) ReleaseAddress(ctx context.Context, req *ipamapi.ReleaseAdd
 	if ip.IsUnspecified() || ip.IsLinkLocalUnicast() {
 		log.Debug("virtual gateway: nothing to release")
 		return nil
+	}
+	// A node's release (local pool) of an address the swarm manager
+	// assigned is not ours to do: the manager releases it when it frees
+	// the task, and releasing it here too would let that later release
+	// free whoever got the address in between.
+	if _, _, swarm, err := parsePoolID(req.PoolID); err == nil && !swarm {
+		held, err := d.swarmHeld(ctx, ip)
+		if err != nil && !errors.Is(err, ipam.ErrNotInPool) {
+			return ipamErr("looking up the holder of address "+ip.String(), err)
+		}
+		if held {
+			log.Debug("address assigned by the swarm manager: the manager releases it")
+			return nil
+		}
 	}
 	if err := d.ipam.ReleaseIP(ctx, ip); err != nil {
 		if errors.Is(err, ipam.ErrNotInPool) {

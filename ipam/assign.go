@@ -596,14 +596,7 @@ func (e *Engine) AssignIP(ctx context.Context, a AssignIPArgs) error {
 			return newError(ErrPoolDisabled, "address %s is in pool %s, which is disabled: enable the pool or pick an address in another pool", addr, pool.CIDR)
 		}
 		bp := blockOf(addr, pool.BlockSize)
-		var b *block
-		var rev int64
-		var exists bool
-		if fresh {
-			b, rev, exists, err = e.readBlock(ctx, bp)
-		} else {
-			b, rev, exists, err = e.blockFor(ctx, bp)
-		}
+		b, rev, exists, err := e.loadBlock(ctx, bp, fresh)
 		if err != nil {
 			return err
 		}

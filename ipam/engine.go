@@ -258,6 +258,15 @@ func (e *Engine) readBlock(ctx context.Context, p netip.Prefix) (*block, int64, 
 	return b, kv.ModRevision, true, nil
 }
 
+// loadBlock reads block p from etcd when fresh (after a conflict, or when
+// the cache may predate another writer), else takes the cached copy.
+func (e *Engine) loadBlock(ctx context.Context, p netip.Prefix, fresh bool) (*block, int64, bool, error) {
+	if fresh {
+		return e.readBlock(ctx, p)
+	}
+	return e.blockFor(ctx, p)
+}
+
 // blockFor returns the cached block when there is one, else reads it.
 func (e *Engine) blockFor(ctx context.Context, p netip.Prefix) (*block, int64, bool, error) {
 	if b, rev, ok := e.cachedBlock(p); ok {

@@ -68,14 +68,7 @@ func (e *Engine) ReleaseIP(ctx context.Context, ip net.IP) error {
 	defer bl.unlock()
 	fresh := false
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		var b *block
-		var rev int64
-		var exists bool
-		if fresh {
-			b, rev, exists, err = e.readBlock(ctx, bp)
-		} else {
-			b, rev, exists, err = e.blockFor(ctx, bp)
-		}
+		b, rev, exists, err := e.loadBlock(ctx, bp, fresh)
 		if err != nil {
 			return err
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strings"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/network"
@@ -84,18 +83,9 @@ type dockerNames struct {
 }
 
 func newDockerNames(host string) (*dockerNames, error) {
-	opts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
-	if host != "" {
-		switch proto, _, _ := strings.Cut(host, "://"); proto {
-		case "unix", "tcp", "http", "https":
-		default:
-			return nil, fmt.Errorf("docker host %q: use unix:///path/to/docker.sock or tcp://host:port", host)
-		}
-		opts = append(opts, client.WithHost(host))
-	}
-	cli, err := client.NewClientWithOpts(opts...)
+	cli, err := newDockerClient(host)
 	if err != nil {
-		return nil, fmt.Errorf("docker host %q: %w", host, err)
+		return nil, err
 	}
 	return &dockerNames{cli: cli}, nil
 }

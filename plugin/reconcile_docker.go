@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"strings"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -38,25 +37,12 @@ type dockerClient struct {
 	log logrus.FieldLogger
 }
 
-// NewDockerSource talks to the Docker daemon at host (e.g.
-// unix:///var/run/docker.sock; "" = $DOCKER_HOST, else that default),
-// negotiating the API version so that dockerd 20.10 (API 1.41) works. It
-// does not connect yet.
+// NewDockerSource is the Docker view reconcile compares with (see
+// newDockerClient for host).
 func NewDockerSource(host string, log logrus.FieldLogger) (DockerSource, error) {
-	opts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
-	if host != "" {
-		// The client library accepts any scheme and fails only at the first
-		// call; a typo should stop the daemon at startup instead.
-		switch proto, _, _ := strings.Cut(host, "://"); proto {
-		case "unix", "tcp", "http", "https":
-		default:
-			return nil, fmt.Errorf("docker host %q: use unix:///path/to/docker.sock or tcp://host:port", host)
-		}
-		opts = append(opts, client.WithHost(host))
-	}
-	cli, err := client.NewClientWithOpts(opts...)
+	cli, err := newDockerClient(host)
 	if err != nil {
-		return nil, fmt.Errorf("docker host %q: %w", host, err)
+		return nil, err
 	}
 	return &dockerClient{cli: cli, log: log}, nil
 }

@@ -195,17 +195,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer ticker.Stop()
 	for {
 		var reloadNodes, reloadPools, reloadEndpoints, exports bool
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev, ok := <-blockEvents:
+		onBlock := func(ev ipam.BlockEvent, ok bool) {
 			if !ok {
 				blockEvents = nil
-				continue
+				return
 			}
 			a.applyBlockEvent(ev)
 			exports = true
-		case prefix := <-dirty:
+		}
+		onDirty := func(prefix string) {
 			switch prefix {
 			case datastore.NodesPrefix, "bgp/":
 				reloadNodes = true
@@ -214,6 +212,14 @@ func (a *Agent) Run(ctx context.Context) error {
 			default:
 				reloadEndpoints = true
 			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-blockEvents:
+			onBlock(ev, ok)
+		case prefix := <-dirty:
+			onDirty(prefix)
 		case <-a.d.Speaker.Changes():
 		case <-ticker.C:
 			reloadNodes, reloadPools, reloadEndpoints = true, true, true
@@ -222,21 +228,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		for drained := false; !drained; {
 			select {
 			case ev, ok := <-blockEvents:
-				if !ok {
-					blockEvents = nil
-					continue
-				}
-				a.applyBlockEvent(ev)
-				exports = true
+				onBlock(ev, ok)
 			case prefix := <-dirty:
-				switch prefix {
-				case datastore.NodesPrefix, "bgp/":
-					reloadNodes = true
-				case "pools/":
-					reloadPools = true
-				default:
-					reloadEndpoints = true
-				}
+				onDirty(prefix)
 			default:
 				drained = true
 			}

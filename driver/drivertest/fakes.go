@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
 	"net"
 	"sort"
@@ -46,6 +47,7 @@ var _ interface {
 	AutoAssign(ctx context.Context, args ipam.AutoAssignArgs) (net.IPNet, error)
 	AssignIP(ctx context.Context, args ipam.AssignIPArgs) error
 	ReleaseIP(ctx context.Context, ip net.IP) error
+	AddressHolder(ctx context.Context, ip net.IP) (ipam.Allocation, bool, error)
 } = (*IPAM)(nil)
 
 // NewIPAM returns a fake with the given pools.
@@ -295,6 +297,26 @@ func (f *IPAM) ReleaseIP(ctx context.Context, ip net.IP) error {
 		}
 	}
 	return fmt.Errorf("cannot release %s: in no pool: %w", ip, ipam.ErrNotInPool)
+}
+
+// AddressHolder returns the assignment of ip; one outside every pool is
+// ErrNotInPool (as the engine does).
+func (f *IPAM) AddressHolder(ctx context.Context, ip net.IP) (ipam.Allocation, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("AddressHolder"); err != nil {
+		return ipam.Allocation{}, false, err
+	}
+	for _, p := range f.pools {
+		if _, n, _ := net.ParseCIDR(p.CIDR); n.Contains(ip) {
+			a, ok := f.assigned[ip.String()]
+			if !ok {
+				return ipam.Allocation{}, false, nil
+			}
+			return ipam.Allocation{IP: ip, HandleID: a.HandleID, Attrs: maps.Clone(a.Attrs), Host: a.Host}, true, nil
+		}
+	}
+	return ipam.Allocation{}, false, fmt.Errorf("%s is in no pool: %w", ip, ipam.ErrNotInPool)
 }
 
 // Dataplane is a fake kernel: a map of workloads.
