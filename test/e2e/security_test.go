@@ -120,7 +120,19 @@ func listeningUnixPaths(t *testing.T, pid int, mine map[string]bool) []string {
 // refused at start. (BGP is off here: its port belongs to the routing tests.)
 func TestDaemonExposure(t *testing.T) {
 	const metrics = "127.0.0.1:9091"
-	h := newFaultHost(t, "exposure", harness.HostOptions{}, nil, "--metrics-listen", metrics)
+	// The BGP speaker runs too, bound to the host's fabric address: the one
+	// listener that may face the network.
+	harness.RequirePrereqs(t)
+	bin := harness.BuildBinary(t)
+	host := harness.NewFabric(t, "").AddHost(t, "exposure", harness.HostOptions{})
+	bgpAddr := host.IP.String()
+	p := host.StartPlugin(t, bin, nil, append(host.ServeArgs(nil), "--metrics-listen", metrics, "--bgp", "--bgp-listen-address", bgpAddr)...)
+	h := &calicoHost{Host: host, bin: bin, plugin: p}
+	t.Cleanup(func() {
+		if t.Failed() {
+			host.DumpLogs(t, 120)
+		}
+	})
 	pid := h.plugin.Pid()
 	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || filepath.Base(exe) != filepath.Base(h.bin) {
 		t.Fatalf("pid %d is %q (%v), not the daemon", pid, exe, err)
@@ -135,6 +147,15 @@ func TestDaemonExposure(t *testing.T) {
 			}
 		}
 		return fmt.Errorf("the daemon does not listen on %s yet", metrics)
+	})
+	harness.Eventually(t, 30*time.Second, 200*time.Millisecond, "BGP listener up", func() error {
+		mine := socketInodes(t, pid)
+		for _, s := range procInetSockets(t, pid) {
+			if mine[s.inode] && s.port == 179 && s.state == "0A" {
+				return nil
+			}
+		}
+		return fmt.Errorf("the daemon does not listen on %s:179 yet", bgpAddr)
 	})
 
 	t.Run("sockets are 0660 root:root", func(t *testing.T) {
@@ -159,7 +180,7 @@ func TestDaemonExposure(t *testing.T) {
 
 	t.Run("listens only where it should", func(t *testing.T) {
 		mine := socketInodes(t, pid)
-		allowedTCP := map[int]string{2379: "embedded etcd (clients)", 2380: "embedded etcd (peers)", 9091: "metrics"}
+		allowedTCP := map[int]string{2379: "embedded etcd (clients)", 2380: "embedded etcd (peers)", 9091: "metrics", 179: "BGP"}
 		var listening []string
 		for _, s := range procInetSockets(t, pid) {
 			if !mine[s.inode] {
@@ -174,7 +195,11 @@ func TestDaemonExposure(t *testing.T) {
 				t.Errorf("the daemon has a UDP socket: %s", s)
 				continue
 			}
-			if !s.local.IsLoopback() {
+			if s.port == 179 {
+				if s.local.String() != bgpAddr {
+					t.Errorf("BGP listens on %s, not on the configured %s", s, bgpAddr)
+				}
+			} else if !s.local.IsLoopback() {
 				t.Errorf("the daemon listens on a non-loopback address: %s", s)
 			}
 			if allowedTCP[s.port] == "" {
@@ -186,7 +211,8 @@ func TestDaemonExposure(t *testing.T) {
 			t.Errorf("%d inet listeners, want exactly %d (%v): %v", len(listening), len(allowedTCP), allowedTCP, listening)
 		}
 		unix := listeningUnixPaths(t, pid, mine)
-		want := []string{filepath.Join(h.PluginDir, harness.NetworkSocket), filepath.Join(h.PluginDir, harness.IpamSocket)}
+		// The BGP status socket (for `node status`) is the only other one.
+		want := []string{filepath.Join(h.PluginDir, harness.NetworkSocket), filepath.Join(h.PluginDir, harness.IpamSocket), filepath.Join(h.StateDir, "bgp.sock")}
 		sort.Strings(want)
 		if strings.Join(unix, ",") != strings.Join(want, ",") {
 			t.Errorf("unix listeners %v, want exactly the plugin sockets %v", unix, want)
