@@ -118,7 +118,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 		syncBlackholes(ctx, engine, dp, cfg, entry)
 	}()
 
-	stopRouting, err := startRouting(ctx, cfg, store, engine, entry)
+	stopRouting, err := startRouting(ctx, cfg, store, engine, metrics.Routing, entry)
 	if err != nil {
 		cancel()
 		wg.Wait()

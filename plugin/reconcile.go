@@ -271,6 +271,12 @@ func PlanReconcile(in ReconcileInput) Plan {
 			if !held {
 				continue // already free (Docker's ReleaseAddress got through)
 			}
+			if a.Attrs[driver.AttrSwarm] == "true" {
+				// The swarm manager assigned it to a task and releases it
+				// when it frees the task (see driver.AttrSwarm).
+				rm.Kept = append(rm.Kept, fmt.Sprintf("%s was assigned by the swarm manager, which releases it", ip))
+				continue
+			}
 			rm.Release = append(rm.Release, AddressRelease{IP: ip, Handle: a.HandleID, Block: a.Block})
 		}
 		plan.RemoveEndpoints = append(plan.RemoveEndpoints, rm)

@@ -180,6 +180,15 @@ func TestPlanReconcile(t *testing.T) {
 			},
 		},
 		{
+			name: "stale endpoint of a swarm task: the address stays with the swarm manager",
+			eps:  []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
+			allocs: []ipam.Allocation{{IP: net.ParseIP("10.0.0.1").To4(), HandleID: "hm", Block: "10.0.0.0/26", Host: "manager",
+				Attrs: map[string]string{"node": "manager", "swarm": "true"}}},
+			docker:    view(),
+			firstSeen: seenAt(epKey(host, "a1", 5)),
+			want:      planSummary{Remove: []string{"a1 veth=true release= kept=1"}},
+		},
+		{
 			name:      "a changed record restarts its grace period",
 			eps:       []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 9)},
 			allocs:    []ipam.Allocation{alloc("10.0.0.1", "h1", host)},

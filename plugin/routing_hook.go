@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -18,7 +19,7 @@ import (
 // It only validates and spawns: node registration, address detection and
 // the speaker all retry in the background, so a slow datastore or a BGP
 // port still held by a dying predecessor never delays the plugin sockets.
-func startRouting(ctx context.Context, cfg Config, store *datastore.Store, engine *ipam.Engine, log logrus.FieldLogger) (stop func(), err error) {
+func startRouting(ctx context.Context, cfg Config, store *datastore.Store, engine *ipam.Engine, rm RoutingMetrics, log logrus.FieldLogger) (stop func(), err error) {
 	if !cfg.BGP.Enabled {
 		return func() {}, nil
 	}
@@ -50,12 +51,57 @@ func startRouting(ctx context.Context, cfg Config, store *datastore.Store, engin
 			log.WithError(err).Error("BGP routing stopped")
 		}
 	}()
+	metricsDone := make(chan struct{})
+	go func() {
+		defer close(metricsDone)
+		exportRoutingMetrics(ctx, agent, rm, metricsInterval)
+	}()
 	return func() {
 		cancel()
 		<-done
+		<-metricsDone
 		// Graceful: sessions end with the process, without a NOTIFICATION,
 		// so peers keep our routes through a restart (see GoBGP.Stop).
 		speaker.Stop(true)
 		routes.Close()
 	}, nil
+}
+
+// metricsInterval is how often the BGP gauges follow the agent's status;
+// Prometheus scrapes are rarely more frequent.
+const metricsInterval = 5 * time.Second
+
+// statusSource is the part of routing.Agent the gauges read.
+type statusSource interface {
+	Status(context.Context) routing.Status
+}
+
+// exportRoutingMetrics keeps the BGP gauges equal to the agent's last
+// reconciled state until ctx is done.
+func exportRoutingMetrics(ctx context.Context, src statusSource, rm RoutingMetrics, every time.Duration) {
+	ticker := time.NewTicker(every)
+	defer ticker.Stop()
+	for {
+		setRoutingMetrics(src.Status(ctx), rm)
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+func setRoutingMetrics(st routing.Status, rm RoutingMetrics) {
+	up := 0
+	for _, p := range st.Peers {
+		if p.State == "Established" {
+			up++
+		}
+	}
+	if rm.SessionsUp != nil {
+		rm.SessionsUp.Set(float64(up))
+	}
+	if rm.RoutesInstalled != nil {
+		rm.RoutesInstalled.Set(float64(len(st.Routes)))
+	}
 }
