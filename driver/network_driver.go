@@ -74,6 +74,16 @@ func NewNetworkDriver(store *datastore.Store, dp Dataplane, host string, log log
 }
 
 // GetCapabilities reports the scope; connectivity has the same scope.
+//
+// Global scope is what makes Docker treat calico networks as multi-host
+// (swarm) networks: the swarm manager allocates them (AllocateNetwork, and
+// the addresses through calico-ipam in the global address space) and every
+// node creates the same network id. It needs the shared etcd: the
+// manager's assignments must be visible to the nodes that run the tasks.
+// With global scope dockerd refuses local networks of the driver ("cannot
+// downgrade network scope"), and outside swarm mode it cannot create any
+// (it would need a cluster store): so one host with the embedded
+// datastore stays local.
 func (d *NetworkDriver) GetCapabilities(ctx context.Context) (*network.CapabilitiesResponse, error) {
 	return &network.CapabilitiesResponse{Scope: d.scope, ConnectivityScope: d.scope}, nil
 }
@@ -133,17 +143,69 @@ func (d *NetworkDriver) CreateNetwork(ctx context.Context, req *network.CreateNe
 	if b, ok := req.Options[optEnableIPv6].(bool); ok && b {
 		nw.IPv6 = true
 	}
-	seenPools := map[string]bool{}
+	// A swarm network: the manager's AllocateNetwork recorded it, and
+	// every node running one of its tasks creates it too.
+	swarm := nw.Options[OptSwarm] == "true"
+	if swarm && d.scope != ScopeGlobal {
+		return userError(fmt.Sprintf("network %s carries the option %s, which only the swarm manager sets (AllocateNetwork) for a driver in global scope: remove the option", short(req.NetworkID), OptSwarm), ErrInvalidRequest)
+	}
 	for _, data := range append(append([]*network.IPAMData{}, req.IPv4Data...), req.IPv6Data...) {
+		// Docker always names the address space of a network's pools.
+		if data != nil && !ourAddressSpace(data.AddressSpace) {
+			return userError(fmt.Sprintf("network driver calico needs --ipam-driver calico-ipam (with the managed plugin: the plugin's name, e.g. calico:latest); the network's addresses come from address space %q", data.AddressSpace), ErrForeignIPAM)
+		}
+	}
+	if err := d.networkFromIPAMData(ctx, &nw, req.IPv4Data, req.IPv6Data); err != nil {
+		return err
+	}
+
+	key := datastore.NetworkKey(req.NetworkID)
+	shared := false
+	err := d.store.Retry(ctx, func(ctx context.Context) error {
+		shared = false
+		var old datastore.Network
+		if _, err := d.store.GetJSON(ctx, key, &old); err == nil {
+			if swarm && old.Options[OptSwarm] == "true" {
+				shared = true
+				return nil
+			}
+			return userError(fmt.Sprintf("network %s already exists in the calico datastore", short(req.NetworkID)), ErrAlreadyExists)
+		} else if !errors.Is(err, datastore.ErrNotFound) {
+			return err
+		}
+		return d.store.Txn(ctx, datastore.Create(key, datastore.MustJSON(nw)))
+	})
+	if errors.Is(err, ErrAlreadyExists) {
+		return err
+	}
+	if err != nil {
+		return storeErr("recording network "+short(req.NetworkID), err)
+	}
+	if shared {
+		log.Debug("swarm network already recorded by the manager (or another node): using the record")
+		return nil
+	}
+	log.WithFields(logrus.Fields{"subnets": nw.Subnets, "pools": nw.Pools, "swarm": swarm}).Info("network created")
+	return nil
+}
+
+// networkFromIPAMData fills nw's subnets, gateways and pools from Docker's
+// IPAM data, which must come from calico-ipam.
+func (d *NetworkDriver) networkFromIPAMData(ctx context.Context, nw *datastore.Network, v4, v6 []*network.IPAMData) error {
+	seenPools := map[string]bool{}
+	for _, data := range append(append([]*network.IPAMData{}, v4...), v6...) {
 		if data == nil {
 			continue
 		}
-		if !ourAddressSpace(data.AddressSpace) {
+		// The swarm manager sends no address space (swarmkit's
+		// driverapi.IPAMData for AllocateNetwork has none): then the pool
+		// check below is what catches another IPAM driver.
+		if data.AddressSpace != "" && !ourAddressSpace(data.AddressSpace) {
 			return userError(fmt.Sprintf("network driver calico needs --ipam-driver calico-ipam (with the managed plugin: the plugin's name, e.g. calico:latest); the network's addresses come from address space %q", data.AddressSpace), ErrForeignIPAM)
 		}
 		_, subnet, err := net.ParseCIDR(data.Pool)
 		if err != nil {
-			return userError(fmt.Sprintf("network %s has an invalid address pool %q", short(req.NetworkID), data.Pool), ErrInvalidRequest, err)
+			return userError(fmt.Sprintf("network %s has an invalid address pool %q", short(nw.ID), data.Pool), ErrInvalidRequest, err)
 		}
 		nw.Subnets = append(nw.Subnets, subnet.String())
 		if data.Gateway != "" {
@@ -158,24 +220,6 @@ func (d *NetworkDriver) CreateNetwork(ctx context.Context, req *network.CreateNe
 			nw.Pools = append(nw.Pools, pool)
 		}
 	}
-
-	key := datastore.NetworkKey(req.NetworkID)
-	err := d.store.Retry(ctx, func(ctx context.Context) error {
-		var old datastore.Network
-		if _, err := d.store.GetJSON(ctx, key, &old); err == nil {
-			return userError(fmt.Sprintf("network %s already exists in the calico datastore", short(req.NetworkID)), ErrAlreadyExists)
-		} else if !errors.Is(err, datastore.ErrNotFound) {
-			return err
-		}
-		return d.store.Txn(ctx, datastore.Create(key, datastore.MustJSON(nw)))
-	})
-	if errors.Is(err, ErrAlreadyExists) {
-		return err
-	}
-	if err != nil {
-		return storeErr("recording network "+short(req.NetworkID), err)
-	}
-	log.WithFields(logrus.Fields{"subnets": nw.Subnets, "pools": nw.Pools}).Info("network created")
 	return nil
 }
 
@@ -205,8 +249,131 @@ func (d *NetworkDriver) DeleteNetwork(ctx context.Context, req *network.DeleteNe
 		return userError("DeleteNetwork without a network id", ErrInvalidRequest)
 	}
 	key := datastore.NetworkKey(req.NetworkID)
+	found, kept := true, false
+	err := d.store.Retry(ctx, func(ctx context.Context) error {
+		found, kept = true, false
+		kv, err := d.store.Get(ctx, key)
+		if errors.Is(err, datastore.ErrNotFound) {
+			found = false
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		// A node drops a swarm network when its last task of it is
+		// gone; the other nodes' tasks still use the shared record,
+		// which FreeNetwork deletes. (An undecodable record goes.)
+		var nw datastore.Network
+		if json.Unmarshal(kv.Value, &nw) == nil && nw.Options[OptSwarm] == "true" {
+			kept = true
+			return nil
+		}
+		return d.store.Txn(ctx, datastore.Delete(key, kv.ModRevision))
+	})
+	if err != nil {
+		return storeErr("deleting network "+short(req.NetworkID), err)
+	}
+	switch {
+	case !found:
+		log.Debug("DeleteNetwork of a network not in the datastore: nothing to do")
+	case kept:
+		log.Debug("swarm network left this node: its record stays until the manager frees the network")
+	default:
+		log.Info("network deleted")
+	}
+	return nil
+}
+
+// AllocateNetwork is the swarm manager's call, once per network of a
+// global-scope driver (and again for each network when a manager restarts
+// or a new leader takes over), after it got the network's pools from
+// calico-ipam and before any node creates the network. It checks that the
+// pools are calico's, records the network, and returns the options the
+// manager passes to every node's CreateNetwork: the network's own (-o)
+// options, which reach the nodes only this way, plus OptSwarm.
+func (d *NetworkDriver) AllocateNetwork(ctx context.Context, req *network.AllocateNetworkRequest) (*network.AllocateNetworkResponse, error) {
+	log := d.log.WithField("network", short(req.NetworkID))
+	if req.NetworkID == "" {
+		return nil, userError("AllocateNetwork without a network id", ErrInvalidRequest)
+	}
+	if len(req.IPv4Data) == 0 {
+		return nil, userError(fmt.Sprintf("swarm network %s has no IPv4 address pool: calico networks need --ipam-driver calico-ipam (with the managed plugin: the plugin's name, e.g. calico:latest)", short(req.NetworkID)), ErrInvalidRequest)
+	}
+	opts := make(map[string]string, len(req.Options)+1)
+	for k, v := range req.Options {
+		opts[k] = v
+	}
+	opts[OptSwarm] = "true"
+	nw := datastore.Network{ID: req.NetworkID, Options: opts, IPv6: len(req.IPv6Data) > 0}
+	v4 := make([]*network.IPAMData, 0, len(req.IPv4Data))
+	for i := range req.IPv4Data {
+		v4 = append(v4, &req.IPv4Data[i])
+	}
+	v6 := make([]*network.IPAMData, 0, len(req.IPv6Data))
+	for i := range req.IPv6Data {
+		v6 = append(v6, &req.IPv6Data[i])
+	}
+	// Without an address space to check, a subnet outside the calico
+	// pools is the sign of another IPAM driver (swarm's default one hands
+	// out 10.0.0.0/8 subnets).
+	for _, data := range append(append([]*network.IPAMData{}, v4...), v6...) {
+		_, subnet, err := net.ParseCIDR(data.Pool)
+		if err != nil || d.ipam == nil {
+			continue // networkFromIPAMData words it
+		}
+		if ones, _ := subnet.Mask.Size(); ones == 0 {
+			continue
+		}
+		if _, err := d.ipam.FindPool(ctx, subnet); errors.Is(err, ipam.ErrPoolNotFound) {
+			return nil, userError(fmt.Sprintf("swarm network %s has subnet %s, which is in no calico pool: its addresses come from another IPAM driver; create the network with --ipam-driver calico-ipam (with the managed plugin: the plugin's name, e.g. calico:latest)", short(req.NetworkID), subnet), err)
+		}
+	}
+	if err := d.networkFromIPAMData(ctx, &nw, v4, v6); err != nil {
+		return nil, err
+	}
+
+	key := datastore.NetworkKey(req.NetworkID)
+	existed := false
+	err := d.store.Retry(ctx, func(ctx context.Context) error {
+		existed = false
+		var old datastore.Network
+		if _, err := d.store.GetJSON(ctx, key, &old); err == nil {
+			if old.Options[OptSwarm] != "true" {
+				return userError(fmt.Sprintf("network %s already exists in the calico datastore as a network of one host", short(req.NetworkID)), ErrAlreadyExists)
+			}
+			existed = true
+			return nil
+		} else if !errors.Is(err, datastore.ErrNotFound) {
+			return err
+		}
+		return d.store.Txn(ctx, datastore.Create(key, datastore.MustJSON(nw)))
+	})
+	if errors.Is(err, ErrAlreadyExists) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, storeErr("recording swarm network "+short(req.NetworkID), err)
+	}
+	if existed {
+		log.Info("swarm network allocated again (manager restart or leader change): keeping its record")
+	} else {
+		log.WithFields(logrus.Fields{"subnets": nw.Subnets, "pools": nw.Pools}).Info("swarm network allocated")
+	}
+	return &network.AllocateNetworkResponse{Options: opts}, nil
+}
+
+// FreeNetwork is the swarm manager's counterpart of AllocateNetwork, when
+// the network is removed: the shared record goes. An unknown network is
+// fine (Docker may retry).
+func (d *NetworkDriver) FreeNetwork(ctx context.Context, req *network.FreeNetworkRequest) error {
+	log := d.log.WithField("network", short(req.NetworkID))
+	if req.NetworkID == "" {
+		return userError("FreeNetwork without a network id", ErrInvalidRequest)
+	}
+	key := datastore.NetworkKey(req.NetworkID)
 	found := true
 	err := d.store.Retry(ctx, func(ctx context.Context) error {
+		found = true
 		kv, err := d.store.Get(ctx, key)
 		if errors.Is(err, datastore.ErrNotFound) {
 			found = false
@@ -218,24 +385,14 @@ func (d *NetworkDriver) DeleteNetwork(ctx context.Context, req *network.DeleteNe
 		return d.store.Txn(ctx, datastore.Delete(key, kv.ModRevision))
 	})
 	if err != nil {
-		return storeErr("deleting network "+short(req.NetworkID), err)
+		return storeErr("freeing swarm network "+short(req.NetworkID), err)
 	}
 	if !found {
-		log.Debug("DeleteNetwork of a network not in the datastore: nothing to do")
+		log.Debug("FreeNetwork of a network not in the datastore: nothing to do")
 		return nil
 	}
-	log.Info("network deleted")
+	log.Info("swarm network freed")
 	return nil
-}
-
-// AllocateNetwork is the swarm manager's call for global-scope networks.
-func (d *NetworkDriver) AllocateNetwork(ctx context.Context, req *network.AllocateNetworkRequest) (*network.AllocateNetworkResponse, error) {
-	return nil, userError("calico-cnm does not support swarm network allocation yet: create the network on each host with --scope local", ErrNotSupported)
-}
-
-// FreeNetwork is the swarm manager's counterpart of AllocateNetwork.
-func (d *NetworkDriver) FreeNetwork(ctx context.Context, req *network.FreeNetworkRequest) error {
-	return userError("calico-cnm does not support swarm network allocation yet", ErrNotSupported)
 }
 
 // endpointAddrs parses the addresses Docker got from calico-ipam; whatever

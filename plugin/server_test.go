@@ -245,14 +245,20 @@ func TestEndpointsJSON(t *testing.T) {
 	mustOK(t, u, "/IpamDriver.ReleasePool", map[string]any{"PoolID": "10.10.1.0/24"})
 	mustOK(t, u, "/NetworkDriver.DeleteNetwork", map[string]any{"NetworkID": netID})
 
-	// Swarm allocation is refused with an Err.
+	// Swarm allocation without an address pool is refused with an Err;
+	// with one (as swarmkit sends it: no address space) the options come
+	// back with the swarm marker, and FreeNetwork answers {}.
 	code, _, out := post(t, u, "/NetworkDriver.AllocateNetwork", map[string]any{"NetworkID": netID})
 	if code != http.StatusInternalServerError || !strings.Contains(fmt.Sprint(out["Err"]), "swarm") {
 		t.Errorf("AllocateNetwork = %d %v", code, out)
 	}
-	code, _, out = post(t, u, "/NetworkDriver.FreeNetwork", map[string]any{"NetworkID": netID})
-	if code != http.StatusInternalServerError || out["Err"] == nil {
-		t.Errorf("FreeNetwork = %d %v", code, out)
+	out = mustOK(t, u, "/NetworkDriver.AllocateNetwork", map[string]any{"NetworkID": netID, "Options": map[string]string{"calico.isolation": "off"},
+		"IPv4Data": []map[string]any{{"Pool": "0.0.0.0/0", "Gateway": "0.0.0.0/0"}}})
+	if opts, _ := out["Options"].(map[string]any); opts["calico.swarm"] != "true" || opts["calico.isolation"] != "off" {
+		t.Errorf("AllocateNetwork = %v, want Options with calico.swarm=true and calico.isolation=off", out)
+	}
+	if out = mustOK(t, u, "/NetworkDriver.FreeNetwork", map[string]any{"NetworkID": netID}); len(out) != 0 {
+		t.Errorf("FreeNetwork = %v, want {}", out)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/driver"
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/plugin"
 )
@@ -351,7 +352,9 @@ func liveHandles(ctx context.Context, store *datastore.Store, eng *ipam.Engine) 
 	}
 	live := map[string]bool{}
 	for _, a := range allocs {
-		if inUse[a.IP.String()] {
+		// The swarm manager's assignments (service VIPs, tasks not
+		// started yet) have no endpoint record: the manager releases them.
+		if inUse[a.IP.String()] || a.Attrs[driver.AttrSwarm] == "true" {
 			live[a.HandleID] = true
 		}
 	}
