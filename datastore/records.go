@@ -3,6 +3,7 @@ package datastore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -121,4 +122,23 @@ type BGPPeer struct {
 	// Password is the TCP MD5 (RFC 2385) key. It is stored in the datastore,
 	// so protect etcd access accordingly; the CLI never prints it.
 	Password string `json:"password,omitempty"`
+}
+
+// DeleteExisting deletes key guarded by the revision it was read at,
+// retrying on conflicts; found is false when there was nothing to delete
+// (deletes are idempotent because Docker retries them).
+func (s *Store) DeleteExisting(ctx context.Context, key string) (found bool, err error) {
+	err = s.Retry(ctx, func(ctx context.Context) error {
+		kv, err := s.Get(ctx, key)
+		if errors.Is(err, ErrNotFound) {
+			found = false
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		found = true
+		return s.Txn(ctx, Delete(key, kv.ModRevision))
+	})
+	return found, err
 }

@@ -371,19 +371,7 @@ func (d *NetworkDriver) FreeNetwork(ctx context.Context, req *network.FreeNetwor
 		return userError("FreeNetwork without a network id", ErrInvalidRequest)
 	}
 	key := datastore.NetworkKey(req.NetworkID)
-	found := true
-	err := d.store.Retry(ctx, func(ctx context.Context) error {
-		found = true
-		kv, err := d.store.Get(ctx, key)
-		if errors.Is(err, datastore.ErrNotFound) {
-			found = false
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		return d.store.Txn(ctx, datastore.Delete(key, kv.ModRevision))
-	})
+	found, err := d.store.DeleteExisting(ctx, key)
 	if err != nil {
 		return storeErr("freeing swarm network "+short(req.NetworkID), err)
 	}
@@ -566,17 +554,7 @@ func (d *NetworkDriver) DeleteEndpoint(ctx context.Context, req *network.DeleteE
 		log.Warn("endpoint was still joined at DeleteEndpoint: removed its veth")
 	}
 	key := datastore.EndpointKey(d.host, req.EndpointID)
-	err = d.store.Retry(ctx, func(ctx context.Context) error {
-		kv, err := d.store.Get(ctx, key)
-		if errors.Is(err, datastore.ErrNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		return d.store.Txn(ctx, datastore.Delete(key, kv.ModRevision))
-	})
-	if err != nil {
+	if _, err := d.store.DeleteExisting(ctx, key); err != nil {
 		return storeErr("deleting endpoint "+short(req.EndpointID), err)
 	}
 	log.Info("endpoint deleted")
