@@ -183,7 +183,7 @@ func TestThreeNodesConcurrentAssignments(t *testing.T) {
 	defer cancel()
 
 	var pool struct{ PoolID, Pool string }
-	if err := harness.PluginCall(ctx, socks[0], "/IpamDriver.RequestPool", map[string]any{"AddressSpace": "CalicoGlobalAddressSpace", "Pool": "10.200.0.0/16", "Options": map[string]string{"calico.create-pool": "true"}}, &pool); err != nil {
+	if err := harness.PluginCall(ctx, socks[0], "/IpamDriver.RequestPool", map[string]any{"AddressSpace": "CalicoLocalAddressSpace", "Pool": "10.200.0.0/16", "Options": map[string]string{"calico.create-pool": "true"}}, &pool); err != nil {
 		t.Fatalf("RequestPool: %v", err)
 	}
 	if pool.PoolID != "10.200.0.0/16" {
