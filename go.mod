@@ -1,6 +1,6 @@
 module github.com/calico-cnm/calico-cnm
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/containerd/errdefs v1.0.0

@@ -9,7 +9,7 @@ if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
 	export PATH=$PATH:/usr/local/go/bin
 fi
 if ! command -v go >/dev/null; then
-	echo "install-deps: Go 1.24 or newer is required (https://go.dev/doc/install); Debian's golang package is too old" >&2
+	echo "install-deps: Go 1.26 or newer is required (go.mod) (https://go.dev/doc/install); Debian's golang package is too old" >&2
 	exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
