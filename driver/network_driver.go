@@ -568,7 +568,7 @@ func (d *NetworkDriver) DeleteEndpoint(ctx context.Context, req *network.DeleteE
 // failed Join leaves nothing behind.
 func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*network.JoinResponse, error) {
 	log := d.log.WithFields(logrus.Fields{"network": short(req.NetworkID), "endpoint": short(req.EndpointID)})
-	ep, _, err := d.getEndpoint(ctx, req.EndpointID)
+	ep, epRev, err := d.getEndpoint(ctx, req.EndpointID)
 	if err != nil {
 		return nil, err
 	}
@@ -629,15 +629,22 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 	}
 
 	key := datastore.EndpointKey(d.host, req.EndpointID)
+	// The record read above is almost always still current: the first
+	// attempt writes against its revision, a conflict re-reads.
+	cur, rev := ep, epRev
 	err = d.store.Retry(ctx, func(ctx context.Context) error {
-		var cur datastore.Endpoint
-		rev, err := d.store.GetJSON(ctx, key, &cur)
-		if errors.Is(err, datastore.ErrNotFound) {
-			return userError(fmt.Sprintf("endpoint %s was deleted while joining", short(req.EndpointID)), ErrEndpointNotFound, err)
+		if rev == 0 {
+			cur = datastore.Endpoint{}
+			var err error
+			rev, err = d.store.GetJSON(ctx, key, &cur)
+			if errors.Is(err, datastore.ErrNotFound) {
+				return userError(fmt.Sprintf("endpoint %s was deleted while joining", short(req.EndpointID)), ErrEndpointNotFound, err)
+			}
+			if err != nil {
+				return err
+			}
 		}
-		if err != nil {
-			return err
-		}
+		defer func() { rev = 0 }() // a retry starts from a fresh read
 		cur.Joined = true
 		cur.Container = req.SandboxKey
 		return d.store.Txn(ctx, datastore.Update(key, datastore.MustJSON(cur), rev))

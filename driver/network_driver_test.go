@@ -569,6 +569,46 @@ func TestJoinLeave(t *testing.T) {
 		}
 	})
 
+	t.Run("Join costs one datastore read and one write", func(t *testing.T) {
+		e := newEnv(t, m.Store)
+		netID := e.createNetwork(t, false)
+		id := e.createEndpoint(t, netID, "10.10.1.45/32", "")
+		before := m.Store.Stats()
+		if _, err := e.nd.Join(ctx, &network.JoinRequest{NetworkID: netID, EndpointID: id, SandboxKey: sandbox}); err != nil {
+			t.Fatal(err)
+		}
+		after := m.Store.Stats()
+		if reads, txns := after.Reads-before.Reads, after.Txns-before.Txns; reads != 1 || txns != 1 {
+			t.Errorf("Join made %d reads and %d txns, want 1 and 1", reads, txns)
+		}
+	})
+
+	t.Run("Join whose record changes meanwhile re-reads it and keeps the change", func(t *testing.T) {
+		e := newEnv(t, m.Store)
+		netID := e.createNetwork(t, false)
+		id := e.createEndpoint(t, netID, "10.10.1.46/32", "")
+		key := datastore.EndpointKey(testHost, id)
+		e.dp.AfterAdd = func(dataplane.Workload) {
+			var ep datastore.Endpoint
+			rev, err := m.Store.GetJSON(ctx, key, &ep)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ep.MAC = "ee:ee:ee:ee:ee:01"
+			if err := m.Store.Txn(ctx, datastore.Update(key, datastore.MustJSON(ep), rev)); err != nil {
+				t.Error(err)
+			}
+		}
+		if _, err := e.nd.Join(ctx, &network.JoinRequest{NetworkID: netID, EndpointID: id, SandboxKey: sandbox}); err != nil {
+			t.Fatal(err)
+		}
+		ep, _ := e.endpoint(t, id)
+		if !ep.Joined || ep.Container != sandbox || ep.MAC != "ee:ee:ee:ee:ee:01" {
+			t.Errorf("record after a Join that raced an update = %+v", ep)
+		}
+	})
+
 	t.Run("Join whose record update fails removes the workload", func(t *testing.T) {
 		e := newEnv(t, m.Store)
 		netID := e.createNetwork(t, false)

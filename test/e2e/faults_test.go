@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -463,4 +464,159 @@ func pluginRequests(log string) []pluginRequest {
 		out = append(out, r)
 	}
 	return out
+}
+
+// TestDockerdLiveRestore: dockerd --live-restore is Docker's way of keeping
+// containers through a daemon restart, and with it every container keeps
+// its address - dynamic or --ip - and its traffic flows throughout: while
+// dockerd is down (and the plugin is restarted meanwhile, as on a package
+// upgrade) the containers reach each other; once dockerd is back they are
+// the same processes with the same addresses, veths and routes, and the
+// plugin's reconcile, given time to act, releases nothing.
+func TestDockerdLiveRestore(t *testing.T) {
+	const metricsAddr = "127.0.0.1:9091"
+	h := newFaultHost(t, "liverestore", harness.HostOptions{DockerdDebug: true, LiveRestore: true}, nil,
+		"--metrics-listen", metricsAddr, "--reconcile-grace", "3s")
+	h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.0.0/16", "calico-net")
+	names := []string{"live1", "live2", "fixed"}
+	const fixedIP = "192.168.50.50"
+	before := map[string]net.IP{}
+	pids := map[string]string{}
+	for _, n := range names {
+		args := []string{"run", "-d", "--restart=always", "--name", n, "--net", "calico-net"}
+		if n == "fixed" {
+			args = append(args, "--ip", fixedIP)
+		}
+		h.MustDocker(t, append(args, harness.Image, "sleep", "3600")...)
+		before[n] = h.containerIP(t, n, "calico-net")
+		pids[n] = h.MustDocker(t, "inspect", "-f", "{{.State.Pid}}", n)
+	}
+	linksBefore := h.caliLinks(t)
+	routesBefore := h.workloadRoutes(t)
+	t.Logf("before the restart: addresses %v, pids %v", before, pids)
+
+	// pingFromContainer enters the container's network namespace by its
+	// pid: it works while dockerd is down.
+	pingFromContainer := func(from string, to net.IP) error {
+		out, err := h.Exec(t, "nsenter", "--net=/proc/"+pids[from]+"/ns/net", "ping", "-c", "2", "-W", "2", to.String())
+		if err != nil {
+			return fmt.Errorf("%s cannot ping %s: %v\n%s", from, to, err, out)
+		}
+		return nil
+	}
+	pingRing := func(when string) {
+		t.Helper()
+		for i, n := range names {
+			if err := pingFromContainer(n, before[names[(i+1)%len(names)]]); err != nil {
+				t.Errorf("%s: %v", when, err)
+			}
+		}
+	}
+	pingRing("before the restart")
+
+	mark := len(h.plugin.Log())
+	h.StopDockerd(t)
+	for _, n := range names {
+		if _, err := h.Exec(t, "kill", "-0", pids[n]); err != nil {
+			t.Fatalf("container %s (pid %s) died with dockerd despite --live-restore: %v", n, pids[n], err)
+		}
+	}
+	pingRing("dockerd down")
+	h.plugin.Restart(t)
+	pingRing("dockerd down, plugin restarted")
+	// The restarted plugin's reconcile cannot reach Docker: it must keep
+	// every address and route however long that lasts.
+	time.Sleep(4 * time.Second)
+	pingRing("dockerd down for longer than the reconcile grace")
+
+	h.StartDockerd(t)
+	restarted := time.Now()
+	for _, n := range names {
+		if got := h.MustDocker(t, "inspect", "-f", "{{.State.Running}} {{.State.Pid}}", n); got != "true "+pids[n] {
+			t.Errorf("%s after the restart: running and pid %q, want \"true %s\" (the same process)", n, got, pids[n])
+		}
+		if got := h.containerIP(t, n, "calico-net"); !got.Equal(before[n]) {
+			t.Errorf("%s has %s after the restart, had %s", n, got, before[n])
+		}
+	}
+	pingRing("dockerd back")
+
+	// Reconcile passes with Docker answering, past the grace period.
+	okRuns := func() float64 {
+		out, err := h.Exec(t, "curl", "-sS", "-f", "--max-time", "5", "http://"+metricsAddr+"/metrics")
+		if err != nil {
+			t.Fatalf("/metrics: %v", err)
+		}
+		return metricSample(out, `calico_cnm_reconcile_runs_total{result="ok"}`)
+	}
+	runsAtRestart := okRuns()
+	harness.Eventually(t, 60*time.Second, 500*time.Millisecond, "reconcile passes after dockerd returns", func() error {
+		if time.Since(restarted) < 8*time.Second || okRuns() < runsAtRestart+2 {
+			return fmt.Errorf("ok passes %v (had %v at the restart)", okRuns(), runsAtRestart)
+		}
+		return nil
+	})
+	metrics, err := h.Exec(t, "curl", "-sS", "-f", "--max-time", "5", "http://"+metricsAddr+"/metrics")
+	if err != nil {
+		t.Fatalf("/metrics: %v", err)
+	}
+	if fixes := metricFamilyTotal(metrics, "calico_cnm_reconcile_fixes_total"); fixes != 0 {
+		t.Errorf("reconcile made %v repairs across a live restore, want 0", fixes)
+	}
+	var calls []string
+	for _, r := range pluginRequests(h.plugin.Log()[min(mark, len(h.plugin.Log())):]) {
+		calls = append(calls, fmt.Sprintf("%s=%d", strings.TrimPrefix(r.method, "/"), r.code))
+	}
+	t.Logf("plugin calls across the live restore: %v", calls)
+
+	if got := h.caliLinks(t); !sameStrings(got, linksBefore) {
+		t.Errorf("cali veths changed across the restart: %v -> %v", linksBefore, got)
+	}
+	if got := h.workloadRoutes(t); !sameStrings(got, routesBefore) {
+		t.Errorf("workload routes changed across the restart: %v -> %v", routesBefore, got)
+	}
+	if got := h.usedIPs(t); got != len(names) {
+		t.Errorf("%d addresses allocated after the restart, want %d", got, len(names))
+	}
+	if out, err := h.ipamCheck(t); err != nil {
+		t.Errorf("ipam check after the restart: %v\n%s", err, out)
+	}
+	pingRing("after reconcile")
+
+	for _, n := range names {
+		h.MustDocker(t, "rm", "-f", n)
+	}
+	harness.Eventually(t, 30*time.Second, time.Second, "clean after removal", func() error { return h.leftovers(t) })
+}
+
+// metricSample is the value of one exact sample (name with labels) in a
+// Prometheus text exposition, 0 when absent.
+func metricSample(exposition, sample string) float64 {
+	for _, line := range strings.Split(exposition, "\n") {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return f
+		}
+	}
+	return 0
+}
+
+// metricFamilyTotal sums every sample of a metric family.
+func metricFamilyTotal(exposition, family string) float64 {
+	var total float64
+	for _, line := range strings.Split(exposition, "\n") {
+		if strings.HasPrefix(line, family+"{") || strings.HasPrefix(line, family+" ") {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			total += v
+		}
+	}
+	return total
+}
+
+func sameStrings(a, b []string) bool {
+	a, b = append([]string(nil), a...), append([]string(nil), b...)
+	sort.Strings(a)
+	sort.Strings(b)
+	return strings.Join(a, "\n") == strings.Join(b, "\n")
 }

@@ -27,6 +27,12 @@ type HostOptions struct {
 	DockerdDebug bool
 	// DockerdArgs are appended to the dockerd command line.
 	DockerdArgs []string
+	// LiveRestore runs dockerd with --live-restore, as a real host would:
+	// every incarnation shares one mount namespace (with /run/docker,
+	// /run/containerd and the containers' netns bind mounts), kept by a
+	// holder process, and StopDockerd leaves containerd's shims and the
+	// containers running.
+	LiveRestore bool
 }
 
 // Host is one simulated Docker host: a network namespace with its own dockerd
@@ -51,6 +57,9 @@ type Host struct {
 	t       testing.TB
 	netIno  uint64
 	dockerd *Process
+	// mntHolder keeps the LiveRestore host's mount namespace alive between
+	// dockerd incarnations.
+	mntHolder *Process
 
 	mu       sync.Mutex
 	mntInos  []uint64   // mount namespaces of every dockerd incarnation
@@ -174,6 +183,9 @@ func (h *Host) dockerdArgs() []string {
 	if h.opts.DockerdDebug {
 		args = append(args, "--debug")
 	}
+	if h.opts.LiveRestore {
+		args = append(args, "--live-restore")
+	}
 	return append(args, h.opts.DockerdArgs...)
 }
 
@@ -189,23 +201,63 @@ func (h *Host) StartDockerd(t testing.TB) {
 		if err := os.WriteFile(wrapper, []byte(dockerdShell), 0o755); err != nil {
 			t.Fatalf("harness: %v", err)
 		}
-		argv := append([]string{"nsenter", "--net=" + h.NetnsPath, "--",
-			"unshare", "--mount", "--propagation", "private", "--",
-			"sh", wrapper}, h.dockerdArgs()...)
 		env := append(baseEnv(), "PLUGDIR="+h.PluginDir)
+		inPrivateMounts := []string{"nsenter", "--net=" + h.NetnsPath, "--",
+			"unshare", "--mount", "--propagation", "private", "--",
+			"sh", wrapper}
+		argv := append(inPrivateMounts, h.dockerdArgs()...)
+		if h.opts.LiveRestore {
+			h.startMountHolder(t, inPrivateMounts, env)
+			argv = append([]string{"nsenter", "--net=" + h.NetnsPath,
+				fmt.Sprintf("--mount=/proc/%d/ns/mnt", h.mntHolder.Pid()), "--"}, h.dockerdArgs()...)
+		}
 		h.dockerd = newProcess("dockerd", filepath.Join(h.Dir, "dockerd.log"), argv, env, h.dockerdReady)
 		h.dockerd.dumpedOnFailure = true
-		h.dockerd.onStarted = func(p *Process) {
-			if ino := nsInode(p.Pid(), "mnt"); ino != 0 {
-				h.mu.Lock()
-				h.mntInos = append(h.mntInos, ino)
-				h.mu.Unlock()
-			}
-		}
+		h.dockerd.onStarted = func(p *Process) { h.recordMountNamespace(p) }
 	}
 	start := time.Now()
 	h.dockerd.start(t, DockerdStartTimeout)
 	t.Logf("harness: dockerd of %s (pid %d) answered after %s", h.Name, h.dockerd.Pid(), time.Since(start).Round(time.Millisecond))
+}
+
+// startMountHolder sets up the private mounts once, in a process that then
+// only sleeps: while it lives, so does the mount namespace every dockerd
+// incarnation of a LiveRestore host enters.
+func (h *Host) startMountHolder(t testing.TB, inPrivateMounts, env []string) {
+	t.Helper()
+	var holder *Process
+	holderReady := func(context.Context) error {
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", holder.Pid()))
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(comm)) != "sleep" {
+			return fmt.Errorf("mounts not set up yet (%s)", strings.TrimSpace(string(comm)))
+		}
+		return nil
+	}
+	holder = newProcess("mount-namespace-holder", filepath.Join(h.Dir, "mntns-holder.log"),
+		append(append([]string(nil), inPrivateMounts...), "sleep", "infinity"), env, holderReady)
+	holder.dumpedOnFailure = true
+	holder.onStarted = func(p *Process) { h.recordMountNamespace(p) }
+	holder.start(t, 30*time.Second)
+	h.mntHolder = holder
+}
+
+// recordMountNamespace remembers p's mount namespace, swept at cleanup.
+func (h *Host) recordMountNamespace(p *Process) {
+	ino := nsInode(p.Pid(), "mnt")
+	if ino == 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, known := range h.mntInos {
+		if known == ino {
+			return
+		}
+	}
+	h.mntInos = append(h.mntInos, ino)
 }
 
 func (h *Host) dockerdReady(ctx context.Context) error {
@@ -214,18 +266,22 @@ func (h *Host) dockerdReady(ctx context.Context) error {
 }
 
 // StopDockerd stops dockerd (SIGTERM; SIGKILL after StopTimeout, which fails
-// the test) and kills what it left in its mount namespace (containerd, shims).
+// the test) and kills what it left in its mount namespace (containerd, shims)
+// - except on a LiveRestore host, whose containers keep running.
 func (h *Host) StopDockerd(t testing.TB) {
 	t.Helper()
 	if h.dockerd == nil {
 		return
 	}
 	h.dockerd.Stop(t)
-	h.killLeftovers(false)
+	if !h.opts.LiveRestore {
+		h.killLeftovers(false)
+	}
 }
 
 // RestartDockerd stops and starts dockerd again (same data root: containers,
-// networks and images survive; running containers are stopped by dockerd).
+// networks and images survive; running containers are stopped by dockerd,
+// unless LiveRestore).
 func (h *Host) RestartDockerd(t testing.TB) {
 	t.Helper()
 	h.StopDockerd(t)
@@ -565,6 +621,9 @@ func (h *Host) cleanup() {
 				t.Logf("harness: cleanup of %s: dockerd (pid %d) needed SIGKILL after %s", h.Name, h.dockerd.Pid(), StopTimeout)
 			}
 		})
+	}
+	if h.mntHolder != nil {
+		step("stop the mount namespace holder", func() { h.mntHolder.stop(StopTimeout) })
 	}
 	for _, p := range h.Processes() {
 		step("stop "+p.Name, func() {
