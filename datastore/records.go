@@ -122,6 +122,10 @@ type BGPPeer struct {
 	// Password is the TCP MD5 (RFC 2385) key. It is stored in the datastore,
 	// so protect etcd access accordingly; the CLI never prints it.
 	Password string `json:"password,omitempty"`
+	// PasswordSecret names a file in each node's BGP secrets directory
+	// (--bgp-secrets-dir) holding the key instead: the key itself never
+	// enters the datastore.
+	PasswordSecret string `json:"passwordSecret,omitempty"`
 }
 
 // DeleteExisting deletes key guarded by the revision it was read at,

@@ -118,6 +118,15 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 		syncBlackholes(ctx, engine, dp, cfg, entry)
 	}()
 
+	// The liveness lease tells `node list`/`node delete` this node is in
+	// use; cancelling ctx revokes it before the datastore closes.
+	hostname, _ := os.Hostname()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		store.KeepAlive(ctx, datastore.Alive{Node: cfg.NodeName, Hostname: hostname, PID: os.Getpid(), Since: time.Now().UTC()}, datastore.DefaultAliveTTL, entry)
+	}()
+
 	stopRouting, err := startRouting(ctx, cfg, store, engine, metrics.Routing, entry)
 	if err != nil {
 		cancel()

@@ -59,6 +59,10 @@ type Agent struct {
 	start time.Time
 	self  Self
 
+	// secretProblems: the peers left out for an unreadable secret, with
+	// the reason (logged when it changes).
+	secretProblems map[string]string
+
 	// Inputs, refreshed on datastore events.
 	nodes   []datastore.Node
 	peers   []datastore.BGPPeer
@@ -478,7 +482,7 @@ func (a *Agent) syncExports(ctx context.Context) {
 
 // syncPeers makes the speaker's sessions match DesiredPeers.
 func (a *Agent) syncPeers(ctx context.Context) {
-	want := DesiredPeers(a.self, a.nodes, a.peers, a.cfg)
+	want := a.resolveSecrets(DesiredPeers(a.self, a.nodes, a.peers, a.cfg))
 	wantSet := map[netip.Addr]PeerSpec{}
 	for _, p := range want {
 		wantSet[p.Address] = p
@@ -506,6 +510,33 @@ func (a *Agent) syncPeers(ctx context.Context) {
 		a.sessions[p.Address] = p
 		a.log.WithFields(logrus.Fields{"peer": p.String(), "md5": p.Password != ""}).Info("BGP peer added")
 	}
+}
+
+// resolveSecrets reads the password of every peer whose record names a
+// secret, on every sync, so that a changed file re-keys the session. A peer
+// whose secret cannot be read gets no session: without its key the peer
+// would refuse it anyway, and a session without MD5 must never be offered.
+func (a *Agent) resolveSecrets(peers []PeerSpec) []PeerSpec {
+	out := peers[:0]
+	problems := map[string]string{}
+	for _, p := range peers {
+		if p.PasswordSecret != "" {
+			pw, err := ReadSecret(a.d.Config.SecretsDir, p.PasswordSecret)
+			if err != nil {
+				problems[p.Name] = err.Error()
+				continue
+			}
+			p.Password = pw
+		}
+		out = append(out, p)
+	}
+	for name, msg := range problems {
+		if a.secretProblems[name] != msg {
+			a.log.WithField("peer", name).Error("BGP peer not configured: " + msg)
+		}
+	}
+	a.secretProblems = problems
+	return out
 }
 
 // syncRoutes runs the import policy over the RIB and programs the result.

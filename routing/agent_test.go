@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -260,4 +262,85 @@ func TestAgentRestart(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestAgentPeerSecrets: a peer record that names a secret gets its password
+// from the node's secrets directory; a changed file re-keys the session at
+// the next resync, and an unreadable one removes the session (a peer must
+// never be offered a session without its MD5 key).
+func TestAgentPeerSecrets(t *testing.T) {
+	m := etcdtest.Start(t)
+	store := m.Client(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := logrus.New()
+	log.SetLevel(logrus.WarnLevel)
+	eng := ipam.New(store, ipam.Options{Log: log})
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "tor-key")
+	writeSecret := func(content string) {
+		t.Helper()
+		if err := os.WriteFile(secret+".tmp", []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(secret+".tmp", secret); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeSecret("first-key\n")
+	peers := []datastore.BGPPeer{
+		{Name: "tor", PeerIP: "10.0.0.254", ASN: 65000, PasswordSecret: "tor-key"},
+		{Name: "plain", PeerIP: "10.0.0.253", ASN: 65000},
+	}
+	for _, p := range peers {
+		if err := store.Txn(ctx, datastore.Put(datastore.BGPPeerKey(p.Name), datastore.MustJSON(p))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sp := newFakeSpeaker()
+	agent, err := NewAgent(Deps{
+		Store: store, Blocks: eng, Speaker: sp, Routes: &syncTable{ft: fakeTable{learned: map[netip.Prefix][]netip.Addr{}}}, NodeName: "a", Log: log,
+		Config:         Config{Enabled: true, NodeIP: "10.0.0.1", SyncTimeout: time.Hour, SecretsDir: dir},
+		ResyncInterval: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = agent.Run(ctx)
+	}()
+	defer func() { cancel(); <-done }()
+
+	tor, plain := addr("10.0.0.254"), addr("10.0.0.253")
+	wantPassword := func(what, pw string) {
+		t.Helper()
+		eventually(t, what, func() error {
+			got, _ := sp.snapshot()
+			if p, ok := got[plain]; !ok || p.Password != "" {
+				return fmt.Errorf("plain peer = %+v (present %v)", p, ok)
+			}
+			p, ok := got[tor]
+			if pw == "" {
+				if ok {
+					return fmt.Errorf("tor still configured: %+v", p)
+				}
+				return nil
+			}
+			if !ok || p.Password != pw {
+				return fmt.Errorf("tor peer present %v with password %q, want %q", ok, p.Password, pw)
+			}
+			return nil
+		})
+	}
+	wantPassword("session keyed from the secret file", "first-key")
+	writeSecret("second-key\n")
+	wantPassword("session re-keyed after the file changed", "second-key")
+	if err := os.Remove(secret); err != nil {
+		t.Fatal(err)
+	}
+	wantPassword("no session without the secret", "")
+	writeSecret("third-key\n")
+	wantPassword("session back once the secret is there again", "third-key")
 }

@@ -72,7 +72,13 @@ type Config struct {
 	SyncTimeout time.Duration
 	// StatusSocket is the unix socket serving `node status` ("" = none).
 	StatusSocket string
+	// SecretsDir holds the files BGP peer records name as PasswordSecret
+	// (default DefaultSecretsDir).
+	SecretsDir string
 }
+
+// DefaultSecretsDir is where a node looks for BGP password secrets.
+const DefaultSecretsDir = "/etc/calico-cnm/bgp-secrets"
 
 // Finish applies defaults and validates; errors are one sentence.
 func (c *Config) Finish() error {

@@ -33,6 +33,9 @@ type PeerSpec struct {
 	Type     PeerType
 	Name     string // node name or BGP peer record name
 	Password string // TCP MD5; never logged
+	// PasswordSecret names the file (in Config.SecretsDir) that Password is
+	// read from, when the peer record refers to one.
+	PasswordSecret string
 	// RRClient: we are a reflector and this peer is our client.
 	RRClient  bool
 	ClusterID string
@@ -109,7 +112,7 @@ func DesiredPeers(self Self, nodes []datastore.Node, peers []datastore.BGPPeer, 
 		if old, ok := byAddr[a]; ok && old.Type == PeerNode {
 			continue
 		}
-		byAddr[a] = PeerSpec{Address: a, ASN: p.ASN, Type: t, Name: p.Name, Password: p.Password}
+		byAddr[a] = PeerSpec{Address: a, ASN: p.ASN, Type: t, Name: p.Name, Password: p.Password, PasswordSecret: p.PasswordSecret}
 	}
 	mesh := cfg.MeshEnabled()
 	for _, n := range nodes {

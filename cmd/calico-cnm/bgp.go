@@ -48,6 +48,8 @@ type peerRow struct {
 	ASN      uint32 `json:"asn"`
 	Node     string `json:"node,omitempty"`
 	Password bool   `json:"password"`
+	// PasswordSecret is the secret's name (never its content).
+	PasswordSecret string `json:"passwordSecret,omitempty"`
 }
 
 func validName(kind, name string) error {
@@ -69,6 +71,7 @@ func (c *cli) bgpPeer(ctx context.Context, args []string) error {
 	node := fs.String("node", "", "with add: peer with this node only (default: every node)")
 	pwFile := fs.String("password-file", "", "with add: read the TCP MD5 password from this file (first line)")
 	pwEnv := fs.String("password-env", "", "with add: read the TCP MD5 password from this environment variable")
+	pwSecret := fs.String("password-secret", "", "with add: the TCP MD5 password is in file NAME of each node's --bgp-secrets-dir; the datastore holds only the name")
 	pos, err := parse(fs, args[1:])
 	if err != nil {
 		return err
@@ -102,11 +105,22 @@ func (c *cli) bgpPeer(ctx context.Context, args []string) error {
 				return err
 			}
 		}
+		if *pwSecret != "" && (*pwFile != "" || *pwEnv != "") {
+			return usagef("use --password-secret, or --password-file/--password-env, not both")
+		}
+		if *pwSecret != "" {
+			if err := validName("secret", *pwSecret); err != nil {
+				return err
+			}
+			if *pwSecret == "." || *pwSecret == ".." {
+				return usagef("secret name %q: name a file in the secrets directory", *pwSecret)
+			}
+		}
 		pw, err := c.readPassword(*pwFile, *pwEnv)
 		if err != nil {
 			return err
 		}
-		rec = datastore.BGPPeer{Name: pos[0], PeerIP: a.String(), ASN: asn, Node: *node, Password: pw}
+		rec = datastore.BGPPeer{Name: pos[0], PeerIP: a.String(), ASN: asn, Node: *node, Password: pw, PasswordSecret: *pwSecret}
 	}
 	store, err := cf.open(ctx)
 	if err != nil {
@@ -126,7 +140,14 @@ func (c *cli) bgpPeer(ctx context.Context, args []string) error {
 		if rec.Node != "" {
 			scope = "node " + rec.Node
 		}
-		fmt.Fprintf(c.stdout, "BGP peer %s added: %s AS %d, for %s%s\n", rec.Name, rec.PeerIP, rec.ASN, scope, map[bool]string{true: ", with a TCP MD5 password", false: ""}[rec.Password != ""])
+		auth := ""
+		switch {
+		case rec.Password != "":
+			auth = ", with a TCP MD5 password"
+		case rec.PasswordSecret != "":
+			auth = ", with the TCP MD5 password of secret " + rec.PasswordSecret
+		}
+		fmt.Fprintf(c.stdout, "BGP peer %s added: %s AS %d, for %s%s\n", rec.Name, rec.PeerIP, rec.ASN, scope, auth)
 		return nil
 	case "delete":
 		kv, err := store.Get(ctx, datastore.BGPPeerKey(pos[0]))
@@ -152,7 +173,7 @@ func (c *cli) bgpPeer(ctx context.Context, args []string) error {
 		if json.Unmarshal(kv.Value, &p) != nil {
 			continue
 		}
-		rows = append(rows, peerRow{Name: p.Name, PeerIP: p.PeerIP, ASN: p.ASN, Node: p.Node, Password: p.Password != ""})
+		rows = append(rows, peerRow{Name: p.Name, PeerIP: p.PeerIP, ASN: p.ASN, Node: p.Node, Password: p.Password != "" || p.PasswordSecret != "", PasswordSecret: p.PasswordSecret})
 	}
 	if cf.output == "json" {
 		return c.printJSON(rows)
@@ -163,7 +184,11 @@ func (c *cli) bgpPeer(ctx context.Context, args []string) error {
 		if node == "" {
 			node = "(global)"
 		}
-		table = append(table, []string{r.Name, r.PeerIP, strconv.FormatUint(uint64(r.ASN), 10), node, map[bool]string{true: "yes", false: "-"}[r.Password]})
+		pw := map[bool]string{true: "yes", false: "-"}[r.Password]
+		if r.PasswordSecret != "" {
+			pw = "secret " + r.PasswordSecret
+		}
+		table = append(table, []string{r.Name, r.PeerIP, strconv.FormatUint(uint64(r.ASN), 10), node, pw})
 	}
 	return c.table("NAME\tPEER IP\tAS\tNODE\tPASSWORD", table)
 }

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -177,6 +179,11 @@ func TestCLIUsage(t *testing.T) {
 		{"network without subcommand", []string{"network"}, exitUsage, "", "network needs the subcommand list"},
 		{"network unknown subcommand", []string{"network", "rm", "x"}, exitUsage, "", "network needs the subcommand list"},
 		{"network list with argument", []string{"network", "list", "net1"}, exitUsage, "", "network list takes no arguments"},
+		{"node without subcommand", []string{"node"}, exitUsage, "", "node needs a subcommand: status, list or delete"},
+		{"unknown node subcommand", []string{"node", "remove", "h1"}, exitUsage, "", `unknown node subcommand "remove"`},
+		{"node delete without name", []string{"node", "delete"}, exitUsage, "", "node delete needs exactly one node name"},
+		{"node delete two names", []string{"node", "delete", "h1", "h2"}, exitUsage, "", "node delete needs exactly one node name"},
+		{"node list with argument", []string{"node", "list", "h1"}, exitUsage, "", "node list takes no arguments"},
 		{"serve with argument", []string{"serve", "now"}, exitUsage, "", "serve takes no arguments"},
 		{"serve unknown flag", []string{"serve", "--etcd", "x"}, exitUsage, "", "flag provided but not defined: -etcd"},
 	}
@@ -533,6 +540,163 @@ func TestCLINetworkList(t *testing.T) {
 	})
 }
 
+// TestCLINode: `node list` shows every node with its daemon's state and
+// holdings; `node delete` refuses a running node and an unknown one, and
+// removes a gone node's records and addresses.
+func TestCLINode(t *testing.T) {
+	m, ep := startEtcd(t)
+	store := m.Client(t)
+	ctx := context.Background()
+	header := "NAME  DAEMON  BGP ADDRESS  ASN  BLOCKS  ADDRESSES  ENDPOINTS\n"
+	runSteps(t, nil, []step{
+		{name: "empty", args: withEtcd(ep, "node", "list"), stdout: header},
+		{name: "empty json", args: withEtcd(ep, "node", "list", "-o", "json"), stdout: "[]\n"},
+	})
+
+	eng := ipam.New(store, ipam.Options{Log: quietLog()})
+	if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: "10.80.0.0/16"}); err != nil {
+		t.Fatal(err)
+	}
+	ip, err := eng.AutoAssign(ctx, ipam.AutoAssignArgs{Host: "h2", HandleID: "cnm.h2a", Attrs: map[string]string{"node": "h2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []datastore.Node{{Name: "h1", IPv4: "172.20.0.1", ASN: 64512}, {Name: "h2", IPv4: "172.20.0.2", ASN: 64512}} {
+		if err := store.Txn(ctx, datastore.Create(datastore.NodeKey(n.Name), datastore.MustJSON(n))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := store.Txn(ctx, datastore.Create(datastore.EndpointKey("h2", "e1"), datastore.MustJSON(datastore.Endpoint{ID: "e1", Node: "h2", IPv4: ip.String()}))); err != nil {
+		t.Fatal(err)
+	}
+	kctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go store.KeepAlive(kctx, datastore.Alive{Node: "h1", Hostname: "host-one", PID: 4242, Since: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}, 10*time.Second, quietLog())
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if a, _ := store.AliveNodes(ctx); len(a) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("h1 never marked alive")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	runSteps(t, nil, []step{
+		{name: "list", args: withEtcd(ep, "node", "list"),
+			stdout: "NAME  DAEMON                         BGP ADDRESS  ASN    BLOCKS  ADDRESSES  ENDPOINTS\n" +
+				"h1    up since 2026-01-02T03:04:05Z  172.20.0.1   64512  0       0          0\n" +
+				"h2    down                           172.20.0.2   64512  1       1          1\n"},
+		{name: "delete a running node", args: withEtcd(ep, "node", "delete", "h1"), code: exitFailed,
+			stderr: "node h1's daemon (pid 4242 on host-one, up since 2026-01-02T03:04:05Z) holds its liveness lease; stop it first"},
+		{name: "delete an unknown node", args: withEtcd(ep, "node", "delete", "h3"), code: exitFailed,
+			stderr: `node is not known to the datastore: "h3"`},
+		{name: "delete a gone node", args: withEtcd(ep, "node", "delete", "h2"),
+			stdout: "deleted node h2: 1 endpoint records, 1 addresses released, 1 blocks released, 0 blocks kept without affinity (other hosts' workloads borrow from them), 0 node-scoped BGP peers\n",
+			check: func(t *testing.T, r result) {
+				if got := usage(t, eng); len(got) != 0 {
+					t.Errorf("blocks after node delete: %+v", got)
+				}
+				if _, err := store.Get(ctx, datastore.NodeKey("h2")); !errors.Is(err, datastore.ErrNotFound) {
+					t.Errorf("node record of h2 after delete: %v", err)
+				}
+			}},
+		{name: "list json", args: withEtcd(ep, "node", "list", "-o", "json"),
+			check: func(t *testing.T, r result) {
+				var rows []struct {
+					Name       string
+					Alive      bool
+					BGPAddress string
+				}
+				if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil {
+					t.Fatalf("node list -o json: %v\n%s", err, r.stdout)
+				}
+				if len(rows) != 1 || rows[0].Name != "h1" || !rows[0].Alive || rows[0].BGPAddress != "172.20.0.1" {
+					t.Errorf("node list -o json = %+v", rows)
+				}
+			}},
+	})
+}
+
+// TestCLIBGPPeer: passwords come from a file, an environment variable or a
+// secret reference, never from the command line, and no output shows them;
+// a secret reference keeps the password out of the datastore.
+func TestCLIBGPPeer(t *testing.T) {
+	m, ep := startEtcd(t)
+	store := m.Client(t)
+	ctx := context.Background()
+	pwFile := t.TempDir() + "/pw"
+	if err := os.WriteFile(pwFile, []byte("file-Secret\nsecond line\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"TOR_PW": "env-Secret"}
+	record := func(t *testing.T, name string) datastore.BGPPeer {
+		t.Helper()
+		var p datastore.BGPPeer
+		if _, err := store.GetJSON(ctx, datastore.BGPPeerKey(name), &p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	noSecrets := func(t *testing.T, r result) {
+		t.Helper()
+		for _, s := range []string{"file-Secret", "env-Secret"} {
+			if strings.Contains(r.stdout+r.stderr, s) {
+				t.Errorf("output shows a password:\n%s", r)
+			}
+		}
+	}
+	runSteps(t, env, []step{
+		{name: "from a file", args: withEtcd(ep, "bgp", "peer", "add", "p1", "--peer-ip", "10.9.0.1", "--as-number", "65001", "--password-file", pwFile),
+			stdout: "BGP peer p1 added: 10.9.0.1 AS 65001, for every node, with a TCP MD5 password\n",
+			check: func(t *testing.T, r result) {
+				if p := record(t, "p1"); p.Password != "file-Secret" || p.PasswordSecret != "" {
+					t.Errorf("record = %+v", p)
+				}
+			}},
+		{name: "from the environment", args: withEtcd(ep, "bgp", "peer", "add", "p2", "--peer-ip", "10.9.0.2", "--as-number", "65002", "--node", "h1", "--password-env", "TOR_PW"),
+			stdout: "BGP peer p2 added: 10.9.0.2 AS 65002, for node h1, with a TCP MD5 password\n",
+			check: func(t *testing.T, r result) {
+				if p := record(t, "p2"); p.Password != "env-Secret" {
+					t.Errorf("record = %+v", p)
+				}
+			}},
+		{name: "a secret reference", args: withEtcd(ep, "bgp", "peer", "add", "p3", "--peer-ip", "10.9.0.3", "--as-number", "65003", "--password-secret", "tor-key"),
+			stdout: "BGP peer p3 added: 10.9.0.3 AS 65003, for every node, with the TCP MD5 password of secret tor-key\n",
+			check: func(t *testing.T, r result) {
+				if p := record(t, "p3"); p.Password != "" || p.PasswordSecret != "tor-key" {
+					t.Errorf("record = %+v", p)
+				}
+			}},
+		{name: "secret and file", args: withEtcd(ep, "bgp", "peer", "add", "p4", "--peer-ip", "10.9.0.4", "--as-number", "65004", "--password-secret", "k", "--password-file", pwFile),
+			code: exitUsage, stderr: "use --password-secret, or --password-file/--password-env, not both"},
+		{name: "secret with a path", args: withEtcd(ep, "bgp", "peer", "add", "p4", "--peer-ip", "10.9.0.4", "--as-number", "65004", "--password-secret", "../etc/shadow"),
+			code: exitUsage, stderr: "secret name \"../etc/shadow\""},
+		{name: "secret dot dot", args: withEtcd(ep, "bgp", "peer", "add", "p4", "--peer-ip", "10.9.0.4", "--as-number", "65004", "--password-secret", ".."),
+			code: exitUsage, stderr: "name a file in the secrets directory"},
+		{name: "unset environment variable", args: withEtcd(ep, "bgp", "peer", "add", "p4", "--peer-ip", "10.9.0.4", "--as-number", "65004", "--password-env", "NOPE"),
+			code: exitUsage, stderr: "environment variable NOPE is empty or unset"},
+		{name: "list", args: withEtcd(ep, "bgp", "peer", "list"),
+			stdout: "NAME  PEER IP   AS     NODE      PASSWORD\n" +
+				"p1    10.9.0.1  65001  (global)  yes\n" +
+				"p2    10.9.0.2  65002  h1        yes\n" +
+				"p3    10.9.0.3  65003  (global)  secret tor-key\n",
+			check: noSecrets},
+		{name: "list json", args: withEtcd(ep, "bgp", "peer", "list", "-o", "json"),
+			check: func(t *testing.T, r result) {
+				noSecrets(t, r)
+				if !strings.Contains(r.stdout, `"passwordSecret": "tor-key"`) {
+					t.Errorf("json lacks the secret's name:\n%s", r.stdout)
+				}
+			}},
+		{name: "delete", args: withEtcd(ep, "bgp", "peer", "delete", "p3"), stdout: "BGP peer p3 deleted\n"},
+	})
+	if p, err := store.Get(ctx, datastore.BGPPeerKey("p4")); !errors.Is(err, datastore.ErrNotFound) {
+		t.Errorf("a rejected add wrote %+v (%v)", p, err)
+	}
+}
+
 // TestCLIEnvEndpoints: without --etcd-endpoints the CLI uses ETCD_ENDPOINTS.
 func TestCLIEnvEndpoints(t *testing.T) {
 	_, ep := startEtcd(t)
@@ -557,6 +721,8 @@ func TestCLIUnreachableEtcd(t *testing.T) {
 		{"ipam", "check", "--release"},
 		{"ipam", "release", "--ip", "10.70.0.1"},
 		{"network", "list"},
+		{"node", "list"},
+		{"node", "delete", "h1"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			t.Parallel() // each waits out its timeout

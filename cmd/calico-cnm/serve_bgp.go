@@ -19,6 +19,7 @@ const (
 	envBGPListen   = "BGP_LISTEN_ADDRESS"
 	envBGPPort     = "BGP_PORT"
 	envRestartTime = "BGP_RESTART_TIME"
+	envSecretsDir  = "BGP_SECRETS_DIR"
 )
 
 // addBGPFlags registers the BGP flags of `serve` on fs, defaulting from env.
@@ -43,6 +44,11 @@ func addBGPFlags(fs *flag.FlagSet, cfg *routing.Config, getenv func(string) stri
 		restart = d
 	}
 	fs.DurationVar(&cfg.RestartTime, "bgp-restart-time", restart, "graceful-restart time: how long peers keep this node's routes while it restarts (env "+envRestartTime+")")
+	secrets := routing.DefaultSecretsDir
+	if v := getenv(envSecretsDir); v != "" {
+		secrets = v
+	}
+	fs.StringVar(&cfg.SecretsDir, "bgp-secrets-dir", secrets, "directory of the BGP password files that peer records name with --password-secret (env "+envSecretsDir+")")
 	fs.DurationVar(&cfg.SyncTimeout, "bgp-sync-timeout", routing.DefaultSyncTimeout, "after a start, keep learned kernel routes missing from BGP until every peer sent End-of-RIB or this long")
 }
 

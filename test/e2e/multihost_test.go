@@ -415,13 +415,19 @@ func mhContains(ss []string, s string) bool {
 func TestMultiHostInterop(t *testing.T) {
 	harness.RequireFile(t, "/usr/sbin/bird", "package bird2")
 	harness.RequireFile(t, "/usr/bin/gobgpd", "package gobgpd")
+	const torPW, gobgpPW = "tor-Secret-1", "gobgp-Secret-2"
+	// gobgpd's password is a secret each node reads from its own secrets
+	// directory: the datastore holds only its name.
+	secrets := t.TempDir()
+	if err := os.WriteFile(secrets+"/gobgpd-key", []byte(gobgpPW+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	c := newBGPCluster(t)
-	a, b := c.addHost(t, "a"), c.addHost(t, "b")
+	a, b := c.addHostTB(t, "a", "--bgp-secrets-dir", secrets), c.addHostTB(t, "b", "--bgp-secrets-dir", secrets)
 	ipA, ipB := a.run(t, "a1"), b.run(t, "b1")
 	blkA, blkB := blockOf26(ipA), blockOf26(ipB)
 	b.waitRoute(t, blkA, a.IP, true, 30*time.Second)
 
-	const torPW, gobgpPW = "tor-Secret-1", "gobgp-Secret-2"
 	tor := c.fabric.AddHost(t, "tor", harness.HostOptions{NoDockerd: true})
 	gb := c.fabric.AddHost(t, "gobgpd", harness.HostOptions{NoDockerd: true})
 
@@ -488,13 +494,10 @@ protocol bgp host_b from hosts { neighbor %[4]s as 64512; }
 		}
 	}
 
-	// The peers, through the CLI: passwords from env and from a file.
-	pwFile := t.TempDir() + "/gobgp.pw"
-	if err := os.WriteFile(pwFile, []byte(gobgpPW+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	// The peers, through the CLI: one password from the environment (kept
+	// in the datastore), one a secret reference.
 	out := c.mustCtlEnv(t, []string{"TOR_PW=" + torPW}, "bgp", "peer", "add", "tor", "--peer-ip", tor.IP.String(), "--as-number", "65000", "--password-env", "TOR_PW")
-	out += c.mustCtl(t, "bgp", "peer", "add", "gobgpd", "--peer-ip", gb.IP.String(), "--as-number", "65001", "--password-file", pwFile)
+	out += c.mustCtl(t, "bgp", "peer", "add", "gobgpd", "--peer-ip", gb.IP.String(), "--as-number", "65001", "--password-secret", "gobgpd-key")
 	list := c.mustCtl(t, "bgp", "peer", "list")
 	listJSON := c.mustCtl(t, "bgp", "peer", "list", "-o", "json")
 	for _, s := range []string{out, list, listJSON} {
@@ -502,8 +505,11 @@ protocol bgp host_b from hosts { neighbor %[4]s as 64512; }
 			t.Errorf("the CLI printed a password:\n%s", s)
 		}
 	}
-	if !strings.Contains(list, "tor") || !strings.Contains(list, "yes") {
+	if !regexp.MustCompile(`(?m)^tor\s.*\syes$`).MatchString(list) || !regexp.MustCompile(`(?m)^gobgpd\s.*\ssecret gobgpd-key$`).MatchString(list) {
 		t.Errorf("peer list:\n%s", list)
+	}
+	if dump, err := mhRun(context.Background(), "etcdctl", "--endpoints", c.etcd, "get", "--prefix", "/calico-cnm/v1/bgp/"); err != nil || strings.Contains(dump, gobgpPW) || !strings.Contains(dump, "gobgpd-key") {
+		t.Errorf("the datastore should hold the secret's name, not its content (err %v):\n%s", err, dump)
 	}
 	t.Logf("bgp peer list:\n%s", list)
 

@@ -1,0 +1,143 @@
+package datastore_test
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
+)
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestKeepAlive: a daemon's liveness key exists while it runs, a second
+// daemon with the same node name is told someone else holds it (and takes
+// over once the first stops), and a clean stop removes the key at once.
+func TestKeepAlive(t *testing.T) {
+	m := etcdtest.Start(t)
+	ctx := context.Background()
+	waitFor := func(what string, cond func(map[string]datastore.Alive) bool) map[string]datastore.Alive {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			alive, err := m.Store.AliveNodes(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cond(alive) {
+				return alive
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: alive nodes %v", what, alive)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	run := func(a datastore.Alive, log logrus.FieldLogger) (stop func()) {
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			m.Store.KeepAlive(cctx, a, 3*time.Second, log)
+		}()
+		return func() { cancel(); <-done }
+	}
+
+	quiet := logrus.New()
+	quiet.SetOutput(&syncBuffer{})
+	stopFirst := run(datastore.Alive{Node: "n1", Hostname: "h1", PID: 101, Since: time.Now().UTC()}, quiet)
+	alive := waitFor("first daemon marked alive", func(a map[string]datastore.Alive) bool { return a["n1"].PID == 101 })
+	if alive["n1"].Hostname != "h1" {
+		t.Errorf("liveness value = %+v", alive["n1"])
+	}
+
+	// A second daemon claiming the same node name.
+	var logs syncBuffer
+	second := logrus.New()
+	second.SetOutput(&logs)
+	stopSecond := run(datastore.Alive{Node: "n1", Hostname: "h2", PID: 202, Since: time.Now().UTC()}, second)
+	defer stopSecond()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "already marked alive by another daemon (pid 101 on h1") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the second daemon did not report the first one; its log:\n%s", logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got, _ := m.Store.AliveNodes(ctx); got["n1"].PID != 101 {
+		t.Errorf("the second daemon took the key while the first holds it: %+v", got["n1"])
+	}
+
+	// A clean stop revokes the lease: the key goes at once (not after the
+	// TTL), and the second daemon takes over.
+	stopFirst()
+	waitFor("second daemon takes over after the first stops", func(a map[string]datastore.Alive) bool { return a["n1"].PID == 202 })
+
+	stopSecond()
+	if got, _ := m.Store.AliveNodes(ctx); len(got) != 0 {
+		t.Errorf("alive nodes after every daemon stopped: %v", got)
+	}
+}
+
+// TestKeepAliveExpiresWithDeadDaemon: a daemon that dies without revoking
+// (kill -9: only its client goes away) is no longer alive after the TTL.
+func TestKeepAliveExpiresWithDeadDaemon(t *testing.T) {
+	m := etcdtest.Start(t)
+	ctx := context.Background()
+	client := m.Client(t)
+	quiet := logrus.New()
+	quiet.SetOutput(&syncBuffer{})
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go client.KeepAlive(cctx, datastore.Alive{Node: "dying", PID: 7}, 2*time.Second, quiet)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if got, _ := m.Store.AliveNodes(ctx); got["dying"].PID == 7 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("never marked alive")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The process "dies": its connection closes, nothing is revoked.
+	client.Client().Close()
+	died := time.Now()
+	for {
+		got, err := m.Store.AliveNodes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := got["dying"]; !ok {
+			break
+		}
+		if time.Since(died) > 10*time.Second {
+			t.Fatal("the dead daemon's liveness key outlived its TTL by far")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if took := time.Since(died); took < time.Second {
+		t.Errorf("the key went after %s: it should last about its TTL (2s) when nobody revokes it", took)
+	}
+}
