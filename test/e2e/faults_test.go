@@ -341,6 +341,26 @@ func TestEtcdOutage(t *testing.T) {
 	})
 }
 
+// fixedIP is the --ip of the container named "fixed" in the restart tests.
+const fixedIP = "192.168.50.50"
+
+// startRestartAlways creates calico-net and runs a --restart=always
+// container per name ("fixed" with --ip fixedIP); it returns their addresses.
+func (h *calicoHost) startRestartAlways(t *testing.T, names []string) map[string]net.IP {
+	t.Helper()
+	h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.0.0/16", "calico-net")
+	ips := map[string]net.IP{}
+	for _, n := range names {
+		args := []string{"run", "-d", "--restart=always", "--name", n, "--net", "calico-net"}
+		if n == "fixed" {
+			args = append(args, "--ip", fixedIP)
+		}
+		h.MustDocker(t, append(args, harness.Image, "sleep", "3600")...)
+		ips[n] = h.containerIP(t, n, "calico-net")
+	}
+	return ips
+}
+
 // TestDockerdRestartWithRestartAlways: containers started with
 // --restart=always survive a dockerd restart with working networking:
 // running again, addressed, plumbed (one veth and route each), able to
@@ -352,20 +372,10 @@ func TestEtcdOutage(t *testing.T) {
 // fresh one from the pool (Docker does not tell IPAM which container asks).
 func TestDockerdRestartWithRestartAlways(t *testing.T) {
 	h := newFaultHost(t, "restart", harness.HostOptions{DockerdDebug: true}, nil)
-	h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.0.0/16", "calico-net")
 	// always1/2 get whatever calico-ipam picks; fixed has --ip, which
 	// Docker keeps in the container's config and asks for again.
 	names := []string{"always1", "always2", "fixed"}
-	const fixedIP = "192.168.50.50"
-	before := map[string]net.IP{}
-	for _, n := range names {
-		args := []string{"run", "-d", "--restart=always", "--name", n, "--net", "calico-net"}
-		if n == "fixed" {
-			args = append(args, "--ip", fixedIP)
-		}
-		h.MustDocker(t, append(args, harness.Image, "sleep", "3600")...)
-		before[n] = h.containerIP(t, n, "calico-net")
-	}
+	before := h.startRestartAlways(t, names)
 	t.Logf("before the restart: %v", before)
 
 	mark := len(h.plugin.Log())
@@ -477,18 +487,10 @@ func TestDockerdLiveRestore(t *testing.T) {
 	const metricsAddr = "127.0.0.1:9091"
 	h := newFaultHost(t, "liverestore", harness.HostOptions{DockerdDebug: true, LiveRestore: true}, nil,
 		"--metrics-listen", metricsAddr, "--reconcile-grace", "3s")
-	h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.0.0/16", "calico-net")
 	names := []string{"live1", "live2", "fixed"}
-	const fixedIP = "192.168.50.50"
-	before := map[string]net.IP{}
+	before := h.startRestartAlways(t, names)
 	pids := map[string]string{}
 	for _, n := range names {
-		args := []string{"run", "-d", "--restart=always", "--name", n, "--net", "calico-net"}
-		if n == "fixed" {
-			args = append(args, "--ip", fixedIP)
-		}
-		h.MustDocker(t, append(args, harness.Image, "sleep", "3600")...)
-		before[n] = h.containerIP(t, n, "calico-net")
 		pids[n] = h.MustDocker(t, "inspect", "-f", "{{.State.Pid}}", n)
 	}
 	linksBefore := h.caliLinks(t)

@@ -56,7 +56,7 @@ func TestNodeDecommission(t *testing.T) {
 	if nb := nodes["b"]; nb.Blocks != 1 || nb.Addresses != 1 || nb.Endpoints != 1 {
 		t.Errorf("node list for b = %+v, want 1 block, 1 address, 1 endpoint", nb)
 	}
-	if out, err := c.ctl(t, "node", "delete", "b"); err == nil || !strings.Contains(out, "holds its liveness lease; stop it first") {
+	if out, err := c.ctl(t, "node", "delete", "b"); err == nil || !strings.Contains(fmt.Sprint(err)+out, "holds its liveness lease; stop it first") {
 		t.Fatalf("node delete of a running node: err %v, output:\n%s", err, out)
 	}
 
