@@ -78,7 +78,11 @@ func NewFabric(t testing.TB, subnet string) *Fabric {
 	}
 	f := &Fabric{Bridge: NamePrefix + "br" + randHex(6), Subnet: ipnet, Gateway: addrAt(ipnet, 1), next: 2}
 
-	if _, err := runCmd(nil, nil, "ip", "link", "add", f.Bridge, "type", "bridge"); err != nil {
+	// A fixed MAC: a bridge without one takes the lowest of its ports',
+	// so removing a host's veth could change it, and every other host's
+	// neighbour entry for the gateway (etcd, reflectors) would point at a
+	// dead MAC until it expires (~30s of silence).
+	if _, err := runCmd(nil, nil, "ip", "link", "add", f.Bridge, "address", "02:63:6e:"+randHex(2)+":"+randHex(2)+":"+randHex(2), "type", "bridge"); err != nil {
 		t.Fatalf("harness: %v", err)
 	}
 	untrack := track(resource{Kind: "link", Name: f.Bridge})

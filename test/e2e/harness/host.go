@@ -586,9 +586,13 @@ func (h *Host) cleanup() {
 		t.Logf("harness: cleanup of host %s took %s", h.Name, time.Since(begin).Round(time.Millisecond))
 	}()
 	step := func(what string, f func()) {
+		began := time.Now()
 		defer func() {
 			if r := recover(); r != nil {
 				t.Errorf("harness: cleanup of %s: %s panicked: %v", h.Name, what, r)
+			}
+			if took := time.Since(began); took > 5*time.Second {
+				t.Logf("harness: cleanup of %s: %s took %s", h.Name, what, took.Round(time.Millisecond))
 			}
 		}()
 		f()
