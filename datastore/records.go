@@ -75,8 +75,11 @@ type Endpoint struct {
 
 // Node is one host running the daemon.
 type Node struct {
-	Name           string `json:"name"`
-	IPv4           string `json:"ipv4,omitempty"` // BGP address
+	Name string `json:"name"`
+	IPv4 string `json:"ipv4,omitempty"` // BGP address
+	// IPv6 is the next hop of this node's IPv6 routes (advertised over the
+	// IPv4 session); empty: the node routes no IPv6.
+	IPv6           string `json:"ipv6,omitempty"`
 	ASN            uint32 `json:"asn,omitempty"`
 	RouteReflector bool   `json:"routeReflector,omitempty"`
 	ClusterID      string `json:"clusterID,omitempty"`

@@ -30,7 +30,9 @@ var (
 type Info struct {
 	Name       string
 	BGPAddress string `json:",omitempty"`
-	ASN        uint32 `json:",omitempty"`
+	// IPv6NextHop is where the node's IPv6 routes point ("" = none).
+	IPv6NextHop string `json:",omitempty"`
+	ASN         uint32 `json:",omitempty"`
 	// Alive: the node's daemon holds its liveness lease.
 	Alive      bool
 	AliveSince *time.Time `json:",omitempty"`
@@ -134,7 +136,7 @@ func (st *state) names() []string {
 func (st *state) info(name string) Info {
 	in := Info{Name: name, Blocks: st.blocks[name], Addresses: len(st.ownAllocations(name)), Endpoints: len(st.endpoints[name])}
 	if r, ok := st.records[name]; ok {
-		in.BGPAddress, in.ASN = r.IPv4, r.ASN
+		in.BGPAddress, in.IPv6NextHop, in.ASN = r.IPv4, r.IPv6, r.ASN
 	}
 	if a, ok := st.alive[name]; ok {
 		in.Alive = true

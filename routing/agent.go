@@ -46,6 +46,9 @@ type Deps struct {
 	// DetectAddress finds the node address when Config.NodeIP is empty
 	// (default: DetectAddress in the current network namespace).
 	DetectAddress func(method string) (netip.Addr, error)
+	// DetectIPv6 finds the IPv6 next hop when Config.NodeIPv6 is empty
+	// (default: DetectIPv6 in the current network namespace).
+	DetectIPv6 func(v4 netip.Addr) (netip.Addr, bool, error)
 	// ResyncInterval re-checks everything even without events (default 10s).
 	ResyncInterval time.Duration
 }
@@ -96,6 +99,9 @@ func NewAgent(d Deps) (*Agent, error) {
 	}
 	if d.DetectAddress == nil {
 		d.DetectAddress = DetectAddress
+	}
+	if d.DetectIPv6 == nil {
+		d.DetectIPv6 = DetectIPv6
 	}
 	if d.ResyncInterval <= 0 {
 		d.ResyncInterval = 10 * time.Second
@@ -150,6 +156,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return nil
 	}
 	a.log = a.log.WithField("address", addr.String())
+	addr6 := a.ipv6NextHop(addr)
 
 	// Watches start before the first reads so that no change between the
 	// read and the watch is missed.
@@ -158,7 +165,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		go a.follow(ctx, prefix, dirty)
 	}
 
-	if err := a.retry(ctx, "registering the node", func(ctx context.Context) error { return a.register(ctx, addr) }); err != nil {
+	if err := a.retry(ctx, "registering the node", func(ctx context.Context) error { return a.register(ctx, addr, addr6) }); err != nil {
 		return nil
 	}
 	if err := a.retry(ctx, "reading the BGP configuration", a.loadNodesAndPeers); err != nil {
@@ -292,9 +299,28 @@ func (a *Agent) follow(ctx context.Context, prefix string, dirty chan<- string) 
 	}
 }
 
+// ipv6NextHop is the configured or detected IPv6 next hop; invalid when
+// IPv6 routing is off or the node has no global IPv6 address.
+func (a *Agent) ipv6NextHop(v4 netip.Addr) netip.Addr {
+	switch a.d.Config.NodeIPv6 {
+	case NoIPv6:
+		return netip.Addr{}
+	case "":
+		addr6, ok, err := a.d.DetectIPv6(v4)
+		if err != nil || !ok {
+			a.log.WithError(err).Info("no global IPv6 address next to the BGP address: IPv6 prefixes are neither advertised nor learned")
+			return netip.Addr{}
+		}
+		a.log.WithField("ipv6", addr6.String()).Info("IPv6 next hop detected")
+		return addr6
+	default:
+		return netip.MustParseAddr(a.d.Config.NodeIPv6)
+	}
+}
+
 // register writes this node's record: its name and address, and the ASN
 // when configured; the route-reflector settings (`bgp config`) are kept.
-func (a *Agent) register(ctx context.Context, addr netip.Addr) error {
+func (a *Agent) register(ctx context.Context, addr, addr6 netip.Addr) error {
 	return a.d.Store.Retry(ctx, func(ctx context.Context) error {
 		key := datastore.NodeKey(a.d.NodeName)
 		var n datastore.Node
@@ -310,7 +336,10 @@ func (a *Agent) register(ctx context.Context, addr netip.Addr) error {
 			return err
 		}
 		want := n
-		want.Name, want.IPv4 = a.d.NodeName, addr.String()
+		want.Name, want.IPv4, want.IPv6 = a.d.NodeName, addr.String(), ""
+		if addr6.IsValid() {
+			want.IPv6 = addr6.String()
+		}
 		if a.d.Config.ASN != 0 {
 			want.ASN = a.d.Config.ASN
 		}
@@ -377,7 +406,11 @@ func (a *Agent) loadNodesAndPeers(ctx context.Context) error {
 		if a.self.Address.IsValid() && addr != a.self.Address {
 			addr = a.self.Address // the speaker runs with the address it started with
 		}
-		a.self = Self{Name: me.Name, Address: addr, ASN: asn, RouteReflector: me.RouteReflector, ClusterID: me.ClusterID}
+		addr6, _ := netip.ParseAddr(me.IPv6)
+		if a.self.Address.IsValid() {
+			addr6 = a.self.Address6 // likewise
+		}
+		a.self = Self{Name: me.Name, Address: addr, Address6: addr6, ASN: asn, RouteReflector: me.RouteReflector, ClusterID: me.ClusterID}
 		if a.self.RouteReflector && a.self.ClusterID == "" {
 			a.self.ClusterID = addr.String()
 		}
@@ -427,8 +460,10 @@ func (a *Agent) loadEndpoints(ctx context.Context) error {
 		if err := json.Unmarshal(kv.Value, &ep); err != nil {
 			continue
 		}
-		if p, err := netip.ParsePrefix(ep.IPv4); err == nil {
-			ips = append(ips, p.Addr())
+		for _, cidr := range []string{ep.IPv4, ep.IPv6} {
+			if p, err := netip.ParsePrefix(cidr); err == nil {
+				ips = append(ips, p.Addr())
+			}
 		}
 	}
 	a.workIPs = ips
@@ -453,14 +488,18 @@ func (a *Agent) syncExports(ctx context.Context) {
 	for b := range a.blocks {
 		blocks = append(blocks, b)
 	}
-	want := DesiredExports(blocks, a.workIPs)
+	want := DesiredExports(blocks, a.workIPs, a.self.Address6.IsValid())
 	wantSet := map[netip.Prefix]bool{}
 	for _, p := range want {
 		wantSet[p] = true
 		if a.advertised[p] {
 			continue
 		}
-		if err := a.d.Speaker.Advertise(ctx, p, a.self.Address); err != nil {
+		nextHop := a.self.Address
+		if p.Addr().Is6() {
+			nextHop = a.self.Address6
+		}
+		if err := a.d.Speaker.Advertise(ctx, p, nextHop); err != nil {
 			a.log.WithError(err).WithField("prefix", p.String()).Warn("advertising")
 			continue
 		}
@@ -547,12 +586,20 @@ func (a *Agent) syncRoutes(ctx context.Context) {
 		return
 	}
 	nodes := map[netip.Addr]string{}
+	nodeIPv6 := map[string]netip.Addr{}
 	for _, n := range a.nodes {
-		if addr, err := netip.ParseAddr(n.IPv4); err == nil && n.Name != a.d.NodeName {
+		if n.Name == a.d.NodeName {
+			continue
+		}
+		if addr, err := netip.ParseAddr(n.IPv4); err == nil {
 			nodes[addr] = n.Name
 		}
+		if addr, err := netip.ParseAddr(n.IPv6); err == nil && addr.Is6() {
+			nodes[addr] = n.Name
+			nodeIPv6[n.Name] = addr
+		}
 	}
-	pol := ImportPolicy{Self: a.self, Pools: a.pools, Nodes: nodes, Peers: a.sessions, Exports: a.advertised}
+	pol := ImportPolicy{Self: a.self, Pools: a.pools, Nodes: nodes, NodeIPv6: nodeIPv6, Peers: a.sessions, Exports: a.advertised}
 	sel := Select(paths, pol)
 	states, err := a.d.Speaker.Peers(ctx)
 	if err != nil {
@@ -605,6 +652,9 @@ func (a *Agent) updateStatus(sel Selection, states []PeerState) {
 		RouteReflector: a.self.RouteReflector, ClusterID: a.self.ClusterID,
 		Mesh: a.cfg.MeshEnabled(), Synced: a.synced,
 		Peers: []PeerStatus{}, Advertised: []string{}, Routes: []RouteStatus{}, Rejected: sel.Rejected,
+	}
+	if a.self.Address6.IsValid() {
+		st.IPv6NextHop = a.self.Address6.String()
 	}
 	byAddr := map[netip.Addr]PeerState{}
 	for _, s := range states {

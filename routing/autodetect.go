@@ -8,6 +8,7 @@ import (
 	"sort"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // DetectAddress finds this node's BGP address in the current network
@@ -65,6 +66,44 @@ func DetectAddress(method string) (netip.Addr, error) {
 		}
 	}
 	return netip.Addr{}, errors.New("no default route: set the node address with --bgp-node-ip (env IP) or --ip-autodetection-method")
+}
+
+// DetectIPv6 finds the IPv6 next hop for this node: the first global IPv6
+// address of the interface that holds v4 (the BGP address), so IPv6 traffic
+// takes the same path as the sessions. ok is false when it has none.
+func DetectIPv6(v4 netip.Addr) (netip.Addr, bool, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return netip.Addr{}, false, fmt.Errorf("listing interfaces: %w", err)
+	}
+	for _, l := range links {
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && ip == v4 {
+				v6, found := firstGlobalIPv6(l)
+				return v6, found, nil
+			}
+		}
+	}
+	return netip.Addr{}, false, nil
+}
+
+func firstGlobalIPv6(l netlink.Link) (netip.Addr, bool) {
+	addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || a.IP.To4() != nil || ip.IsLoopback() || ip.IsLinkLocalUnicast() || a.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED|unix.IFA_F_DEPRECATED) != 0 {
+			continue
+		}
+		return ip, true
+	}
+	return netip.Addr{}, false
 }
 
 func firstGlobalIPv4(l netlink.Link) (netip.Addr, bool) {

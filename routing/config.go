@@ -51,6 +51,10 @@ type Config struct {
 	// NodeIP is this node's BGP address (IPv4). Empty: autodetect with
 	// AutodetectMethod.
 	NodeIP string
+	// NodeIPv6 is the next hop this node gives its IPv6 prefixes: "" finds
+	// the first global IPv6 address of the interface holding the IPv4 node
+	// address; "none" routes no IPv6.
+	NodeIPv6 string
 	// AutodetectMethod: "" or "first-found" (the address of the interface
 	// holding the default route), "interface=REGEX" (the first address of
 	// the first interface whose name matches), "can-reach=ADDR" (the source
@@ -77,6 +81,9 @@ type Config struct {
 	SecretsDir string
 }
 
+// NoIPv6 as Config.NodeIPv6 turns IPv6 routing off.
+const NoIPv6 = "none"
+
 // DefaultSecretsDir is where a node looks for BGP password secrets.
 const DefaultSecretsDir = "/etc/calico-cnm/bgp-secrets"
 
@@ -101,6 +108,12 @@ func (c *Config) Finish() error {
 		a, err := netip.ParseAddr(c.NodeIP)
 		if err != nil || !a.Is4() {
 			return fmt.Errorf("BGP node address %q is not an IPv4 address", c.NodeIP)
+		}
+	}
+	if c.NodeIPv6 != "" && c.NodeIPv6 != NoIPv6 {
+		a, err := netip.ParseAddr(c.NodeIPv6)
+		if err != nil || !a.Is6() || a.Is4In6() || a.IsLinkLocalUnicast() || a.IsLoopback() {
+			return fmt.Errorf("BGP IPv6 next hop %q is not a global IPv6 address (or %q)", c.NodeIPv6, NoIPv6)
 		}
 	}
 	if c.ListenAddress != "" {

@@ -67,8 +67,10 @@ func (p PeerSpec) String() string {
 
 // Self is this node as the policy needs it.
 type Self struct {
-	Name           string
-	Address        netip.Addr
+	Name    string
+	Address netip.Addr
+	// Address6 is the next hop of our IPv6 prefixes (invalid: no IPv6).
+	Address6       netip.Addr
 	ASN            uint32
 	RouteReflector bool
 	ClusterID      string
@@ -155,34 +157,35 @@ func DesiredPeers(self Self, nodes []datastore.Node, peers []datastore.BGPPeer, 
 }
 
 // DesiredExports is what this host originates: every block it owns and a
-// host route for each local workload address outside those blocks (an
-// address borrowed from another host's block: the owner advertises the
-// block, so the /32 must win by being more specific). IPv4 only: sessions
-// run over IPv4 and IPv6 prefixes would need an IPv6 next hop per node.
-func DesiredExports(blocks []netip.Prefix, workloadIPs []netip.Addr) []netip.Prefix {
+// host route (/32, /128) for each local workload address outside those
+// blocks (an address borrowed from another host's block: the owner
+// advertises the block, so the host route must win by being more
+// specific). IPv6 prefixes only when ipv6: they need this node's IPv6 next
+// hop.
+func DesiredExports(blocks []netip.Prefix, workloadIPs []netip.Addr, ipv6 bool) []netip.Prefix {
 	set := map[netip.Prefix]bool{}
-	var v4blocks []netip.Prefix
+	var own []netip.Prefix
 	for _, b := range blocks {
-		if b.Addr().Is4() {
+		if b.Addr().Is4() || ipv6 {
 			b = b.Masked()
 			set[b] = true
-			v4blocks = append(v4blocks, b)
+			own = append(own, b)
 		}
 	}
 	for _, ip := range workloadIPs {
 		ip = ip.Unmap()
-		if !ip.Is4() {
+		if ip.Is6() && !ipv6 {
 			continue
 		}
 		inBlock := false
-		for _, b := range v4blocks {
+		for _, b := range own {
 			if b.Contains(ip) {
 				inBlock = true
 				break
 			}
 		}
 		if !inBlock {
-			set[netip.PrefixFrom(ip, 32)] = true
+			set[netip.PrefixFrom(ip, ip.BitLen())] = true
 		}
 	}
 	out := make([]netip.Prefix, 0, len(set))
@@ -207,8 +210,11 @@ type LearnedPath struct {
 type ImportPolicy struct {
 	Self  Self
 	Pools []netip.Prefix
-	// Nodes maps every node's BGP address to its name.
+	// Nodes maps every node's BGP address, and its IPv6 next hop, to its
+	// name.
 	Nodes map[netip.Addr]string
+	// NodeIPv6 maps a node's name to its IPv6 next hop.
+	NodeIPv6 map[string]netip.Addr
 	// Peers are the current sessions, by address.
 	Peers map[netip.Addr]PeerSpec
 	// Exports are our own prefixes: a path for one of them is ignored (our
@@ -224,7 +230,8 @@ const (
 	RejectBadNextHop   = "next hop is not the peer's node address"
 	RejectSelfNextHop  = "next hop is this node"
 	RejectASLoop       = "AS path contains this node's AS"
-	RejectFamily       = "not IPv4 unicast"
+	RejectFamily       = "next hop of another address family"
+	RejectNoIPv6       = "IPv6 prefix, and this node routes no IPv6"
 	RejectInvalidRoute = "invalid prefix or next hop"
 )
 
@@ -238,8 +245,12 @@ func (pol ImportPolicy) Decide(p LearnedPath) string {
 	if !p.Prefix.IsValid() || !p.NextHop.IsValid() {
 		return RejectInvalidRoute
 	}
-	if !p.Prefix.Addr().Is4() || !p.NextHop.Is4() {
+	v6 := p.Prefix.Addr().Is6()
+	if v6 != p.NextHop.Is6() {
 		return RejectFamily
+	}
+	if v6 && !pol.Self.Address6.IsValid() {
+		return RejectNoIPv6
 	}
 	if !inPools(p.Prefix, pol.Pools) {
 		return RejectNotInPool
@@ -251,16 +262,23 @@ func (pol ImportPolicy) Decide(p LearnedPath) string {
 	if !ok {
 		return RejectUnknownPeer
 	}
-	if p.NextHop == pol.Self.Address {
+	if p.NextHop == pol.Self.Address || (pol.Self.Address6.IsValid() && p.NextHop == pol.Self.Address6) {
 		return RejectSelfNextHop
 	}
 	if !peer.Type.internal() && slices.Contains(p.ASPath, pol.Self.ASN) {
 		return RejectASLoop
 	}
 	_, isNode := pol.Nodes[p.NextHop]
+	// The peer's own next hop: its session address, or for IPv6 the IPv6
+	// next hop its node record gives (a router has none: its IPv6 paths
+	// must point at a node).
+	own := peer.Address
+	if v6 {
+		own = pol.NodeIPv6[pol.Nodes[peer.Address]]
+	}
 	switch peer.Type {
 	case PeerMesh:
-		if p.NextHop != peer.Address {
+		if !own.IsValid() || p.NextHop != own {
 			return RejectBadNextHop
 		}
 	case PeerReflector, PeerRRClient:
@@ -268,7 +286,7 @@ func (pol ImportPolicy) Decide(p LearnedPath) string {
 			return RejectBadNextHop
 		}
 	default:
-		if p.NextHop != peer.Address && !isNode {
+		if (!own.IsValid() || p.NextHop != own) && !isNode {
 			return RejectBadNextHop
 		}
 	}

@@ -140,9 +140,10 @@ func TestDesiredExports(t *testing.T) {
 		name   string
 		blocks []netip.Prefix
 		ips    []netip.Addr
+		ipv6   bool
 		want   []netip.Prefix
 	}{
-		{"nothing", nil, nil, []netip.Prefix{}},
+		{"nothing", nil, nil, false, []netip.Prefix{}},
 		{
 			name:   "blocks only; addresses inside them add nothing",
 			blocks: []netip.Prefix{pfx("192.168.1.64/26"), pfx("192.168.1.0/26")},
@@ -161,15 +162,22 @@ func TestDesiredExports(t *testing.T) {
 			want: []netip.Prefix{pfx("10.1.0.9/32")},
 		},
 		{
-			name:   "IPv6 is not exported",
+			name:   "IPv6 is not exported without an IPv6 next hop",
 			blocks: []netip.Prefix{pfx("fd00::/122"), pfx("10.0.0.0/26")},
 			ips:    []netip.Addr{addr("fd00:1::5")},
 			want:   []netip.Prefix{pfx("10.0.0.0/26")},
 		},
+		{
+			name:   "IPv6 blocks, and /128 for borrowed IPv6 addresses",
+			blocks: []netip.Prefix{pfx("fd00::/122"), pfx("10.0.0.0/26")},
+			ips:    []netip.Addr{addr("fd00::5"), addr("fd00:1::5"), addr("10.0.0.7")},
+			ipv6:   true,
+			want:   []netip.Prefix{pfx("10.0.0.0/26"), pfx("fd00::/122"), pfx("fd00:1::5/128")},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := DesiredExports(tc.blocks, tc.ips); !slices.Equal(got, tc.want) {
+			if got := DesiredExports(tc.blocks, tc.ips, tc.ipv6); !slices.Equal(got, tc.want) {
 				t.Errorf("got %v, want %v", got, tc.want)
 			}
 		})
@@ -187,11 +195,13 @@ func testPolicy() ImportPolicy {
 		peers[p.Address] = p
 	}
 	return ImportPolicy{
-		Self:    Self{Name: "a", Address: addr("10.0.0.1"), ASN: 64512},
-		Pools:   []netip.Prefix{pfx("192.168.0.0/16"), pfx("10.244.0.0/16")},
-		Nodes:   map[netip.Addr]string{addr("10.0.0.2"): "b", addr("10.0.0.3"): "c", addr("10.0.0.4"): "d", addr("10.0.0.11"): "rr1"},
-		Peers:   peers,
-		Exports: map[netip.Prefix]bool{pfx("192.168.0.0/26"): true},
+		Self:  Self{Name: "a", Address: addr("10.0.0.1"), Address6: addr("fd00:f::1"), ASN: 64512},
+		Pools: []netip.Prefix{pfx("192.168.0.0/16"), pfx("10.244.0.0/16"), pfx("fd00:10::/64")},
+		Nodes: map[netip.Addr]string{addr("10.0.0.2"): "b", addr("10.0.0.3"): "c", addr("10.0.0.4"): "d", addr("10.0.0.11"): "rr1",
+			addr("fd00:f::2"): "b", addr("fd00:f::4"): "d"},
+		NodeIPv6: map[string]netip.Addr{"b": addr("fd00:f::2"), "d": addr("fd00:f::4")},
+		Peers:    peers,
+		Exports:  map[netip.Prefix]bool{pfx("192.168.0.0/26"): true},
 	}
 }
 
@@ -218,7 +228,16 @@ func TestImportDecide(t *testing.T) {
 		{"router pointing elsewhere", LearnedPath{Prefix: pfx("10.244.5.0/24"), NextHop: addr("10.0.0.77"), Peer: addr("10.0.0.254")}, RejectBadNextHop},
 		{"router echoing our AS", LearnedPath{Prefix: pfx("192.168.1.0/26"), NextHop: addr("10.0.0.254"), Peer: addr("10.0.0.254"), ASPath: []uint32{65000, 64512}}, RejectASLoop},
 		{"unknown peer", LearnedPath{Prefix: pfx("192.168.1.0/26"), NextHop: addr("10.0.0.5"), Peer: addr("10.0.0.5")}, RejectUnknownPeer},
-		{"IPv6 prefix", LearnedPath{Prefix: pfx("fd00::/122"), NextHop: addr("10.0.0.2"), Peer: addr("10.0.0.2")}, RejectFamily},
+		{"IPv6 prefix with an IPv4 next hop", LearnedPath{Prefix: pfx("fd00:10::/122"), NextHop: addr("10.0.0.2"), Peer: addr("10.0.0.2")}, RejectFamily},
+		{"IPv4 prefix with an IPv6 next hop", LearnedPath{Prefix: pfx("192.168.1.0/26"), NextHop: addr("fd00:f::2"), Peer: addr("10.0.0.2")}, RejectFamily},
+		{"mesh peer announcing its IPv6 block via its IPv6 next hop", LearnedPath{Prefix: pfx("fd00:10::40/122"), NextHop: addr("fd00:f::2"), Peer: addr("10.0.0.2")}, ""},
+		{"IPv6 prefix outside every pool", LearnedPath{Prefix: pfx("fd00:99::/64"), NextHop: addr("fd00:f::2"), Peer: addr("10.0.0.2")}, RejectNotInPool},
+		{"mesh peer pointing its IPv6 block at another node", LearnedPath{Prefix: pfx("fd00:10::40/122"), NextHop: addr("fd00:f::4"), Peer: addr("10.0.0.2")}, RejectBadNextHop},
+		{"mesh peer without an IPv6 next hop", LearnedPath{Prefix: pfx("fd00:10::80/122"), NextHop: addr("fd00:f::3"), Peer: addr("10.0.0.3")}, RejectBadNextHop},
+		{"reflector passing on a node's IPv6 block", LearnedPath{Prefix: pfx("fd00:10::c0/122"), NextHop: addr("fd00:f::4"), Peer: addr("10.0.0.11")}, ""},
+		{"IPv6 reflected back to us", LearnedPath{Prefix: pfx("fd00:10::c0/122"), NextHop: addr("fd00:f::1"), Peer: addr("10.0.0.11")}, RejectSelfNextHop},
+		{"router pointing an IPv6 prefix at a node", LearnedPath{Prefix: pfx("fd00:10::100/122"), NextHop: addr("fd00:f::2"), Peer: addr("10.0.0.254"), ASPath: []uint32{65000}}, ""},
+		{"router pointing an IPv6 prefix elsewhere", LearnedPath{Prefix: pfx("fd00:10::100/122"), NextHop: addr("fd00:f::77"), Peer: addr("10.0.0.254"), ASPath: []uint32{65000}}, RejectBadNextHop},
 		{"no next hop", LearnedPath{Prefix: pfx("192.168.1.0/26"), Peer: addr("10.0.0.2")}, RejectInvalidRoute},
 	}
 	for _, tc := range tests {
@@ -227,6 +246,17 @@ func TestImportDecide(t *testing.T) {
 				t.Errorf("Decide = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestImportDecideWithoutIPv6: a node with no IPv6 next hop installs no
+// IPv6 routes (it could not reach their next hops anyway).
+func TestImportDecideWithoutIPv6(t *testing.T) {
+	pol := testPolicy()
+	pol.Self.Address6 = netip.Addr{}
+	p := LearnedPath{Prefix: pfx("fd00:10::40/122"), NextHop: addr("fd00:f::2"), Peer: addr("10.0.0.2")}
+	if got := pol.Decide(p); got != RejectNoIPv6 {
+		t.Errorf("Decide = %q, want %q", got, RejectNoIPv6)
 	}
 }
 

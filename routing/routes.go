@@ -152,22 +152,27 @@ func NewNetlinkTable() (*NetlinkTable, error) {
 // Close releases the netlink socket; the routes stay.
 func (t *NetlinkTable) Close() { t.h.Close() }
 
-// ListLearned returns the IPv4 routes of the main table with LearnedProtocol.
+// ListLearned returns the IPv4 and IPv6 routes of the main table with
+// LearnedProtocol.
 func (t *NetlinkTable) ListLearned(ctx context.Context) ([]KernelRoute, error) {
-	var (
-		routes []netlink.Route
-		err    error
-	)
-	for range 5 {
-		routes, err = t.h.RouteListFiltered(netlink.FAMILY_V4,
-			&netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: LearnedProtocol},
-			netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
-		if !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
+	var routes []netlink.Route
+	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		var (
+			rs  []netlink.Route
+			err error
+		)
+		for range 5 {
+			rs, err = t.h.RouteListFiltered(family,
+				&netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: LearnedProtocol},
+				netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+			if !errors.Is(err, netlink.ErrDumpInterrupted) {
+				break
+			}
 		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("listing learned routes: %w", err)
+		if err != nil {
+			return nil, fmt.Errorf("listing learned routes: %w", err)
+		}
+		routes = append(routes, rs...)
 	}
 	out := make([]KernelRoute, 0, len(routes))
 	for _, r := range routes {
@@ -179,13 +184,11 @@ func (t *NetlinkTable) ListLearned(ctx context.Context) ([]KernelRoute, error) {
 			continue
 		}
 		kr := KernelRoute{Dst: dst}
-		if r.Gw != nil {
-			if a, ok := netip.AddrFromSlice(r.Gw.To4()); ok {
-				kr.Gateways = append(kr.Gateways, a)
-			}
+		if a, ok := addrFromIP(r.Gw); ok {
+			kr.Gateways = append(kr.Gateways, a)
 		}
 		for _, nh := range r.MultiPath {
-			if a, ok := netip.AddrFromSlice(nh.Gw.To4()); ok && nh.Gw != nil {
+			if a, ok := addrFromIP(nh.Gw); ok {
 				kr.Gateways = append(kr.Gateways, a)
 			}
 		}
@@ -224,13 +227,19 @@ func (t *NetlinkTable) Add(ctx context.Context, r KernelRoute) error {
 // overwrite any route with the same destination and metric.
 func (t *NetlinkTable) Replace(ctx context.Context, r KernelRoute) error {
 	dst := ipNetFromPrefix(r.Dst)
-	existing, err := t.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: &dst, Table: unix.RT_TABLE_MAIN},
+	family := netlink.FAMILY_V4
+	if r.Dst.Addr().Is6() {
+		family = netlink.FAMILY_V6
+	}
+	existing, err := t.h.RouteListFiltered(family, &netlink.Route{Dst: &dst, Table: unix.RT_TABLE_MAIN},
 		netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
 	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		return err
 	}
 	for _, e := range existing {
-		if e.Protocol != LearnedProtocol && e.Priority == 0 {
+		// Same metric as ours (the kernel's default: 0 for IPv4, 1024
+		// for IPv6): a replace would overwrite it.
+		if e.Protocol != LearnedProtocol && (e.Priority == 0 || (family == netlink.FAMILY_V6 && e.Priority == 1024)) {
 			return fmt.Errorf("%w: %s", ErrRouteConflict, r.Dst)
 		}
 	}
@@ -245,6 +254,15 @@ func (t *NetlinkTable) Delete(ctx context.Context, dst netip.Prefix) error {
 		return nil
 	}
 	return err
+}
+
+// addrFromIP converts a gateway; ok is false for none.
+func addrFromIP(ip net.IP) (netip.Addr, bool) {
+	if ip == nil {
+		return netip.Addr{}, false
+	}
+	a, ok := netip.AddrFromSlice(ip)
+	return a.Unmap(), ok
 }
 
 func prefixFromIPNet(n net.IPNet) (netip.Prefix, bool) {

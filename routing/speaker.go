@@ -86,7 +86,18 @@ func NewGoBGP(log logrus.FieldLogger) *GoBGP {
 
 const localOnlySet = "calico-cnm-local-only"
 
-var ipv4Unicast = &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}
+var (
+	ipv4Unicast = &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}
+	ipv6Unicast = &api.Family{Afi: api.Family_AFI_IP6, Safi: api.Family_SAFI_UNICAST}
+)
+
+// familyOf is the AFI/SAFI of a prefix.
+func familyOf(p netip.Prefix) *api.Family {
+	if p.Addr().Is4() {
+		return ipv4Unicast
+	}
+	return ipv6Unicast
+}
 
 // Start implements Speaker.
 func (g *GoBGP) Start(ctx context.Context, spec GlobalSpec) error {
@@ -199,8 +210,13 @@ func (g *GoBGP) AddPeer(ctx context.Context, p PeerSpec) error {
 			DeferralTime:    5,
 			LocalRestarting: p.Restarting,
 		},
+		// IPv6 prefixes ride the same (IPv4) session with IPv6 next hops;
+		// a peer that does not offer IPv6 unicast just never gets them.
 		AfiSafis: []*api.AfiSafi{{
 			Config:            &api.AfiSafiConfig{Family: ipv4Unicast, Enabled: true},
+			MpGracefulRestart: &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}},
+		}, {
+			Config:            &api.AfiSafiConfig{Family: ipv6Unicast, Enabled: true},
 			MpGracefulRestart: &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}},
 		}},
 	}
@@ -263,13 +279,13 @@ func originPath(prefix netip.Prefix, nextHop netip.Addr) (*api.Path, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &api.Path{Family: ipv4Unicast, Nlri: nlri, Pattrs: []*anypb.Any{origin, nh}}, nil
+	return &api.Path{Family: familyOf(prefix), Nlri: nlri, Pattrs: []*anypb.Any{origin, nh}}, nil
 }
 
 // Advertise implements Speaker.
 func (g *GoBGP) Advertise(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr) error {
-	if !prefix.Addr().Is4() {
-		return fmt.Errorf("advertising %s: only IPv4 prefixes are supported", prefix)
+	if prefix.Addr().Is4() != nextHop.Is4() {
+		return fmt.Errorf("advertising %s: next hop %s is of the other address family", prefix, nextHop)
 	}
 	p, err := originPath(prefix.Masked(), nextHop)
 	if err != nil {
@@ -283,11 +299,16 @@ func (g *GoBGP) Advertise(ctx context.Context, prefix netip.Prefix, nextHop neti
 
 // Withdraw implements Speaker.
 func (g *GoBGP) Withdraw(ctx context.Context, prefix netip.Prefix) error {
-	p, err := originPath(prefix.Masked(), g.nextHop)
+	// The next hop does not identify the path; only its family must match.
+	nh := g.nextHop
+	if prefix.Addr().Is6() {
+		nh = netip.IPv6Unspecified()
+	}
+	p, err := originPath(prefix.Masked(), nh)
 	if err != nil {
 		return err
 	}
-	if err := g.s.DeletePath(ctx, &api.DeletePathRequest{Family: ipv4Unicast, Path: p}); err != nil {
+	if err := g.s.DeletePath(ctx, &api.DeletePathRequest{Family: familyOf(prefix), Path: p}); err != nil {
 		return fmt.Errorf("withdrawing %s: %w", prefix, err)
 	}
 	return nil
@@ -297,23 +318,25 @@ func (g *GoBGP) Withdraw(ctx context.Context, prefix netip.Prefix) error {
 func (g *GoBGP) Paths(ctx context.Context) ([]LearnedPath, error) {
 	var out []LearnedPath
 	var convErr error
-	err := g.s.ListPath(ctx, &api.ListPathRequest{TableType: api.TableType_GLOBAL, Family: ipv4Unicast}, func(d *api.Destination) {
-		for _, p := range d.Paths {
-			if p.IsWithdraw {
-				continue
+	for _, fam := range []*api.Family{ipv4Unicast, ipv6Unicast} {
+		err := g.s.ListPath(ctx, &api.ListPathRequest{TableType: api.TableType_GLOBAL, Family: fam}, func(d *api.Destination) {
+			for _, p := range d.Paths {
+				if p.IsWithdraw {
+					continue
+				}
+				lp, ok, err := learnedFromAPI(p)
+				if err != nil {
+					convErr = err
+					continue
+				}
+				if ok {
+					out = append(out, lp)
+				}
 			}
-			lp, ok, err := learnedFromAPI(p)
-			if err != nil {
-				convErr = err
-				continue
-			}
-			if ok {
-				out = append(out, lp)
-			}
+		})
+		if err != nil {
+			return nil, fmt.Errorf("listing the BGP RIB: %w", err)
 		}
-	})
-	if err != nil {
-		return nil, fmt.Errorf("listing the BGP RIB: %w", err)
 	}
 	if convErr != nil {
 		g.log.WithError(convErr).Debug("skipped an undecodable path")
@@ -327,7 +350,11 @@ func learnedFromAPI(p *api.Path) (LearnedPath, bool, error) {
 	if err != nil || !peer.IsValid() || peer.IsUnspecified() {
 		return LearnedPath{}, false, nil // locally originated
 	}
-	nlri, err := apiutil.UnmarshalNLRI(bgp.RF_IPv4_UC, p.Nlri)
+	rf := bgp.RF_IPv4_UC
+	if p.Family != nil && p.Family.Afi == api.Family_AFI_IP6 {
+		rf = bgp.RF_IPv6_UC
+	}
+	nlri, err := apiutil.UnmarshalNLRI(rf, p.Nlri)
 	if err != nil {
 		return LearnedPath{}, false, fmt.Errorf("path from %s: %w", peer, err)
 	}
@@ -385,7 +412,15 @@ func (g *GoBGP) Peers(ctx context.Context) ([]PeerState, error) {
 				ps.Received += int(af.State.Received)
 				ps.Advertised += int(af.State.Advertised)
 			}
-			if af.MpGracefulRestart == nil || af.MpGracefulRestart.State == nil || !af.MpGracefulRestart.State.EndOfRibReceived {
+			// IPv4 always counts (as before IPv6 existed); IPv6 only when
+			// the peer does graceful restart for it, else a peer without
+			// IPv6 would hold up our sync until the timeout.
+			gr := af.MpGracefulRestart
+			isV4 := af.Config != nil && af.Config.Family != nil && af.Config.Family.Afi == api.Family_AFI_IP
+			if !isV4 && (gr == nil || gr.State == nil || !gr.State.Received) {
+				continue
+			}
+			if gr == nil || gr.State == nil || !gr.State.EndOfRibReceived {
 				eor = false
 			}
 		}

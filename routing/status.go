@@ -18,6 +18,7 @@ import (
 type Status struct {
 	Node           string         `json:"node"`
 	Address        string         `json:"address"`
+	IPv6NextHop    string         `json:"ipv6NextHop,omitempty"` // "" = no IPv6 routing
 	ASN            uint32         `json:"asn"`
 	RouteReflector bool           `json:"routeReflector"`
 	ClusterID      string         `json:"clusterID,omitempty"`

@@ -141,8 +141,12 @@ func (c *cli) nodeStatus(ctx context.Context, args []string) error {
 	if st.RouteReflector {
 		role += ", route reflector (cluster " + st.ClusterID + ")"
 	}
-	fmt.Fprintf(c.stdout, "calico-cnm is running on node %s: BGP address %s, AS %d, %s\n\n", st.Node, st.Address, st.ASN, role)
-	fmt.Fprintln(c.stdout, "IPv4 BGP status")
+	v6 := "no IPv6 routing"
+	if st.IPv6NextHop != "" {
+		v6 = "IPv6 next hop " + st.IPv6NextHop
+	}
+	fmt.Fprintf(c.stdout, "calico-cnm is running on node %s: BGP address %s, %s, AS %d, %s\n\n", st.Node, st.Address, v6, st.ASN, role)
+	fmt.Fprintln(c.stdout, "BGP status (IPv4 sessions, IPv4 and IPv6 unicast)")
 	var rows [][]string
 	for _, p := range st.Peers {
 		rows = append(rows, []string{p.Address, string(p.Type), orDash(p.Name), p.State, orDash(p.Uptime),

@@ -14,6 +14,7 @@ import (
 const (
 	envBGP         = "CALICO_CNM_BGP"
 	envNodeIP      = "IP"
+	envNodeIPv6    = "IP6"
 	envAutodetect  = "IP_AUTODETECTION_METHOD"
 	envASN         = "AS"
 	envBGPListen   = "BGP_LISTEN_ADDRESS"
@@ -28,6 +29,7 @@ func addBGPFlags(fs *flag.FlagSet, cfg *routing.Config, getenv func(string) stri
 	cfg.Enabled = cfg.Enabled || on
 	fs.BoolVar(&cfg.Enabled, "bgp", cfg.Enabled, "run the BGP speaker: advertise this host's blocks, install other hosts' (env "+envBGP+"=true)")
 	fs.StringVar(&cfg.NodeIP, "bgp-node-ip", getenv(envNodeIP), "this node's BGP IPv4 address (env "+envNodeIP+"; default: autodetect)")
+	fs.StringVar(&cfg.NodeIPv6, "bgp-node-ipv6", getenv(envNodeIPv6), "next hop of this node's IPv6 routes (env "+envNodeIPv6+"; default: the first global IPv6 address of the interface with the BGP address; \"none\": no IPv6 routing)")
 	fs.StringVar(&cfg.AutodetectMethod, "ip-autodetection-method", getenv(envAutodetect), "first-found (interface of the default route), interface=REGEX or can-reach=ADDR (env "+envAutodetect+")")
 	if v, err := strconv.ParseUint(strings.TrimSpace(getenv(envASN)), 10, 32); err == nil {
 		cfg.ASN = uint32(v)

@@ -25,6 +25,10 @@ type Fabric struct {
 	Bridge  string     // cnme2ebrXXXXXX
 	Subnet  *net.IPNet // e.g. 172.31.254.0/24
 	Gateway net.IP     // first address of Subnet, on Bridge
+	// Subnet6 and Gateway6 are set by EnableIPv6: hosts added afterwards
+	// also get an address of Subnet6.
+	Subnet6  *net.IPNet
+	Gateway6 net.IP
 
 	mu    sync.Mutex
 	next  uint32 // offset of the next host address
@@ -138,6 +142,30 @@ func needForwardRule() bool {
 	return !(len(lines) == 1 && lines[0] == "-P FORWARD ACCEPT")
 }
 
+// EnableIPv6 gives the fabric a random ULA /64 (gateway ::1 on the bridge);
+// every host added afterwards gets the address ::<n> on its eth0, n as in
+// its IPv4 address, and a default IPv6 route via the gateway.
+func (f *Fabric) EnableIPv6(t testing.TB) {
+	t.Helper()
+	_, n, err := net.ParseCIDR(fmt.Sprintf("fd63:6e6d:%s::/64", randHex(2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := addrAt(n, 1)
+	for _, argv := range [][]string{
+		{"sysctl", "-qw", "net.ipv6.conf." + f.Bridge + ".disable_ipv6=0"},
+		{"ip", "-6", "addr", "add", gw.String() + "/64", "dev", f.Bridge, "nodad"},
+	} {
+		if _, err := runCmd(nil, nil, argv...); err != nil {
+			t.Fatalf("harness: %v", err)
+		}
+	}
+	f.mu.Lock()
+	f.Subnet6, f.Gateway6 = n, gw
+	f.mu.Unlock()
+	t.Logf("harness: fabric %s also has %s", f.Bridge, n)
+}
+
 // AddHost creates a host on the fabric: netns, veth (root end on the bridge,
 // eth0 inside with the next free address), default route via the gateway,
 // then dockerd unless opts.NoDockerd. name is the host's logical name (the
@@ -154,6 +182,9 @@ func (f *Fabric) AddHost(t testing.TB, name string, opts HostOptions) *Host {
 	}
 	h := newHostNetns(t, name, opts)
 	h.IP, h.Subnet, h.Gateway = ip, f.Subnet, f.Gateway
+	f.mu.Lock()
+	subnet6, gw6 := f.Subnet6, f.Gateway6
+	f.mu.Unlock()
 	h.RootVeth = NamePrefix + "v" + strings.TrimPrefix(h.Netns, NamePrefix+"-")
 	if _, err := runCmd(nil, nil, "ip", "link", "add", h.RootVeth, "type", "veth", "peer", "name", "eth0", "netns", h.Netns); err != nil {
 		t.Fatalf("harness: %v", err)
@@ -168,6 +199,18 @@ func (f *Fabric) AddHost(t testing.TB, name string, opts HostOptions) *Host {
 	} {
 		if _, err := runCmd(nil, nil, argv...); err != nil {
 			t.Fatalf("harness: %v", err)
+		}
+	}
+	if subnet6 != nil {
+		h.IP6 = addrAt(subnet6, off)
+		for _, argv := range [][]string{
+			{"ip", "netns", "exec", h.Netns, "sysctl", "-qw", "net.ipv6.conf.eth0.disable_ipv6=0"},
+			{"ip", "-n", h.Netns, "-6", "addr", "add", h.IP6.String() + "/64", "dev", "eth0", "nodad"},
+			{"ip", "-n", h.Netns, "-6", "route", "add", "default", "via", gw6.String()},
+		} {
+			if _, err := runCmd(nil, nil, argv...); err != nil {
+				t.Fatalf("harness: %v", err)
+			}
 		}
 	}
 	f.mu.Lock()
@@ -272,6 +315,12 @@ func prefixLen(n *net.IPNet) int {
 
 // addrAt returns the address at offset off in n.
 func addrAt(n *net.IPNet, off uint32) net.IP {
+	if n.IP.To4() == nil {
+		ip := make(net.IP, 16)
+		copy(ip, n.IP.To16())
+		binary.BigEndian.PutUint32(ip[12:], binary.BigEndian.Uint32(ip[12:])+off)
+		return ip
+	}
 	base := binary.BigEndian.Uint32(n.IP.To4())
 	ip := make(net.IP, 4)
 	binary.BigEndian.PutUint32(ip, base+off)

@@ -119,4 +119,8 @@ func TestAddrHelpers(t *testing.T) {
 	if prefixLen(n) != 24 {
 		t.Errorf("prefixLen")
 	}
+	_, n6, _ := net.ParseCIDR("fd63:6e6d:ab::/64")
+	if got := addrAt(n6, 3).String(); got != "fd63:6e6d:ab::3" {
+		t.Errorf("addrAt IPv6: %s", got)
+	}
 }

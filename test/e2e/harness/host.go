@@ -52,6 +52,7 @@ type Host struct {
 	Subnet   *net.IPNet // the fabric subnet
 	Gateway  net.IP     // the bridge address in the root namespace
 	RootVeth string     // root-namespace end of the host's veth
+	IP6      net.IP     // the host's IPv6 address on the fabric (Fabric.EnableIPv6)
 
 	opts    HostOptions
 	t       testing.TB
