@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,13 +27,14 @@ type fakeSpeaker struct {
 	global     GlobalSpec
 	peers      map[netip.Addr]PeerSpec
 	advertised map[netip.Prefix]bool
+	nextHops   map[netip.Prefix]netip.Addr
 	paths      []LearnedPath
 	states     []PeerState
 	changes    chan struct{}
 }
 
 func newFakeSpeaker() *fakeSpeaker {
-	return &fakeSpeaker{peers: map[netip.Addr]PeerSpec{}, advertised: map[netip.Prefix]bool{}, changes: make(chan struct{}, 1)}
+	return &fakeSpeaker{peers: map[netip.Addr]PeerSpec{}, advertised: map[netip.Prefix]bool{}, nextHops: map[netip.Prefix]netip.Addr{}, changes: make(chan struct{}, 1)}
 }
 
 func (f *fakeSpeaker) Start(_ context.Context, g GlobalSpec) error {
@@ -53,10 +55,11 @@ func (f *fakeSpeaker) DeletePeer(_ context.Context, a netip.Addr) error {
 	delete(f.peers, a)
 	return nil
 }
-func (f *fakeSpeaker) Advertise(_ context.Context, p netip.Prefix, _ netip.Addr) error {
+func (f *fakeSpeaker) Advertise(_ context.Context, p netip.Prefix, nh netip.Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.advertised[p] = true
+	f.nextHops[p] = nh
 	return nil
 }
 func (f *fakeSpeaker) Withdraw(_ context.Context, p netip.Prefix) error {
@@ -343,4 +346,90 @@ func TestAgentPeerSecrets(t *testing.T) {
 	wantPassword("no session without the secret", "")
 	writeSecret("third-key\n")
 	wantPassword("session back once the secret is there again", "third-key")
+}
+
+// TestAgentIPv6: the detected IPv6 next hop goes into the node record, IPv6
+// blocks and borrowed IPv6 addresses are advertised with it (IPv4 ones with
+// the IPv4 address), and with "none" no IPv6 is advertised at all.
+func TestAgentIPv6(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		nodeIPv6 string
+		wantV6   bool
+	}{{"detected", "", true}, {"off", NoIPv6, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := etcdtest.Start(t)
+			store := m.Client(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			log := logrus.New()
+			log.SetLevel(logrus.WarnLevel)
+			eng := ipam.New(store, ipam.Options{Log: log})
+			for _, cidr := range []string{"192.168.0.0/16", "fd00:10::/64"} {
+				if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: cidr}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var blocks []netip.Prefix
+			for _, cidr := range []string{"192.168.0.0/16", "fd00:10::/64"} {
+				_, within, _ := net.ParseCIDR(cidr)
+				n, err := eng.AutoAssign(ctx, ipam.AutoAssignArgs{Host: "a", HandleID: "h-" + cidr, Within: within, IPv6: strings.Contains(cidr, ":")})
+				if err != nil {
+					t.Fatal(err)
+				}
+				bits := 26
+				if n.IP.To4() == nil {
+					bits = 122
+				}
+				a, _ := netip.AddrFromSlice(n.IP)
+				blocks = append(blocks, netip.PrefixFrom(a.Unmap(), bits).Masked())
+			}
+			// A workload with an IPv6 address borrowed from another block.
+			ep := datastore.Endpoint{ID: "e1", Network: "n", Node: "a", IPv6: "fd00:10::ffff/128"}
+			if err := store.Txn(ctx, datastore.Put(datastore.EndpointKey("a", "e1"), datastore.MustJSON(ep))); err != nil {
+				t.Fatal(err)
+			}
+			sp := newFakeSpeaker()
+			agent, err := NewAgent(Deps{
+				Store: store, Blocks: eng, Speaker: sp, Routes: &syncTable{ft: fakeTable{learned: map[netip.Prefix][]netip.Addr{}}}, NodeName: "a", Log: log,
+				Config:     Config{Enabled: true, NodeIP: "10.0.0.1", NodeIPv6: tc.nodeIPv6, SyncTimeout: time.Hour},
+				DetectIPv6: func(v4 netip.Addr) (netip.Addr, bool, error) { return addr("fd00:f::1"), v4 == addr("10.0.0.1"), nil },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_ = agent.Run(ctx)
+			}()
+			defer func() { cancel(); <-done }()
+
+			want := map[netip.Prefix]netip.Addr{blocks[0]: addr("10.0.0.1")}
+			if tc.wantV6 {
+				want[blocks[1]] = addr("fd00:f::1")
+				want[pfx("fd00:10::ffff/128")] = addr("fd00:f::1")
+			}
+			eventually(t, "exports", func() error {
+				sp.mu.Lock()
+				defer sp.mu.Unlock()
+				if len(sp.advertised) != len(want) {
+					return fmt.Errorf("advertised %v, want %v", sp.nextHops, want)
+				}
+				for p, nh := range want {
+					if !sp.advertised[p] || sp.nextHops[p] != nh {
+						return fmt.Errorf("advertised %v, want %v", sp.nextHops, want)
+					}
+				}
+				return nil
+			})
+			var n datastore.Node
+			if _, err := store.GetJSON(ctx, datastore.NodeKey("a"), &n); err != nil {
+				t.Fatal(err)
+			}
+			if wantRec := map[bool]string{true: "fd00:f::1", false: ""}[tc.wantV6]; n.IPv6 != wantRec {
+				t.Errorf("node record IPv6 = %q, want %q", n.IPv6, wantRec)
+			}
+		})
+	}
 }
