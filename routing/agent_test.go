@@ -157,19 +157,43 @@ func eventually(t *testing.T, what string, cond func() error) {
 	}
 }
 
+// newAgentFixture is what every agent test needs: a datastore on an
+// embedded etcd, an IPAM engine on it, a quiet logger and a context that
+// stops the agent.
+func newAgentFixture(t *testing.T) (*datastore.Store, *ipam.Engine, context.Context, context.CancelFunc, *logrus.Logger) {
+	t.Helper()
+	store := etcdtest.Start(t).Client(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	log := logrus.New()
+	log.SetLevel(logrus.WarnLevel)
+	return store, ipam.New(store, ipam.Options{Log: log}), ctx, cancel, log
+}
+
+// runAgent starts an agent on deps until the test ends: cancel stops it and
+// the test waits for Run to return.
+func runAgent(t *testing.T, ctx context.Context, cancel context.CancelFunc, deps Deps) *Agent {
+	t.Helper()
+	agent, err := NewAgent(deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = agent.Run(ctx)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return agent
+}
+
 // TestAgentRestart drives the agent against a real (embedded) etcd with a
 // fake speaker and route table: registration keeps the reflector settings,
 // blocks and borrowed addresses are exported before any session exists,
 // and learned routes left by a previous run survive until every peer has
 // sent its End-of-RIB, then the stale one goes.
 func TestAgentRestart(t *testing.T) {
-	m := etcdtest.Start(t)
-	store := m.Client(t)
-	ctx, cancel := context.WithCancel(context.Background())
+	store, eng, ctx, cancel, log := newAgentFixture(t)
 	defer cancel()
-	log := logrus.New()
-	log.SetLevel(logrus.WarnLevel)
-	eng := ipam.New(store, ipam.Options{Log: log})
 	if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: "192.168.0.0/16"}); err != nil {
 		t.Fatal(err)
 	}
@@ -196,19 +220,10 @@ func TestAgentRestart(t *testing.T) {
 		pfx("192.168.1.0/26"): {addr("10.0.0.2")}, // still announced by b
 		pfx("192.168.9.0/26"): {addr("10.0.0.2")}, // gone while we were down
 	}}}
-	agent, err := NewAgent(Deps{
+	agent := runAgent(t, ctx, cancel, Deps{
 		Store: store, Blocks: eng, Speaker: sp, Routes: rt, NodeName: "a", Log: log,
 		Config: Config{Enabled: true, NodeIP: "10.0.0.1", SyncTimeout: time.Hour},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = agent.Run(ctx)
-	}()
-	defer func() { cancel(); <-done }()
 
 	eventually(t, "exports and the session to b", func() error {
 		peers, adv := sp.snapshot()
@@ -272,13 +287,8 @@ func TestAgentRestart(t *testing.T) {
 // the next resync, and an unreadable one removes the session (a peer must
 // never be offered a session without its MD5 key).
 func TestAgentPeerSecrets(t *testing.T) {
-	m := etcdtest.Start(t)
-	store := m.Client(t)
-	ctx, cancel := context.WithCancel(context.Background())
+	store, eng, ctx, cancel, log := newAgentFixture(t)
 	defer cancel()
-	log := logrus.New()
-	log.SetLevel(logrus.WarnLevel)
-	eng := ipam.New(store, ipam.Options{Log: log})
 	dir := t.TempDir()
 	secret := filepath.Join(dir, "tor-key")
 	writeSecret := func(content string) {
@@ -301,20 +311,11 @@ func TestAgentPeerSecrets(t *testing.T) {
 		}
 	}
 	sp := newFakeSpeaker()
-	agent, err := NewAgent(Deps{
+	runAgent(t, ctx, cancel, Deps{
 		Store: store, Blocks: eng, Speaker: sp, Routes: &syncTable{ft: fakeTable{learned: map[netip.Prefix][]netip.Addr{}}}, NodeName: "a", Log: log,
 		Config:         Config{Enabled: true, NodeIP: "10.0.0.1", SyncTimeout: time.Hour, SecretsDir: dir},
 		ResyncInterval: 100 * time.Millisecond,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = agent.Run(ctx)
-	}()
-	defer func() { cancel(); <-done }()
 
 	tor, plain := addr("10.0.0.254"), addr("10.0.0.253")
 	wantPassword := func(what, pw string) {
@@ -358,13 +359,8 @@ func TestAgentIPv6(t *testing.T) {
 		wantV6   bool
 	}{{"detected", "", true}, {"off", NoIPv6, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := etcdtest.Start(t)
-			store := m.Client(t)
-			ctx, cancel := context.WithCancel(context.Background())
+			store, eng, ctx, cancel, log := newAgentFixture(t)
 			defer cancel()
-			log := logrus.New()
-			log.SetLevel(logrus.WarnLevel)
-			eng := ipam.New(store, ipam.Options{Log: log})
 			for _, cidr := range []string{"192.168.0.0/16", "fd00:10::/64"} {
 				if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: cidr}); err != nil {
 					t.Fatal(err)
@@ -390,20 +386,11 @@ func TestAgentIPv6(t *testing.T) {
 				t.Fatal(err)
 			}
 			sp := newFakeSpeaker()
-			agent, err := NewAgent(Deps{
+			runAgent(t, ctx, cancel, Deps{
 				Store: store, Blocks: eng, Speaker: sp, Routes: &syncTable{ft: fakeTable{learned: map[netip.Prefix][]netip.Addr{}}}, NodeName: "a", Log: log,
 				Config:     Config{Enabled: true, NodeIP: "10.0.0.1", NodeIPv6: tc.nodeIPv6, SyncTimeout: time.Hour},
 				DetectIPv6: func(v4 netip.Addr) (netip.Addr, bool, error) { return addr("fd00:f::1"), v4 == addr("10.0.0.1"), nil },
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				_ = agent.Run(ctx)
-			}()
-			defer func() { cancel(); <-done }()
 
 			want := map[netip.Prefix]netip.Addr{blocks[0]: addr("10.0.0.1")}
 			if tc.wantV6 {
