@@ -16,7 +16,8 @@ export DEBIAN_FRONTEND=noninteractive
 # bird2 and gobgpd: the real BGP routers of the multi-host interop test (the
 # tests run them in their own network namespaces; calico-cnm itself needs
 # neither, its speaker is in process).
-pkgs="docker.io busybox-static iproute2 iputils-ping nftables etcd-server iperf3 make git ca-certificates bird2 gobgpd"
+# etcd-client (etcdctl) and curl: the tests read etcd and /metrics with them.
+pkgs="docker.io busybox-static iproute2 iputils-ping nftables etcd-server etcd-client curl iperf3 make git ca-certificates bird2 gobgpd"
 missing=""
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -152,13 +152,11 @@ func (f *Fabric) EnableIPv6(t testing.TB) {
 		t.Fatal(err)
 	}
 	gw := addrAt(n, 1)
-	for _, argv := range [][]string{
-		{"sysctl", "-qw", "net.ipv6.conf." + f.Bridge + ".disable_ipv6=0"},
-		{"ip", "-6", "addr", "add", gw.String() + "/64", "dev", f.Bridge, "nodad"},
-	} {
-		if _, err := runCmd(nil, nil, argv...); err != nil {
-			t.Fatalf("harness: %v", err)
-		}
+	if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+f.Bridge+"/disable_ipv6", []byte("0"), 0o644); err != nil {
+		t.Fatalf("harness: enabling IPv6 on %s: %v", f.Bridge, err)
+	}
+	if _, err := runCmd(nil, nil, "ip", "-6", "addr", "add", gw.String()+"/64", "dev", f.Bridge, "nodad"); err != nil {
+		t.Fatalf("harness: %v", err)
 	}
 	f.mu.Lock()
 	f.Subnet6, f.Gateway6 = n, gw
@@ -204,7 +202,8 @@ func (f *Fabric) AddHost(t testing.TB, name string, opts HostOptions) *Host {
 	if subnet6 != nil {
 		h.IP6 = addrAt(subnet6, off)
 		for _, argv := range [][]string{
-			{"ip", "netns", "exec", h.Netns, "sysctl", "-qw", "net.ipv6.conf.eth0.disable_ipv6=0"},
+			// /proc/sys/net shows the reader's network namespace.
+			{"ip", "netns", "exec", h.Netns, "sh", "-c", "echo 0 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6"},
 			{"ip", "-n", h.Netns, "-6", "addr", "add", h.IP6.String() + "/64", "dev", "eth0", "nodad"},
 			{"ip", "-n", h.Netns, "-6", "route", "add", "default", "via", gw6.String()},
 		} {
