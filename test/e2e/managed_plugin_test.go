@@ -88,11 +88,11 @@ func (mp *managedPlugin) buildScript(t *testing.T, extraEnv ...string) {
 }
 
 // configure points the plugin's mounts at this host's own state dir and
-// dockerd socket (the defaults are the machine's /var/lib/calico-cnm and
-// /var/run/docker.sock) and names the node after the harness host.
+// the directory of its dockerd socket (the defaults are the machine's
+// /var/lib/calico-cnm and /run) and names the node after the harness host.
 func (mp *managedPlugin) configure(t *testing.T, logLevel string) {
 	t.Helper()
-	mp.MustDocker(t, "plugin", "set", mp.name, "state.source="+mp.StateDir, "dockersock.source="+mp.DockerSock,
+	mp.MustDocker(t, "plugin", "set", mp.name, "state.source="+mp.StateDir, "dockerdir.source="+filepath.Dir(mp.DockerSock),
 		"NODENAME="+mp.Name, "LOG_LEVEL="+logLevel)
 }
 
@@ -353,7 +353,7 @@ func TestManagedPlugin(t *testing.T) {
 		}
 		// args (extra serve flags) are settable; a short grace lets the
 		// reconcile loop act within the test. It reaches Docker through
-		// the dockersock mount.
+		// the dockerdir mount.
 		d("plugin", "set", mp.name, "args=--reconcile-grace 2s")
 		if args := d("plugin", "inspect", "-f", "{{json .Settings.Args}}", mp.name); args != `["--reconcile-grace","2s"]` {
 			t.Errorf("plugin args after set: %s", args)
@@ -445,4 +445,60 @@ func TestManagedPlugin(t *testing.T) {
 		}
 		d("network", "rm", "net1")
 	})
+}
+
+// TestManagedPluginLiveRestore: under dockerd --live-restore the enabled
+// managed plugin keeps running through a dockerd restart, as the containers
+// do (same process, same addresses, traffic flows), and afterwards still
+// reaches Docker's API - which dockerd serves on a socket it re-creates at
+// every start: a network created after the restart gets its Docker name
+// recorded (the policy asks Docker for it).
+func TestManagedPluginLiveRestore(t *testing.T) {
+	harness.RequirePrereqs(t)
+	h := harness.NewFabric(t, "").AddHost(t, "mplive", harness.HostOptions{LiveRestore: true})
+	h.ImportBusybox(t)
+	mp := createManagedPlugin(t, h, "calico")
+	d := func(args ...string) string { return mp.MustDocker(t, args...) }
+	mp.configure(t, "info")
+	d("plugin", "enable", mp.name)
+	id := mp.pluginID(t)
+	d("network", "create", "--driver", mp.driver, "--ipam-driver", mp.driver, "--subnet", "192.168.0.0/16", "net1")
+	pids := map[string]string{}
+	ips := map[string]net.IP{}
+	for _, c := range []string{"c1", "c2"} {
+		d("run", "-d", "--restart=always", "--name", c, "--net", "net1", harness.Image, "sleep", "3600")
+		pids[c] = d("inspect", "-f", "{{.State.Pid}}", c)
+		ips[c] = mp.containerIP(t, c, "net1")
+	}
+	mp.ping(t, "c1", ips["c2"])
+	_, mark := mp.pluginLog(t, id, 0)
+
+	h.RestartDockerd(t)
+	if !mp.enabled(t) {
+		t.Fatal("the plugin is not enabled after the dockerd restart")
+	}
+	for _, c := range []string{"c1", "c2"} {
+		if got := d("inspect", "-f", "{{.State.Pid}}", c); got != pids[c] {
+			t.Errorf("%s: pid %s after the restart, want %s (live restore keeps the process)", c, got, pids[c])
+		}
+		if got := mp.containerIP(t, c, "net1"); !got.Equal(ips[c]) {
+			t.Errorf("%s: %s after the restart, had %s", c, got, ips[c])
+		}
+	}
+	mp.ping(t, "c1", ips["c2"])
+	mp.ping(t, "c2", ips["c1"])
+	if after, _ := mp.pluginLog(t, id, mark); strings.Contains(after, "serving plugin API") {
+		t.Errorf("the plugin was restarted with dockerd; live restore should keep it running:\n%s", after)
+	}
+
+	d("network", "create", "--driver", mp.driver, "--ipam-driver", mp.driver, "--subnet", "192.168.0.0/16", "net2")
+	harness.Eventually(t, 30*time.Second, 500*time.Millisecond, "the plugin reaches Docker's API after the restart (net2's name recorded)", func() error {
+		if after, _ := mp.pluginLog(t, id, mark); !strings.Contains(after, `name=net2`) {
+			return fmt.Errorf("not yet; plugin log since the restart:\n%s", after)
+		}
+		return nil
+	})
+	// A fresh container works too (on net1: networks are isolated).
+	d("run", "-d", "--name", "c3", "--net", "net1", harness.Image, "sleep", "3600")
+	mp.ping(t, "c3", ips["c1"])
 }

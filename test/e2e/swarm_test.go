@@ -103,7 +103,7 @@ func newSwarmCluster(t *testing.T, names ...string) *swarmCluster {
 		// createManagedPlugin).
 		t.Cleanup(func() { mp.remove(t) })
 		mp.MustDocker(t, "plugin", "set", mp.name,
-			"state.source="+h.StateDir, "dockersock.source="+h.DockerSock,
+			"state.source="+h.StateDir, "dockerdir.source="+filepath.Dir(h.DockerSock),
 			"NODENAME="+h.Name, "LOG_LEVEL=debug", "ETCD_ENDPOINTS="+c.etcd,
 			"args=--scope global --bgp --block-release-grace 1s --resync-interval 2s --bgp-sync-timeout 20s --reconcile-grace 5s")
 		mp.MustDocker(t, "plugin", "enable", mp.name)
