@@ -52,7 +52,7 @@ never from the command line, never printed.`,
   calico-cnm bgp peer add rr --peer-ip 10.0.0.253 --as-number 65000 --password-secret rr-key`,
 		Args: func(c *cobra.Command, args []string) error {
 			if len(args) != 1 {
-				return usagef("bgp peer add needs exactly one peer name, e.g. 'calico-cnm bgp peer add tor1'")
+				return usagef("bgp peer add needs exactly one peer name, e.g. `calico-cnm bgp peer add tor1 --peer-ip 10.0.0.254 --as-number 65000`")
 			}
 			return nil
 		},
@@ -190,7 +190,7 @@ func (a *app) bgpPeerDeleteCmd() *cobra.Command {
 		Example: "  calico-cnm bgp peer delete tor1",
 		Args: func(c *cobra.Command, args []string) error {
 			if len(args) != 1 {
-				return usagef("bgp peer delete needs exactly one peer name, e.g. 'calico-cnm bgp peer delete tor1'")
+				return usagef("bgp peer delete needs exactly one peer name, e.g. `calico-cnm bgp peer delete tor1`")
 			}
 			return settingError(routing.ValidateName("peer", args[0]))
 		},

@@ -20,8 +20,9 @@ import (
 func (a *app) ipamCmd() *cobra.Command {
 	return group("ipam", "Inspect and repair IPAM blocks and addresses",
 		`  calico-cnm ipam show
-  calico-cnm ipam check --release`,
-		a.ipamShowCmd(), a.ipamCheckCmd(), a.ipamReleaseCmd())
+  calico-cnm ipam check --release
+  calico-cnm ipam configure --strict-affinity=true`,
+		a.ipamShowCmd(), a.ipamCheckCmd(), a.ipamReleaseCmd(), a.ipamConfigureCmd())
 }
 
 func (a *app) ipamShowCmd() *cobra.Command {

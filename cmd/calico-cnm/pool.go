@@ -24,7 +24,7 @@ func (a *app) poolCmd() *cobra.Command {
 // oneCIDR is the argument check of the pool commands that name one pool.
 func oneCIDR(c *cobra.Command, args []string) error {
 	if len(args) != 1 {
-		return usagef("%s needs exactly one CIDR, e.g. 'calico-cnm %s 10.10.0.0/16'", cmdName(c), cmdName(c))
+		return usagef("%s needs exactly one CIDR, e.g. `calico-cnm %s 10.10.0.0/16`", cmdName(c), cmdName(c))
 	}
 	if _, _, err := net.ParseCIDR(args[0]); err != nil {
 		return usagef("%q is not a CIDR (expected e.g. 10.10.0.0/16)", args[0])

@@ -166,7 +166,7 @@ func unknownSubcommand(c *cobra.Command, name string) error {
 	if s := c.SuggestionsFor(name); len(s) > 0 {
 		msg += fmt.Sprintf(" (did you mean %q?)", s[0])
 	} else if !c.HasParent() {
-		msg += " (try 'calico-cnm --help')"
+		msg += " (try `calico-cnm --help`)"
 	}
 	return usageError{msg}
 }
