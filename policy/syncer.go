@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -66,6 +67,12 @@ const (
 type Syncer struct {
 	cfg Config
 	log logrus.FieldLogger
+
+	// passedRev is the datastore revision of the newest event a finished
+	// pass has taken in: tests wait on it before asserting what a change
+	// did not cause. seenRev is the loop's running maximum.
+	passedRev atomic.Int64
+	seenRev   int64
 }
 
 // NewSyncer checks cfg.
@@ -201,10 +208,14 @@ func (s *Syncer) Run(ctx context.Context) error {
 			}
 		}
 		apply(force)
+		s.passedRev.Store(s.seenRev)
 	}
 }
 
 func (s *Syncer) merge(records map[string]map[string][]byte, loaded map[string]bool, u update) {
+	if u.event != nil {
+		s.seenRev = max(s.seenRev, u.event.ModRevision)
+	}
 	if u.snapshot != nil {
 		records[u.prefix] = u.snapshot
 		loaded[u.prefix] = true

@@ -175,6 +175,24 @@ func (h *bgpHost) waitPeers(t testing.TB, want map[string]routing.PeerType, time
 	return st
 }
 
+// waitPeerDown waits until h reports its session to addr as not
+// Established.
+func (h *bgpHost) waitPeerDown(t testing.TB, addr string, timeout time.Duration) {
+	t.Helper()
+	harness.Eventually(t, timeout, 100*time.Millisecond, h.Name+": session to "+addr+" down", func() error {
+		st, err := h.status(t)
+		if err != nil {
+			return err
+		}
+		for _, p := range st.Peers {
+			if p.Address == addr && p.State == "Established" {
+				return fmt.Errorf("still Established")
+			}
+		}
+		return nil
+	})
+}
+
 func (h *bgpHost) ping(t *testing.T, from string, to net.IP) {
 	t.Helper()
 	// The first packet may wait for ARP on the fabric; allow a few tries.
@@ -343,7 +361,12 @@ func runMultiHost(t *testing.T, c *bgpCluster, rr bool) {
 		time.Sleep(2 * time.Second)
 		b.plugin.Kill9(t)
 		killed := time.Now()
-		time.Sleep(2 * time.Second)
+		// The status is written at the end of the pass that programs the
+		// kernel: once a and c report b's session down, the pass that
+		// could have dropped b's routes is over.
+		for _, h := range []*bgpHost{a, hc} {
+			h.waitPeerDown(t, b.IP.String(), 30*time.Second)
+		}
 		// During the restart window: everyone keeps b's route, b keeps its own.
 		for _, h := range []*bgpHost{a, hc} {
 			if !learnedRoute(blkB2, b.IP).MatchString(h.routes(t)) {
