@@ -84,6 +84,9 @@ var prereqMissing []string
 // fails the test.
 func RequirePrereqs(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		skipLoudly(t, "-short (make unit) leaves out tests that start dockerd in network namespaces")
+	}
 	prereqOnce.Do(func() {
 		if os.Geteuid() != 0 {
 			prereqMissing = append(prereqMissing, fmt.Sprintf("not running as root (euid %d)", os.Geteuid()))
@@ -107,6 +110,9 @@ func RequirePrereqs(t testing.TB) {
 // RequireRoot skips (loudly) unless the test runs as root.
 func RequireRoot(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		skipLoudly(t, "-short (make unit) leaves out tests that need root")
+	}
 	if os.Geteuid() != 0 {
 		skipLoudly(t, fmt.Sprintf("not running as root (euid %d)", os.Geteuid()))
 	}
