@@ -15,9 +15,14 @@ build:
 
 # Every test: unit, netns integration and end-to-end with a real dockerd
 # (the e2e tests start their own dockerd in throw-away network namespaces).
+# The output is plain go test's (failures and skips shown, passes quiet), the
+# ten slowest tests, then each package's ok/FAIL line; the exit status is go
+# test's. TEST_PARALLEL bounds the e2e tests that run at once (they mostly
+# wait on dockerd and the network, so more than the cores pays off).
+TEST_PARALLEL ?= 3
 test:
 	$(GO) vet $(PKGS)
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+	$(GO) run ./test/testreport -- $(GO) test -json -count=1 -parallel $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $(PKGS)
 
 # Tests that need neither root nor dockerd: every package but the e2e suite;
 # under -short the tests that need root or a netns skip, saying so.

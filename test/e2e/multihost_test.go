@@ -225,6 +225,7 @@ func pingStats(ctx context.Context, h *bgpHost, from string, to net.IP, secs int
 // TestMultiHostMesh: three hosts in a full mesh, then a fourth joining, a
 // withdrawal, and a kill -9 restart under graceful restart.
 func TestMultiHostMesh(t *testing.T) {
+	t.Parallel()
 	c := newBGPCluster(t)
 	runMultiHost(t, c, false)
 }
@@ -232,6 +233,7 @@ func TestMultiHostMesh(t *testing.T) {
 // TestMultiHostRouteReflectors: the same story with the mesh off, hosts a
 // and c route reflectors (one cluster id) and b and d their clients.
 func TestMultiHostRouteReflectors(t *testing.T) {
+	t.Parallel()
 	c := newBGPCluster(t)
 	c.mustCtl(t, "bgp", "config", "--mesh", "off")
 	for _, n := range []string{"a", "c"} {
@@ -436,6 +438,7 @@ func mhContains(ss []string, s string) bool {
 // prefix inside the pools (installed on the hosts, via the router) and one
 // outside (rejected and counted, never installed).
 func TestMultiHostInterop(t *testing.T) {
+	t.Parallel()
 	harness.RequireFile(t, "/usr/sbin/bird", "package bird2")
 	harness.RequireFile(t, "/usr/bin/gobgpd", "package gobgpd")
 	const torPW, gobgpPW = "tor-Secret-1", "gobgp-Secret-2"

@@ -185,6 +185,7 @@ func swPing(t *testing.T, h *swarmHost, from string, to net.IP) {
 // routes; an attachable container joins them; removing everything releases
 // every address and the network record.
 func TestSwarm(t *testing.T) {
+	t.Parallel()
 	c := newSwarmCluster(t, "mgr", "wrk1", "wrk2")
 	mgr := c.hosts[0]
 	drv := mgr.driver
