@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/retry"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -54,8 +55,6 @@ type Config struct {
 // Timing of the syncer's retries.
 const (
 	defaultResync   = 30 * time.Second
-	retryMin        = 200 * time.Millisecond
-	retryMax        = 10 * time.Second
 	nameRetryMin    = 250 * time.Millisecond
 	nameRetryMax    = 5 * time.Minute
 	nameCallTimeout = 10 * time.Second
@@ -133,9 +132,9 @@ func (s *Syncer) Run(ctx context.Context) error {
 	records := map[string]map[string][]byte{}
 	loaded := map[string]bool{}
 	var lastApplied string
+	delay := retry.New(retry.Standard())
 	var retry *time.Timer
 	var retryC <-chan time.Time
-	delay := retryMin
 	ticker := time.NewTicker(s.cfg.ResyncInterval)
 	defer ticker.Stop()
 	warned := map[string]bool{}
@@ -168,16 +167,16 @@ func (s *Syncer) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return
 			}
-			s.log.WithError(err).WithField("retryIn", delay).Error("programming the nftables policy failed")
+			next := delay.Next()
+			s.log.WithError(err).WithField("retryIn", next).Error("programming the nftables policy failed")
 			lastApplied = ""
 			if retry == nil {
-				retry = time.NewTimer(delay)
+				retry = time.NewTimer(next)
 				retryC = retry.C
 			}
-			delay = min(2*delay, retryMax)
 			return
 		}
-		delay = retryMin
+		delay.Reset()
 		lastApplied = text
 		if n > 0 {
 			s.log.WithFields(logrus.Fields{"changes": n, "took": time.Since(start).Round(time.Microsecond), "localEndpoints": countLocal(st)}).Info("nftables policy updated")
@@ -236,17 +235,16 @@ func (s *Syncer) merge(records map[string]map[string][]byte, loaded map[string]b
 // watch breaks it lists again (with backoff), so the main loop always ends
 // up with the current records.
 func (s *Syncer) follow(ctx context.Context, prefix string, out chan<- update) {
-	delay := retryMin
+	delay := retry.New(retry.Standard())
 	for ctx.Err() == nil {
 		kvs, rev, err := s.cfg.Store.ListWithRevision(ctx, prefix)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.log.WithError(err).WithField("prefix", prefix).Warn("reading the datastore; retrying")
 			}
-			if !sleep(ctx, delay) {
+			if !delay.Wait(ctx) {
 				return
 			}
-			delay = min(2*delay, retryMax)
 			continue
 		}
 		snap := make(map[string][]byte, len(kvs))
@@ -266,7 +264,7 @@ func (s *Syncer) follow(ctx context.Context, prefix string, out chan<- update) {
 				}
 				break
 			}
-			delay = retryMin
+			delay.Reset()
 			e := ev
 			select {
 			case out <- update{prefix: prefix, event: &e}:
@@ -274,21 +272,9 @@ func (s *Syncer) follow(ctx context.Context, prefix string, out chan<- update) {
 			}
 		}
 		cancel()
-		if !sleep(ctx, delay) {
+		if !delay.Wait(ctx) {
 			return
 		}
-		delay = min(2*delay, retryMax)
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 
@@ -399,7 +385,7 @@ func offerNames(ch chan map[string]bool, ids map[string]bool) {
 func (s *Syncer) resolveNames(ctx context.Context, in <-chan map[string]bool) {
 	pending := map[string]bool{}
 	next := map[string]time.Time{}
-	delay := map[string]time.Duration{}
+	delay := map[string]*retry.Backoff{}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -421,14 +407,10 @@ func (s *Syncer) resolveNames(ctx context.Context, in <-chan map[string]bool) {
 				delete(delay, id)
 				continue
 			}
-			d := delay[id]
-			if d == 0 {
-				d = nameRetryMin
-			} else {
-				d = min(2*d, nameRetryMax)
+			if delay[id] == nil {
+				delay[id] = retry.New(retry.Policy{Initial: nameRetryMin, Max: nameRetryMax})
 			}
-			delay[id] = d
-			next[id] = time.Now().Add(d)
+			next[id] = time.Now().Add(delay[id].Next())
 			wake = minTime(wake, next[id])
 		}
 		if !timer.Stop() {
