@@ -18,9 +18,6 @@ import (
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
-// PoolsPrefix is where ipam keeps its pool records (ipam.Pool).
-const PoolsPrefix = "pools/"
-
 // Dataplane is what the syncer programs: *NFT, or a fake in tests.
 type Dataplane interface {
 	// Apply makes the tables equal to want and says how many changes it
@@ -91,7 +88,7 @@ func NewSyncer(cfg Config) (*Syncer, error) {
 	return &Syncer{cfg: cfg, log: cfg.Log.WithField("component", "policy")}, nil
 }
 
-var followed = []string{PoolsPrefix, datastore.NetworksPrefix, datastore.EndpointsPrefix, datastore.NodesPrefix}
+var followed = []string{ipam.PoolsPrefix, datastore.NetworksPrefix, datastore.EndpointsPrefix, datastore.NodesPrefix}
 
 // update is what a prefix follower tells the main loop: a full snapshot
 // (after a (re-)list) or one event.
@@ -295,7 +292,7 @@ func (s *Syncer) state(records map[string]map[string][]byte) (State, []string) {
 			}
 		}
 	}
-	decode(PoolsPrefix, func(_ string, v []byte) error {
+	decode(ipam.PoolsPrefix, func(_ string, v []byte) error {
 		var p ipam.Pool
 		if err := json.Unmarshal(v, &p); err != nil {
 			return err

@@ -148,7 +148,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Watches start before the first reads so that no change between the
 	// read and the watch is missed.
 	dirty := make(chan string, 8)
-	for _, prefix := range []string{datastore.NodesPrefix, "bgp/", "pools/", datastore.EndpointsPrefix + a.d.NodeName + "/"} {
+	for _, prefix := range []string{datastore.NodesPrefix, datastore.BGPPrefix, ipam.PoolsPrefix, datastore.EndpointsPrefix + a.d.NodeName + "/"} {
 		go a.follow(ctx, prefix, dirty)
 	}
 
@@ -203,9 +203,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		onDirty := func(prefix string) {
 			switch prefix {
-			case datastore.NodesPrefix, "bgp/":
+			case datastore.NodesPrefix, datastore.BGPPrefix:
 				reloadNodes = true
-			case "pools/":
+			case ipam.PoolsPrefix:
 				reloadPools = true
 			default:
 				reloadEndpoints = true
