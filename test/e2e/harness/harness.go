@@ -247,7 +247,11 @@ func BuildPackage(t testing.TB, pkg string) string {
 		out := filepath.Join(processDir(t), "bin", filepath.Base(pkg))
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
+		// -trimpath as make build and scripts/build-plugin.sh: they then
+		// reuse these compiled packages from the build cache and only
+		// link (without it the managed-plugin tests compile everything
+		// again, minutes on a small machine).
+		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, pkg)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		start := time.Now()
