@@ -62,11 +62,7 @@ func TestReportRendering(t *testing.T) {
 	for i := 0; i < 1000; i++ {
 		r.Joins = append(r.Joins, time.Duration(5+i/100)*time.Millisecond)
 	}
-	var md bytes.Buffer
-	if err := r.WriteMarkdown(&md, "report.png"); err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{
+	md := requireMarkdown(t, r,
 		"| calico (`--driver calico --ipam-driver calico-ipam`) | 2 | 115.0 ms | 120.0 ms |",
 		"| ratio calico / default bridge | | 1.15x | 1.20x |",
 		"| ratio calico / user-defined bridge | | 1.10x | 1.09x |",
@@ -78,12 +74,8 @@ func TestReportRendering(t *testing.T) {
 		"Endpoint 1000 vs endpoint 10 (medians of 10): 2.80x", "medians of 50: first 50 5.0 ms, last 50 14.0 ms, 2.80x",
 		"| idle (after start, no endpoints) | 40.0 MiB |", "| with 1000 endpoints | 60.0 MiB |",
 		"![plot](report.png)",
-	} {
-		if !strings.Contains(md.String(), want) {
-			t.Errorf("report lacks %q:\n%s", want, md.String())
-		}
-	}
-	if strings.Contains(md.String(), "## Other figures") {
+	)
+	if strings.Contains(md, "## Other figures") {
 		t.Error("an \"Other figures\" section without added series")
 	}
 	m := renderPNG(t, r)
@@ -156,21 +148,29 @@ PASS
 	if !slices.Equal(titles, want) {
 		t.Errorf("plots:\n%s\nwant:\n%s", strings.Join(titles, "\n"), strings.Join(want, "\n"))
 	}
-	var md bytes.Buffer
-	if err := r.WriteMarkdown(&md, "report.png"); err != nil {
-		t.Fatal(err)
-	}
-	for _, row := range []string{
+	requireMarkdown(t, r,
 		"| MultiHostBlockConvergence (ms) | p99 | 1 | 80.25 ms | 80.25 ms | 80.25 ms |",
 		"| MultiHostIperf (Gbit/s) | container | 1 | 8 Gbit/s | 8 Gbit/s | 8 Gbit/s |",
 		"| BGP scale | convergence | 3 | 120 ms | 0 ms | 900 ms |",
-	} {
-		if !strings.Contains(md.String(), row) {
-			t.Errorf("report lacks %q:\n%s", row, md.String())
-		}
-	}
+	)
 	// Five plots: three rows.
 	if b := renderPNG(t, r).Bounds(); b.Dy() != 3*384 {
 		t.Errorf("plot is %v, want three rows", b.Size())
 	}
+}
+
+// requireMarkdown renders r's report and checks that it has every line of
+// wants.
+func requireMarkdown(t *testing.T, r Results, wants ...string) string {
+	t.Helper()
+	var md bytes.Buffer
+	if err := r.WriteMarkdown(&md, "report.png"); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range wants {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, md.String())
+		}
+	}
+	return md.String()
 }
