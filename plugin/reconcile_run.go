@@ -42,6 +42,14 @@ type ReconcileIPAM interface {
 	ReleaseByHandle(ctx context.Context, handleID string) error
 }
 
+// Why Run started a pass (the "trigger" field of its debug log line).
+const (
+	PassAtStart     = "start"
+	PassPeriodic    = "interval"
+	PassFollowUp    = "candidates maturing"
+	PassDockerEvent = "docker event"
+)
+
 // Timing of the loop's extra passes.
 const (
 	// eventDebounce collects a burst of Docker events (docker rm of many
@@ -342,8 +350,9 @@ func (r *Reconciler) Run(ctx context.Context) {
 	var debounce <-chan time.Time
 	var lastPass time.Time
 
-	pass := func() {
+	pass := func(trigger string) {
 		lastPass = time.Now()
+		r.Log.WithField("trigger", trigger).Debug("reconcile pass")
 		res, err := r.Pass(ctx)
 		if ctx.Err() != nil {
 			return
@@ -360,15 +369,15 @@ func (r *Reconciler) Run(ctx context.Context) {
 			followUp.Reset(max(time.Until(res.Plan.NextDue)+100*time.Millisecond, minFollowUp))
 		}
 	}
-	pass()
+	pass(PassAtStart)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
-			pass()
+			pass(PassPeriodic)
 		case <-followUp.C:
-			pass()
+			pass(PassFollowUp)
 		case _, ok := <-changes:
 			if !ok {
 				changes = nil
@@ -379,7 +388,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 			}
 		case <-debounce:
 			debounce = nil
-			pass()
+			pass(PassDockerEvent)
 		}
 	}
 }
