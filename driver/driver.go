@@ -106,15 +106,6 @@ const (
 	// takes the handle before it picks the address.)
 	HandlePrefix = "cnm."
 
-	// AttrNode and AttrPool are the attributes recorded with an address.
-	AttrNode = "node"
-	AttrPool = "pool"
-	// AttrSwarm ("true") marks an address the swarm manager assigned (for
-	// a task, a service VIP or an attachable container) through a
-	// swarm pool (SwarmPoolIDPrefix). The node that runs the task uses it
-	// without assigning it again, and only the manager releases it.
-	AttrSwarm = "swarm"
-
 	// SwarmPoolIDPrefix starts the PoolID of a pool requested in the
 	// global address space. Only the swarm manager's allocator asks
 	// there: a node's libnetwork gives a swarm network local data scope,

@@ -236,13 +236,13 @@ func parsePoolID(id string) (within *net.IPNet, v6, swarm bool, err error) {
 }
 
 // swarmHeld tells whether ip is held by an assignment the swarm manager
-// made (AttrSwarm).
+// made (ipam.AttrSwarm).
 func (d *IPAMDriver) swarmHeld(ctx context.Context, ip net.IP) (bool, error) {
 	a, found, err := d.ipam.AddressHolder(ctx, ip)
 	if err != nil {
 		return false, err
 	}
-	return found && a.Attrs[AttrSwarm] == "true", nil
+	return found && a.Attrs[ipam.AttrSwarm] == "true", nil
 }
 
 // RequestAddress assigns a container address (AssignIP for docker run --ip,
@@ -251,7 +251,7 @@ func (d *IPAMDriver) swarmHeld(ctx context.Context, ip net.IP) (bool, error) {
 // request for the network's gateway is answered with the virtual gateway
 // 0.0.0.0/0 (::/0) and reserves nothing: see VirtualGatewayIPv4.
 //
-// Swarm: the manager's requests (swarm pool) assign with AttrSwarm, under
+// Swarm: the manager's requests (swarm pool) assign with ipam.AttrSwarm, under
 // the manager's node name. A node then asks, in its local pool, for the
 // very address the manager assigned to the task it runs: an address held
 // by a swarm assignment is answered as is, without a second assignment.
@@ -278,9 +278,9 @@ func (d *IPAMDriver) RequestAddress(ctx context.Context, req *ipamapi.RequestAdd
 		return &ipamapi.RequestAddressResponse{Address: gw}, nil
 	}
 
-	attrs := map[string]string{AttrNode: d.host, AttrPool: req.PoolID}
+	attrs := map[string]string{ipam.AttrNode: d.host, ipam.AttrPool: req.PoolID}
 	if swarm {
-		attrs[AttrSwarm] = "true"
+		attrs[ipam.AttrSwarm] = "true"
 	}
 	var ip net.IP
 	if req.Address != "" {

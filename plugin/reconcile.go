@@ -9,7 +9,6 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
-	"github.com/calico-cnm/calico-cnm/driver"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -271,9 +270,9 @@ func PlanReconcile(in ReconcileInput) Plan {
 			if !held {
 				continue // already free (Docker's ReleaseAddress got through)
 			}
-			if a.Attrs[driver.AttrSwarm] == "true" {
+			if ipam.IsSwarm(a.Attrs) {
 				// The swarm manager assigned it to a task and releases it
-				// when it frees the task (see driver.AttrSwarm).
+				// when it frees the task (see ipam.AttrSwarm).
 				rm.Kept = append(rm.Kept, fmt.Sprintf("%s was assigned by the swarm manager, which releases it", ip))
 				continue
 			}
@@ -294,7 +293,7 @@ func PlanReconcile(in ReconcileInput) Plan {
 	if in.ReleaseOrphans {
 		for _, a := range in.Allocations {
 			ip, ok := allocAddr(a)
-			if !ok || a.Attrs[driver.AttrNode] != in.Node || recorded[ip] {
+			if !ok || a.Attrs[ipam.AttrNode] != in.Node || recorded[ip] {
 				continue
 			}
 			if _, used := dockerIPs[ip]; used {

@@ -16,7 +16,6 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
-	"github.com/calico-cnm/calico-cnm/driver"
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/plugin"
 )
@@ -354,7 +353,7 @@ func liveHandles(ctx context.Context, store *datastore.Store, eng *ipam.Engine) 
 	for _, a := range allocs {
 		// The swarm manager's assignments (service VIPs, tasks not
 		// started yet) have no endpoint record: the manager releases them.
-		if inUse[a.IP.String()] || a.Attrs[driver.AttrSwarm] == "true" {
+		if inUse[a.IP.String()] || ipam.IsSwarm(a.Attrs) {
 			live[a.HandleID] = true
 		}
 	}
