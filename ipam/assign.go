@@ -237,6 +237,9 @@ func (e *Engine) commitAssign(ctx context.Context, req assignReq, b *block, rev 
 	ops = append(ops, datastore.Check(poolKey(pool.prefix), pool.rev))
 	ops = append(ops, extra...)
 	newRev, err := e.store.TxnRev(ctx, ops...)
+	if isAmbiguous(err) {
+		return e.settleAmbiguous(ctx, req, b.prefix, ord, err)
+	}
 	if err != nil {
 		return netip.Addr{}, 0, err
 	}
