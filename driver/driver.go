@@ -35,6 +35,9 @@ type IPAM interface {
 	// AddressHolder is the assignment holding ip (found false: free),
 	// read fresh from the datastore.
 	AddressHolder(ctx context.Context, ip net.IP) (a ipam.Allocation, found bool, err error)
+	// ExpectRelease says that the coming ReleaseIP of ip is meant for the
+	// assignment of one of handles: any other holder is left alone.
+	ExpectRelease(ip net.IP, handles ...string)
 }
 
 // Dataplane is what the network driver needs of the host's kernel

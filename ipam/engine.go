@@ -105,6 +105,8 @@ type Engine struct {
 	// abandoned are handles of assignments answered as failed that may
 	// have landed (ReleaseAbandoned).
 	abandoned map[string]bool
+	// intents are ExpectRelease's expected holders, by address.
+	intents map[netip.Addr]releaseIntent
 
 	// lostClaims counts block claims lost to another host (tests, logs).
 	lostClaims atomic.Int64

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"math/big"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 
@@ -31,6 +32,7 @@ type IPAM struct {
 	mu       sync.Mutex
 	pools    []ipam.Pool
 	assigned map[string]Assignment // by IP string
+	expected map[string][]string   // ExpectRelease, by IP string
 	calls    []string
 }
 
@@ -48,6 +50,7 @@ var _ interface {
 	AssignIP(ctx context.Context, args ipam.AssignIPArgs) error
 	ReleaseIP(ctx context.Context, ip net.IP) error
 	AddressHolder(ctx context.Context, ip net.IP) (ipam.Allocation, bool, error)
+	ExpectRelease(ip net.IP, handles ...string)
 } = (*IPAM)(nil)
 
 // NewIPAM returns a fake with the given pools.
@@ -292,6 +295,10 @@ func (f *IPAM) ReleaseIP(ctx context.Context, ip net.IP) error {
 	}
 	for _, p := range f.pools {
 		if _, n, _ := net.ParseCIDR(p.CIDR); n.Contains(ip) {
+			want, expected := f.expected[ip.String()]
+			if a, ok := f.assigned[ip.String()]; ok && expected && !slices.Contains(want, a.HandleID) {
+				return nil
+			}
 			delete(f.assigned, ip.String())
 			return nil
 		}
@@ -317,6 +324,18 @@ func (f *IPAM) AddressHolder(ctx context.Context, ip net.IP) (ipam.Allocation, b
 		}
 	}
 	return ipam.Allocation{}, false, fmt.Errorf("%s is in no pool: %w", ip, ipam.ErrNotInPool)
+}
+
+// ExpectRelease records the handles a release of ip is meant for; the
+// fake's ReleaseIP then spares any other holder, as the engine does.
+func (f *IPAM) ExpectRelease(ip net.IP, handles ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, "ExpectRelease")
+	if f.expected == nil {
+		f.expected = map[string][]string{}
+	}
+	f.expected[ip.String()] = slices.Clone(handles)
 }
 
 // Dataplane is a fake kernel: a map of workloads.
