@@ -35,6 +35,12 @@ type IPAM interface {
 	// AddressHolder is the assignment holding ip (found false: free),
 	// read fresh from the datastore.
 	AddressHolder(ctx context.Context, ip net.IP) (a ipam.Allocation, found bool, err error)
+	// ReleaseIPUnless is ReleaseIP that leaves the address alone when keep
+	// says so of its holder, decided inside the releasing transaction.
+	ReleaseIPUnless(ctx context.Context, ip net.IP, keep func(ipam.Allocation) bool) error
+	// UpdateHolder lets decide replace the attributes of the assignment
+	// holding ip, or refuse (its error), in one guarded transaction.
+	UpdateHolder(ctx context.Context, ip net.IP, decide func(ipam.Allocation) (map[string]string, error)) (a ipam.Allocation, found bool, err error)
 	// ExpectRelease says that the coming ReleaseIP of ip is meant for the
 	// assignment of one of handles: any other holder is left alone.
 	ExpectRelease(ip net.IP, handles ...string)

@@ -27,14 +27,12 @@ const (
 	// endpoint record for its whole life, so it is never a leak; it goes
 	// with its network.
 	AttrReserved = "reserved"
-	// AttrAttachment identifies who asked for the address within its
-	// network: the endpoint or task Docker names in RequestAddress's
-	// options, when it names one. The swarm shortcut hands an address it
-	// already holds only to the same attachment.
-	AttrAttachment = "attachment"
-	// AttrNetwork is the Docker network id the address was requested for,
-	// when Docker says (swarm requests carry it).
-	AttrNetwork = "network"
+	// AttrAllocator identifies the swarm manager's allocator (one IPAM
+	// driver instance) that made, or took over after a restart, a swarm
+	// assignment: that allocator already knows the address, so a request
+	// of it for the address again comes from a new attachment and is
+	// refused, while another allocator's request is a restore.
+	AttrAllocator = "allocator"
 )
 
 // Reserved values of AttrReserved.

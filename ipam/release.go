@@ -94,6 +94,15 @@ func (e *Engine) unexpectedHolder(addr netip.Addr, hid string) bool {
 // ErrNotInPool: nothing could have allocated it, so the caller is confused
 // about which IPAM owns it (the driver may choose to ignore it).
 func (e *Engine) ReleaseIP(ctx context.Context, ip net.IP) error {
+	return e.ReleaseIPUnless(ctx, ip, nil)
+}
+
+// ReleaseIPUnless is ReleaseIP that leaves the address alone when keep
+// says so of its holder. keep sees the assignment as the releasing
+// transaction's guard saw it, so nothing can change between the decision
+// and the write (the swarm paths use it: a node never frees the manager's
+// assignments, the manager only frees its own).
+func (e *Engine) ReleaseIPUnless(ctx context.Context, ip net.IP, keep func(Allocation) bool) error {
 	addr, ok := addrFromIP(ip)
 	if !ok {
 		return newError(ErrInvalidArgument, "no valid IP address given (%v)", ip)
@@ -141,6 +150,14 @@ func (e *Engine) ReleaseIP(ctx context.Context, ip net.IP) error {
 				continue
 			}
 			e.log.WithFields(logrus.Fields{"ip": addr.String(), "handle": hid}).Info("not releasing: the address is held by another assignment than the release is meant for (a late or repeated release)")
+			return nil
+		}
+		if keep != nil && keep(b.allocation(ord)) {
+			if !fresh {
+				fresh = true // decide on etcd's copy, not the cache's
+				continue
+			}
+			e.log.WithFields(logrus.Fields{"ip": addr.String(), "handle": hid}).Debug("release declined: the holder is not the releaser's to free")
 			return nil
 		}
 		h, err := e.handleCachedOrRead(ctx, hid)
