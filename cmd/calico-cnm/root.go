@@ -142,6 +142,9 @@ func group(use, short, example string, subs ...*cobra.Command) *cobra.Command {
 		Short:   short,
 		Example: example,
 		Args:    cobra.ArbitraryArgs,
+		// "calico-cnm pool", not "calico-cnm pool [flags]": a group only
+		// has subcommands.
+		DisableFlagsInUseLine: true,
 		RunE: func(c *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usagef("%s needs a subcommand: %s", cmdName(c), subNames(c))
