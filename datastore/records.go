@@ -73,6 +73,11 @@ type Endpoint struct {
 	Container  string   `json:"container,omitempty"` // sandbox key, set at Join
 	Joined     bool     `json:"joined,omitempty"`
 	Labels     []string `json:"labels,omitempty"`
+	// Handles are the IPAM handles holding the endpoint's addresses, as
+	// CreateEndpoint found them: releases go by handle, so a stale record
+	// can never free an address that was re-assigned since. Empty on
+	// records written before handles were recorded.
+	Handles []string `json:"handles,omitempty"`
 }
 
 // Node is one host running the daemon.

@@ -286,6 +286,26 @@ func (b *block) compactAttributes() {
 	b.Attributes = kept
 }
 
+// allocation describes the assigned ordinal o (which must be taken).
+func (b *block) allocation(o int) Allocation {
+	h, _ := b.handleAt(o)
+	return Allocation{
+		IP:       toIP(nthAddr(b.prefix, o)),
+		HandleID: h,
+		Attrs:    maps.Clone(b.Attributes[*b.Allocations[o]].Secondary),
+		Block:    b.CIDR,
+		Host:     b.host(),
+	}
+}
+
+// relabel replaces the attributes of the assigned ordinal o, keeping its
+// handle.
+func (b *block) relabel(o int, attrs map[string]string) {
+	h, _ := b.handleAt(o)
+	b.allocate(o, h, attrs)
+	b.compactAttributes()
+}
+
 // ordinalsOf lists the ordinals held by handleID.
 func (b *block) ordinalsOf(handleID string) []int {
 	var out []int

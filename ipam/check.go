@@ -163,17 +163,9 @@ func (e *Engine) Allocations(ctx context.Context) ([]Allocation, error) {
 	var out []Allocation
 	for _, c := range s.sortedBlocks() {
 		for o := range c.b.Allocations {
-			h, ok := c.b.handleAt(o)
-			if !ok {
-				continue
+			if _, ok := c.b.handleAt(o); ok {
+				out = append(out, c.b.allocation(o))
 			}
-			out = append(out, Allocation{
-				IP:       toIP(nthAddr(c.b.prefix, o)),
-				HandleID: h,
-				Attrs:    maps.Clone(c.b.Attributes[*c.b.Allocations[o]].Secondary),
-				Block:    c.b.CIDR,
-				Host:     c.b.host(),
-			})
 		}
 	}
 	return out, nil

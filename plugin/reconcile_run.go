@@ -50,6 +50,13 @@ const (
 	PassDockerEvent = "docker event"
 )
 
+// abandonedReleaser is implemented by *ipam.Engine: assignments it answered
+// as failed while etcd could not tell whether they landed are released once
+// etcd answers again (by handle: nobody else knows those handles).
+type abandonedReleaser interface {
+	ReleaseAbandoned(ctx context.Context) (int, error)
+}
+
 // Timing of the loop's extra passes.
 const (
 	// eventDebounce collects a burst of Docker events (docker rm of many
@@ -235,6 +242,15 @@ func (r *Reconciler) Pass(ctx context.Context) (PassResult, error) {
 		res.Fixes[FixOrphanReleased]++
 		log.Info("reconcile: released an address no endpoint holds (neither in the datastore nor in Docker)")
 	}
+	if ab, ok := r.IPAM.(abandonedReleaser); ok {
+		n, err := ab.ReleaseAbandoned(ctx)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("releasing assignments answered as failed during an etcd outage: %w", err))
+		}
+		if n > 0 {
+			res.Fixes[FixOrphanReleased] += n
+		}
+	}
 	for _, name := range plan.RemoveDetached {
 		if err := r.Dataplane.RemoveDetachedWorkload(ctx, name); err != nil {
 			errs = append(errs, err)
@@ -407,8 +423,9 @@ func newReconciler(cfg Config, store *datastore.Store, engine *ipam.Engine, dp R
 		Docker:    docker,
 		Grace:     cfg.ReconcileGrace,
 		Interval:  cfg.ResyncInterval,
-		// In global scope the swarm manager allocates for other nodes.
-		ReleaseOrphans: cfg.Scope != "global",
+		// Every scope: PlanReconcile never counts the swarm manager's
+		// assignments (for other nodes' tasks) as orphans.
+		ReleaseOrphans: true,
 		Metrics:        m,
 		Log:            log.WithField("component", "reconcile"),
 	}, nil
