@@ -202,6 +202,13 @@ func (r Results) WriteMarkdown(w io.Writer, pngName string) error {
 	p("| idle (after start, no endpoints) | %.1f MiB |", float64(r.RSSIdleKiB)/1024)
 	p("| with %d endpoints | %.1f MiB |", len(r.Joins), float64(r.RSSLoadedKiB)/1024)
 	p("")
+	r.markdownPlots(p)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// markdownPlots writes the added series' figures and names the plots.
+func (r Results) markdownPlots(p func(format string, a ...any)) {
 	if len(r.Extra) > 0 {
 		p("## Other figures")
 		p("")
@@ -222,8 +229,6 @@ func (r Results) WriteMarkdown(w io.Writer, pngName string) error {
 		titles = append(titles, g[0].Plot)
 	}
 	p("In order, two per row: %s. `docker run`: every run in run order, the lines are the medians; Join: each endpoint's latency against the number of endpoints on the host, with the median of each 50.", strings.Join(titles, "; "))
-	_, err := io.WriteString(w, b.String())
-	return err
 }
 
 func figure(v float64, unit string) string { return strings.TrimSpace(fmt.Sprintf("%.4g %s", v, unit)) }

@@ -532,9 +532,20 @@ func TestDockerdLiveRestore(t *testing.T) {
 	h.plugin.Restart(t)
 	pingRing("dockerd down, plugin restarted")
 	// The restarted plugin's reconcile cannot reach Docker: it must keep
-	// every address and route however long that lasts.
-	time.Sleep(4 * time.Second)
-	pingRing("dockerd down for longer than the reconcile grace")
+	// every address and route however long that lasts. Its first pass
+	// (at start; the next is an interval away) has counted itself once
+	// it is over.
+	harness.Eventually(t, 60*time.Second, 200*time.Millisecond, "the restarted plugin's reconcile pass without Docker", func() error {
+		out, err := h.Exec(t, "curl", "-sS", "-f", "--max-time", "5", "http://"+metricsAddr+"/metrics")
+		if err != nil {
+			return err
+		}
+		if n := metricFamilyTotal(out, "calico_cnm_reconcile_runs_total"); n < 1 {
+			return fmt.Errorf("%v passes", n)
+		}
+		return nil
+	})
+	pingRing("dockerd down, after a reconcile pass")
 
 	h.StartDockerd(t)
 	restarted := time.Now()

@@ -117,6 +117,9 @@ func (r *report) finish(n int) {
 	for _, l := range r.summary {
 		fmt.Fprint(r.out, l)
 	}
+	if r.failed {
+		fmt.Fprintln(r.out, "FAIL") // as plain go test ends a failed run
+	}
 }
 
 // consume reads the stream; lines that are not JSON (go vet output, a

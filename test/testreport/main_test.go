@@ -52,7 +52,7 @@ func TestReport(t *testing.T) {
 	if i, j := strings.Index(slowest, "TestSlow"), strings.Index(slowest, "TestMid"); i < 0 || j < i || strings.Contains(slowest, "TestFast") {
 		t.Errorf("slowest tests not TestSlow then TestMid only:\n%s", slowest)
 	}
-	if !strings.HasSuffix(got, "FAIL\tp/a\t31.5s\nok  \tp/b\t2.1s\n") {
+	if !strings.HasSuffix(got, "FAIL\tp/a\t31.5s\nok  \tp/b\t2.1s\nFAIL\n") {
 		t.Errorf("output does not end with the package lines:\n%s", got)
 	}
 	if !r.failed {
