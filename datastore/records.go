@@ -35,7 +35,9 @@ const (
 	NetworksPrefix  = "networks/"
 	EndpointsPrefix = "endpoints/"
 	NodesPrefix     = "nodes/"
-	BGPPeersPrefix  = "bgp/peers/"
+	// BGPPrefix holds the BGP records (BGPConfigKey, BGPPeersPrefix).
+	BGPPrefix      = "bgp/"
+	BGPPeersPrefix = BGPPrefix + "peers/"
 )
 
 // NetworkKey is the record of one Docker network.
@@ -103,7 +105,7 @@ func EndpointNodeAndID(key string) (node, id string, ok bool) {
 // BGP records (routing/ and the `bgp` CLI). Additive: older daemons ignore them.
 
 // BGPConfigKey holds the cluster-wide BGP settings (BGPConfig).
-const BGPConfigKey = "bgp/config"
+const BGPConfigKey = BGPPrefix + "config"
 
 // BGPPeerKey is the record of one explicit BGP peer (a ToR router, an
 // external reflector).

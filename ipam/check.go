@@ -148,7 +148,7 @@ type snapshot struct {
 func affID(host string, p netip.Prefix) string { return host + "/" + p.String() }
 
 func (e *Engine) readSnapshot(ctx context.Context) (*snapshot, error) {
-	kvs, err := e.store.List(ctx, "ipam/")
+	kvs, err := e.store.List(ctx, recordsPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("reading IPAM records: %w", err)
 	}

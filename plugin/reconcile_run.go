@@ -42,6 +42,14 @@ type ReconcileIPAM interface {
 	ReleaseByHandle(ctx context.Context, handleID string) error
 }
 
+// Why Run started a pass (the "trigger" field of its debug log line).
+const (
+	PassAtStart     = "start"
+	PassPeriodic    = "interval"
+	PassFollowUp    = "candidates maturing"
+	PassDockerEvent = "docker event"
+)
+
 // abandonedReleaser is implemented by *ipam.Engine: assignments it answered
 // as failed while etcd could not tell whether they landed are released once
 // etcd answers again (by handle: nobody else knows those handles).
@@ -358,8 +366,9 @@ func (r *Reconciler) Run(ctx context.Context) {
 	var debounce <-chan time.Time
 	var lastPass time.Time
 
-	pass := func() {
+	pass := func(trigger string) {
 		lastPass = time.Now()
+		r.Log.WithField("trigger", trigger).Debug("reconcile pass")
 		res, err := r.Pass(ctx)
 		if ctx.Err() != nil {
 			return
@@ -376,15 +385,15 @@ func (r *Reconciler) Run(ctx context.Context) {
 			followUp.Reset(max(time.Until(res.Plan.NextDue)+100*time.Millisecond, minFollowUp))
 		}
 	}
-	pass()
+	pass(PassAtStart)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
-			pass()
+			pass(PassPeriodic)
 		case <-followUp.C:
-			pass()
+			pass(PassFollowUp)
 		case _, ok := <-changes:
 			if !ok {
 				changes = nil
@@ -395,7 +404,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 			}
 		case <-debounce:
 			debounce = nil
-			pass()
+			pass(PassDockerEvent)
 		}
 	}
 }

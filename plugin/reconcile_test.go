@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
@@ -717,6 +720,19 @@ func TestReconcilerRun(t *testing.T) {
 	e.docker.changes = make(chan struct{}, 1)
 	e.docker.set(view(), nil)
 	id1, _ := e.container(t, "c1")
+	log, hook := logtest.NewNullLogger()
+	log.SetLevel(logrus.DebugLevel)
+	e.rec.Log = log
+	// triggers: why each pass so far started, in order.
+	triggers := func() []string {
+		var out []string
+		for _, en := range hook.AllEntries() {
+			if en.Message == "reconcile pass" {
+				out = append(out, fmt.Sprint(en.Data["trigger"]))
+			}
+		}
+		return out
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -741,17 +757,18 @@ func TestReconcilerRun(t *testing.T) {
 		t.Errorf("%d passes, want the first one and a follow-up", calls)
 	}
 
-	// A Docker event triggers a pass (spaced from the previous one).
-	time.Sleep(500 * time.Millisecond)
-	if got := e.docker.viewCalls(); got != calls {
-		t.Fatalf("passes without a reason: %d -> %d", calls, got)
-	}
+	// A Docker event triggers a pass, spaced from the previous one by
+	// minEventGap (5 s). A pass without a reason (a follow-up timer left
+	// armed with nothing pending fires after at most ~1 s) would start
+	// before it: once the event's pass has started, it must be the only
+	// one since the follow-up.
+	before := len(triggers())
 	e.docker.changes <- struct{}{}
-	deadline := time.Now().Add(10 * time.Second)
-	for e.docker.viewCalls() == calls && time.Now().Before(deadline) {
+	deadline := time.Now().Add(15 * time.Second)
+	for !slices.Contains(triggers()[before:], plugin.PassDockerEvent) && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if e.docker.viewCalls() == calls {
-		t.Error("no pass after a Docker event")
+	if got := triggers()[before:]; !slices.Equal(got, []string{plugin.PassDockerEvent}) {
+		t.Errorf("passes after the follow-up, for one Docker event: %q", got)
 	}
 }

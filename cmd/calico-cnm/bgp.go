@@ -185,9 +185,10 @@ func (a *app) bgpPeerListCmd() *cobra.Command {
 
 func (a *app) bgpPeerDeleteCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:     "delete NAME",
-		Short:   "Remove a BGP peer",
-		Example: "  calico-cnm bgp peer delete tor1",
+		Use:               "delete NAME",
+		Short:             "Remove a BGP peer",
+		Example:           "  calico-cnm bgp peer delete tor1",
+		ValidArgsFunction: a.completeFrom(peerNames),
 		Args: func(c *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return usagef("bgp peer delete needs exactly one peer name, e.g. `calico-cnm bgp peer delete tor1`")

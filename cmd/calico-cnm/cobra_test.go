@@ -242,4 +242,20 @@ func TestCLIOutputFormats(t *testing.T) {
 	if r := cliRun(nil, withEtcd(ep, "network", "list", "-o", "wide")...); !strings.Contains(r.stdout, id) {
 		t.Errorf("network list -o wide does not show the full network ID:\n%s", r)
 	}
+	// TAB after a command that names a record completes the names in the
+	// datastore.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"pool", "delete"}, "10.90.0.0/16\n"},
+		{[]string{"pool", "disable"}, "10.90.0.0/16\n"},
+		{[]string{"node", "delete"}, "h1\n"},
+		{[]string{"bgp", "peer", "delete"}, "tor\n"},
+	} {
+		args := append(append([]string{"__complete"}, c.args...), "--etcd-endpoints", ep, "")
+		if r := cliRun(nil, args...); r.code != exitOK || !strings.HasPrefix(r.stdout, c.want) {
+			t.Errorf("calico-cnm %s: want the candidate %q, got %s", strings.Join(args, " "), c.want, r)
+		}
+	}
 }

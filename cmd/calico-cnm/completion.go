@@ -1,7 +1,15 @@
 package main
 
 import (
+	"context"
+	"time"
+
 	"github.com/spf13/cobra"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/nodes"
+	"github.com/calico-cnm/calico-cnm/routing"
 )
 
 // completionCmd writes the shell completion scripts cobra generates; the
@@ -30,4 +38,57 @@ func completionCmd() *cobra.Command {
 			return c.Root().GenFishCompletion(c.OutOrStdout(), true)
 		}),
 	)
+}
+
+// completionTimeout bounds a datastore lookup behind a TAB: a shell must
+// not hang on an etcd that does not answer.
+const completionTimeout = 2 * time.Second
+
+// completeFrom completes a command's first argument with names read from
+// the datastore (pool CIDRs, node names, peer names).
+func (a *app) completeFrom(list func(ctx context.Context, store *datastore.Store, eng *ipam.Engine) ([]string, error)) cobra.CompletionFunc {
+	return func(c *cobra.Command, args []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		if len(args) != 0 {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		ctx, cancel := context.WithTimeout(c.Context(), completionTimeout)
+		defer cancel()
+		var names []string
+		err := a.withStore(ctx, func(store *datastore.Store, eng *ipam.Engine) error {
+			var err error
+			names, err = list(ctx, store, eng)
+			return err
+		})
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp | cobra.ShellCompDirectiveError
+		}
+		return names, cobra.ShellCompDirectiveNoFileComp
+	}
+}
+
+func poolCIDRs(ctx context.Context, _ *datastore.Store, eng *ipam.Engine) ([]string, error) {
+	pools, err := eng.ListPools(ctx)
+	var out []string
+	for _, p := range pools {
+		out = append(out, p.CIDR)
+	}
+	return out, err
+}
+
+func nodeNames(ctx context.Context, store *datastore.Store, eng *ipam.Engine) ([]string, error) {
+	list, err := nodes.List(ctx, store, eng)
+	var out []string
+	for _, n := range list {
+		out = append(out, n.Name)
+	}
+	return out, err
+}
+
+func peerNames(ctx context.Context, store *datastore.Store, _ *ipam.Engine) ([]string, error) {
+	peers, err := routing.ListPeers(ctx, store)
+	var out []string
+	for _, p := range peers {
+		out = append(out, p.Name)
+	}
+	return out, err
 }

@@ -88,6 +88,8 @@ type app struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	global         globalFlags
+	// host is what diags reads of the host; nil: the real one.
+	host hostAccess
 }
 
 func newLogger(w io.Writer) *logrus.Logger {

@@ -80,7 +80,8 @@ func (a *app) nodeDeleteCmd() *cobra.Command {
 		Long: `delete removes a node's endpoint records, its workloads' addresses, its blocks
 (kept without affinity while other hosts borrow from them), its node-scoped
 BGP peers and its node record, so the others stop peering with it at once.`,
-		Example: "  calico-cnm node delete host3",
+		Example:           "  calico-cnm node delete host3",
+		ValidArgsFunction: a.completeFrom(nodeNames),
 		Args: func(c *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return usagef("node delete needs exactly one node name (see `calico-cnm node list`)")

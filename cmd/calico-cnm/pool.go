@@ -109,10 +109,11 @@ func blockCount(p ipam.Pool) string {
 
 func (a *app) poolDeleteCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:     "delete CIDR",
-		Short:   "Delete a pool that has no address in use",
-		Example: "  calico-cnm pool delete 10.20.0.0/24",
-		Args:    oneCIDR,
+		Use:               "delete CIDR",
+		Short:             "Delete a pool that has no address in use",
+		Example:           "  calico-cnm pool delete 10.20.0.0/24",
+		Args:              oneCIDR,
+		ValidArgsFunction: a.completeFrom(poolCIDRs),
 		RunE: func(c *cobra.Command, args []string) error {
 			return a.withStore(c.Context(), func(_ *datastore.Store, eng *ipam.Engine) error {
 				if err := eng.DeletePool(c.Context(), args[0]); err != nil {
@@ -132,10 +133,11 @@ func (a *app) poolSetDisabledCmd(verb string, disabled bool) *cobra.Command {
 		short = "Resume assignments from a disabled pool"
 	}
 	return &cobra.Command{
-		Use:     verb + " CIDR",
-		Short:   short,
-		Example: "  calico-cnm pool " + verb + " 10.10.0.0/16",
-		Args:    oneCIDR,
+		Use:               verb + " CIDR",
+		Short:             short,
+		Example:           "  calico-cnm pool " + verb + " 10.10.0.0/16",
+		Args:              oneCIDR,
+		ValidArgsFunction: a.completeFrom(poolCIDRs),
 		RunE: func(c *cobra.Command, args []string) error {
 			return a.withStore(c.Context(), func(_ *datastore.Store, eng *ipam.Engine) error {
 				if err := eng.SetPoolDisabled(c.Context(), args[0], disabled); err != nil {

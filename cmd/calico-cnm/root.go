@@ -67,6 +67,7 @@ blocks, networks, nodes and BGP.`,
 		a.bgpCmd(),
 		a.nodeCmd(),
 		a.versionCmd(),
+		a.diagsCmd(),
 		completionCmd(),
 	)
 	root.InitDefaultHelpCmd()
