@@ -96,6 +96,8 @@ func (a *app) ipamRelease(ctx context.Context, eng *ipam.Engine, ip net.IP) erro
 		}
 		return fmt.Errorf("%s is not allocated: nothing to release", ip)
 	}
+	// Only the assignment listed above: not whoever got the address since.
+	eng.ExpectRelease(ip, handle)
 	if err := eng.ReleaseIP(ctx, ip); err != nil {
 		return err
 	}
