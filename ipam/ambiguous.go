@@ -4,11 +4,17 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 )
+
+// readBackTimeout bounds settleAmbiguous's reads and release. When they
+// do not finish in time (etcd really is down), the handle is released
+// later (ReleaseAbandoned).
+const readBackTimeout = 500 * time.Millisecond
 
 // isAmbiguous tells a transaction failure after which etcd may or may not
 // have applied the transaction: no answer in time, the connection lost, the
@@ -29,7 +35,11 @@ func (e *Engine) settleAmbiguous(ctx context.Context, req assignReq, p netip.Pre
 	log := req.log.WithFields(logrus.Fields{"block": p.String(), "ip": nthAddr(p, ord).String()}).WithError(err)
 	e.uncacheBlock(p)
 	e.uncacheHandle(req.handle)
-	rctx := context.WithoutCancel(ctx) // the store bounds each call
+	// The transaction used up the caller's datastore budget already: the
+	// read-back gets a short one of its own, so that a request still ends
+	// about --etcd-timeout after it began even while etcd is down.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readBackTimeout)
+	defer cancel()
 	b, rev, exists, rerr := e.readBlock(rctx, p)
 	if rerr != nil {
 		e.abandon(req.handle)

@@ -3,70 +3,8 @@ package ipam
 import (
 	"context"
 	"net"
-	"sync"
-	"sync/atomic"
 	"testing"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/calico-cnm/calico-cnm/datastore"
 )
-
-// commitThenTimeout is a datastore fault: while armed, the next transaction
-// is applied by etcd and then reported as a timeout, the way a client sees
-// a commit whose answer got lost (leader change, overloaded member). onFault
-// runs just before the timeout is returned.
-type commitThenTimeout struct {
-	clientv3.KV
-	armed atomic.Bool
-	// readsDown makes every read time out (etcd unreachable).
-	readsDown atomic.Bool
-	mu        sync.Mutex
-	onFault   func()
-}
-
-func (f *commitThenTimeout) Txn(ctx context.Context) clientv3.Txn {
-	return &faultTxn{Txn: f.KV.Txn(ctx), f: f}
-}
-
-func (f *commitThenTimeout) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
-	if f.readsDown.Load() {
-		return nil, context.DeadlineExceeded
-	}
-	return f.KV.Get(ctx, key, opts...)
-}
-
-type faultTxn struct {
-	clientv3.Txn
-	f *commitThenTimeout
-}
-
-func (t *faultTxn) If(cs ...clientv3.Cmp) clientv3.Txn   { t.Txn = t.Txn.If(cs...); return t }
-func (t *faultTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
-func (t *faultTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
-
-func (t *faultTxn) Commit() (*clientv3.TxnResponse, error) {
-	resp, err := t.Txn.Commit()
-	if err != nil || !t.f.armed.CompareAndSwap(true, false) {
-		return resp, err
-	}
-	t.f.mu.Lock()
-	hook := t.f.onFault
-	t.f.mu.Unlock()
-	if hook != nil {
-		hook()
-	}
-	return nil, context.DeadlineExceeded
-}
-
-// faultyStore is a store of v's etcd whose transactions can be made to time
-// out after committing.
-func (v *env) faultyStore() (*datastore.Store, *commitThenTimeout) {
-	s := v.m.Client(v.t)
-	f := &commitThenTimeout{KV: s.Client().KV}
-	s.Client().KV = f
-	return s, f
-}
 
 // heldBy lists the addresses held by handle, read fresh from etcd.
 func (v *env) heldBy(handle string) []net.IP {
@@ -105,7 +43,7 @@ func TestAmbiguousTimeoutAfterCommit(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			v := newEnv(t, Options{})
 			v.pool("10.7.0.0/16", 26)
-			store, fault := v.faultyStore()
+			store, fault := v.m.FaultyClient(t)
 			e := New(store, Options{Log: quietLog()})
 			if tc.warm {
 				if _, err := e.AutoAssign(v.ctx, AutoAssignArgs{Host: "h1", HandleID: "warmup", Attrs: map[string]string{}}); err != nil {
@@ -114,10 +52,11 @@ func TestAmbiguousTimeoutAfterCommit(t *testing.T) {
 			}
 			ctx, cancel := context.WithCancel(v.ctx)
 			defer cancel()
+			var then func()
 			if tc.gaveUp {
-				fault.onFault = cancel
+				then = cancel
 			}
-			fault.armed.Store(true)
+			fault.CommitThenTimeout(then)
 			var got net.IP
 			var err error
 			if tc.specific {
@@ -128,7 +67,7 @@ func TestAmbiguousTimeoutAfterCommit(t *testing.T) {
 				n, err = e.AutoAssign(ctx, AutoAssignArgs{Host: "h1", HandleID: "h-req"})
 				got = n.IP
 			}
-			if fault.armed.Load() {
+			if !fault.Fired() {
 				t.Fatal("the fault never fired: the test exercised nothing")
 			}
 			held := v.heldBy("h-req")
@@ -163,20 +102,19 @@ func TestAmbiguousTimeoutAfterCommit(t *testing.T) {
 func TestAmbiguousTimeoutUnreadableReleasedLater(t *testing.T) {
 	v := newEnv(t, Options{})
 	v.pool("10.7.0.0/16", 26)
-	store, fault := v.faultyStore()
+	store, fault := v.m.FaultyClient(t)
 	e := New(store, Options{Log: quietLog()})
 	if _, err := e.AutoAssign(v.ctx, AutoAssignArgs{Host: "h1", HandleID: "warmup"}); err != nil {
 		t.Fatal(err)
 	}
-	fault.onFault = func() { fault.readsDown.Store(true) }
-	fault.armed.Store(true)
+	fault.CommitThenTimeout(func() { fault.SetReadsDown(true) })
 	if _, err := e.AutoAssign(v.ctx, AutoAssignArgs{Host: "h1", HandleID: "h-req"}); err == nil {
 		t.Fatal("etcd could not be read back, yet the assignment reported success")
 	}
 	if held := v.heldBy("h-req"); len(held) != 1 {
 		t.Fatalf("the fault should have left the committed assignment in etcd, handle holds %v", held)
 	}
-	fault.readsDown.Store(false)
+	fault.SetReadsDown(false)
 	n, err := e.ReleaseAbandoned(v.ctx)
 	if err != nil || n != 1 {
 		t.Fatalf("ReleaseAbandoned = %d, %v; want 1 handle released", n, err)

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -34,11 +35,81 @@ type Allocation struct {
 	Host     string // the block's host, not necessarily the workload's (borrowing)
 }
 
+// LeakRules say when an assignment is certainly dead, hence a leak that
+// Fix may release. Every address of the handle must be:
+//   - in use by nothing (InUse false: no endpoint record, not on any of
+//     Docker's endpoints);
+//   - neither the swarm manager's (its tasks and service VIPs have no
+//     endpoint record; the manager releases them) nor an aux/gateway
+//     reservation (AttrReserved);
+//   - older than MinAge by its AttrAssigned stamp: Docker holds an address
+//     without an endpoint between RequestAddress and CreateEndpoint, and
+//     retries calls to the plugin for a while;
+//   - of a node whose Docker was asked (Verified): only that Docker knows
+//     the node's containers.
+//
+// A handle that would be a leak but for an unknown age (assigned before
+// the engine stamped assignments) or an unasked Docker is Unverified:
+// reported, never released.
+type LeakRules struct {
+	Now    time.Time
+	MinAge time.Duration
+	// InUse tells whether an endpoint record or Docker shows a in use.
+	InUse func(a Allocation) bool
+	// Verified tells whether Docker on node was asked, so that InUse
+	// covers its view.
+	Verified func(node string) bool
+}
+
+// Suspect is a handle that looks leaked but cannot be proven dead.
+type Suspect struct {
+	Handle string `json:"handle"`
+	IP     string `json:"ip"`
+	Node   string `json:"node"`
+	Why    string `json:"why"`
+}
+
+// verdict judges one handle's addresses by the rules: leaked, or a
+// suspect (non-nil), or neither (live, or too young to tell).
+func (r *LeakRules) verdict(h string, as []Allocation) (leaked bool, sus *Suspect) {
+	why := ""
+	for _, a := range as {
+		if IsSwarm(a.Attrs) || IsReserved(a.Attrs) || r.InUse(a) {
+			return false, nil
+		}
+		at, stamped := AssignedAt(a.Attrs)
+		if stamped && r.Now.Sub(at) < r.MinAge {
+			return false, nil
+		}
+		node := a.Attrs[AttrNode]
+		switch {
+		case why != "":
+		case !stamped:
+			why = "its age is unknown (assigned before calico-cnm recorded assignment times)"
+		case !r.Verified(node) && node == "":
+			why = "no node is recorded as its owner"
+		case !r.Verified(node):
+			why = "Docker on node " + node + " was not asked"
+		}
+		if why != "" && sus == nil {
+			sus = &Suspect{Handle: h, IP: a.IP.String(), Node: node}
+		}
+	}
+	if sus != nil {
+		sus.Why = why
+		return false, sus
+	}
+	return len(as) > 0, nil
+}
+
 // Report is what Check found. Entries are sorted. Affinity entries read
 // "<host>/<block-cidr>".
 type Report struct {
-	// LeakedHandles hold addresses but isLive says their owner is gone.
+	// LeakedHandles hold addresses that are certainly dead (LeakRules).
 	LeakedHandles []string
+	// Unverified look leaked but cannot be proven dead (LeakRules): they
+	// are reported, never released, and not counted as problems.
+	Unverified []Suspect `json:"Unverified,omitempty"`
 	// OrphanedHandles are handle records with no address in any block.
 	OrphanedHandles []string
 	// MismatchedHandles hold addresses but their record's per-block counts
@@ -127,6 +198,19 @@ func (s *snapshot) actualHandles() map[string]map[string]int {
 	return out
 }
 
+// allocationsByHandle groups the assigned addresses by handle.
+func (s *snapshot) allocationsByHandle() map[string][]Allocation {
+	out := map[string][]Allocation{}
+	for _, c := range s.blocks {
+		for o := range c.b.Allocations {
+			if h, ok := c.b.handleAt(o); ok {
+				out[h] = append(out[h], c.b.allocation(o))
+			}
+		}
+	}
+	return out
+}
+
 func (s *snapshot) sortedBlocks() []cachedBlock {
 	out := slices.Collect(maps.Values(s.blocks))
 	sortBlocks(out)
@@ -171,21 +255,30 @@ func (e *Engine) Allocations(ctx context.Context) ([]Allocation, error) {
 	return out, nil
 }
 
-// Check audits IPAM like `calicoctl ipam check`. isLive tells whether the
-// owner of a handle (the endpoint) still exists; nil skips the leak check.
-// All records come from one consistent read, so a check running while hosts
-// assign reports no false positives.
-func (e *Engine) Check(ctx context.Context, isLive func(handleID string) bool) (Report, error) {
+// Check audits IPAM like `calicoctl ipam check`. rules decide which
+// assignments are leaks; nil skips the leak check. All records come from
+// one consistent read, so a check running while hosts assign reports no
+// false positives.
+func (e *Engine) Check(ctx context.Context, rules *LeakRules) (Report, error) {
 	s, err := e.readSnapshot(ctx)
 	if err != nil {
 		return Report{}, err
 	}
 	var r Report
 	actual := s.actualHandles()
-	for h := range actual {
-		if isLive != nil && !isLive(h) {
-			r.LeakedHandles = append(r.LeakedHandles, h)
+	if rules != nil {
+		for h, as := range s.allocationsByHandle() {
+			leaked, sus := rules.verdict(h, as)
+			if leaked {
+				r.LeakedHandles = append(r.LeakedHandles, h)
+			}
+			if sus != nil {
+				r.Unverified = append(r.Unverified, *sus)
+			}
 		}
+		slices.SortFunc(r.Unverified, func(a, b Suspect) int { return strings.Compare(a.Handle, b.Handle) })
+	}
+	for h := range actual {
 		if rec, ok := s.handles[h]; !ok || !maps.Equal(rec.rec.Blocks, actual[h]) {
 			r.MismatchedHandles = append(r.MismatchedHandles, h)
 		}

@@ -2,7 +2,9 @@ package ipam
 
 import (
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 )
@@ -33,7 +35,7 @@ func TestCheckAndFix(t *testing.T) {
 		}
 	}
 
-	r, err := v.e.Check(v.ctx, isLive)
+	r, err := v.e.Check(v.ctx, rulesOf(isLive))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,4 +80,53 @@ func TestCheckAndFix(t *testing.T) {
 	}
 	assign(t, v.e, "h1", "after")
 	mustCheckClean(t, v.e, isLive)
+}
+
+// The leak rules of issue 12 item 1, one handle at a time.
+func TestLeakRulesVerdict(t *testing.T) {
+	now := time.Date(2024, 1, 1, 12, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) string { return now.Add(-d).Format(time.RFC3339Nano) }
+	rules := &LeakRules{
+		Now:      now,
+		MinAge:   10 * time.Minute,
+		InUse:    func(a Allocation) bool { return a.HandleID == "recorded" },
+		Verified: func(node string) bool { return node == "h1" },
+	}
+	alloc := func(attrs map[string]string) []Allocation {
+		return []Allocation{{IP: netipToIP("10.0.0.1"), Attrs: attrs}}
+	}
+	for _, tc := range []struct {
+		name    string
+		handle  string
+		as      []Allocation
+		leaked  bool
+		suspect string // substring of Why; "" = no suspect
+	}{
+		{"old, unused, this node's", "dead", alloc(map[string]string{AttrNode: "h1", AttrAssigned: at(time.Hour)}), true, ""},
+		{"in use", "recorded", alloc(map[string]string{AttrNode: "h1", AttrAssigned: at(time.Hour)}), false, ""},
+		{"young", "young", alloc(map[string]string{AttrNode: "h1", AttrAssigned: at(time.Minute)}), false, ""},
+		{"aux reservation", "aux", alloc(map[string]string{AttrNode: "h1", AttrAssigned: at(time.Hour), AttrReserved: ReservedAux}), false, ""},
+		{"swarm manager's", "vip", alloc(map[string]string{AttrNode: "h1", AttrAssigned: at(time.Hour), AttrSwarm: "true"}), false, ""},
+		{"another node's", "remote", alloc(map[string]string{AttrNode: "h2", AttrAssigned: at(time.Hour)}), false, "Docker on node h2"},
+		{"no owner", "nobody", alloc(map[string]string{AttrAssigned: at(time.Hour)}), false, "no node"},
+		{"age unknown", "legacy", alloc(map[string]string{AttrNode: "h1"}), false, "age is unknown"},
+		{"one of two addresses young", "dual", append(alloc(map[string]string{AttrNode: "h1", AttrAssigned: at(time.Hour)}),
+			alloc(map[string]string{AttrNode: "h1", AttrAssigned: at(time.Second)})...), false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := range tc.as {
+				tc.as[i].HandleID = tc.handle
+			}
+			leaked, sus := rules.verdict(tc.handle, tc.as)
+			if leaked != tc.leaked {
+				t.Errorf("leaked = %v, want %v", leaked, tc.leaked)
+			}
+			switch {
+			case tc.suspect == "" && sus != nil:
+				t.Errorf("suspect %+v, want none", sus)
+			case tc.suspect != "" && (sus == nil || !strings.Contains(sus.Why, tc.suspect)):
+				t.Errorf("suspect %+v, want one saying %q", sus, tc.suspect)
+			}
+		})
+	}
 }

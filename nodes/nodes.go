@@ -200,7 +200,9 @@ func Delete(ctx context.Context, store *datastore.Store, engine *ipam.Engine, na
 		}
 	}
 	for _, a := range st.ownAllocations(name) {
-		if err := engine.ReleaseIP(ctx, a.IP); err != nil {
+		// By handle: the address may have been freed and re-assigned to
+		// another host since the snapshot; its handle has not.
+		if err := engine.ReleaseByHandle(ctx, a.HandleID); err != nil {
 			return rep, fmt.Errorf("releasing %s: %w", a.IP, err)
 		}
 		rep.Addresses = append(rep.Addresses, a.IP.String())

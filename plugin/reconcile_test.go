@@ -772,3 +772,53 @@ func TestReconcilerRun(t *testing.T) {
 		t.Errorf("passes after the follow-up, for one Docker event: %q", got)
 	}
 }
+
+// Issue 12 item 5, swarm scope: an assignment the engine answered as failed
+// while etcd could not tell whether it landed is released by the next
+// reconcile pass (by its handle, which nobody else knows), whatever the
+// scope: the swarm manager's timed-out assignments have no endpoint and no
+// Docker container, so nothing else would ever free them.
+func TestReconcilerReleasesAbandonedAssignments(t *testing.T) {
+	m := etcdtest.Start(t)
+	ctx := context.Background()
+	faulty, fault := m.FaultyClient(t)
+	engine := ipam.New(faulty, ipam.Options{Log: quietLog()})
+	if _, err := engine.AddPool(ctx, ipam.Pool{CIDR: "10.20.0.0/16"}); err != nil {
+		t.Fatal(err)
+	}
+	task := map[string]string{ipam.AttrNode: host, ipam.AttrSwarm: "true"}
+	if _, err := engine.AutoAssign(ctx, ipam.AutoAssignArgs{Host: host, HandleID: "cnm.task1", Attrs: task}); err != nil {
+		t.Fatal(err)
+	}
+	fault.CommitThenTimeout(func() { fault.SetReadsDown(true) })
+	if _, err := engine.AutoAssign(ctx, ipam.AutoAssignArgs{Host: host, HandleID: "cnm.task2", Attrs: task}); err == nil || !fault.Fired() {
+		t.Fatalf("the faulty assignment answered %v (fault fired: %v); want a failure", err, fault.Fired())
+	}
+	fault.SetReadsDown(false)
+	held := func(h string) bool {
+		t.Helper()
+		ips, err := engine.IPsByHandle(ctx, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ips) > 0
+	}
+	if !held("cnm.task2") {
+		t.Fatal("fixture: the timed-out assignment did not land")
+	}
+	rec := &plugin.Reconciler{
+		Node: host, Store: m.Store, IPAM: engine, Dataplane: &fakeKernel{ifaces: map[string]map[string]bool{}, detached: map[string]bool{}},
+		Docker: &fakeDocker{}, ReleaseOrphans: false, // as a swarm manager that releases no orphans
+		Metrics: plugin.NewMetrics(nil, quietLog()), Log: quietLog(),
+	}
+	res, err := rec.Pass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Fixes[plugin.FixOrphanReleased] != 1 || held("cnm.task2") {
+		t.Errorf("after a pass: fixes %v, cnm.task2 still held: %v; want it released", res.Fixes, held("cnm.task2"))
+	}
+	if !held("cnm.task1") {
+		t.Error("the pass released the manager's live assignment cnm.task1")
+	}
+}

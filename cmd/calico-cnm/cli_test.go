@@ -353,7 +353,7 @@ func newIPAMFixture(t *testing.T, store *datastore.Store, eng *ipam.Engine) ipam
 	}
 	var f ipamFixture
 	for i, h := range []string{"cnm.live1", "cnm.live2", "cnm.leaked"} {
-		ip, err := eng.AutoAssign(ctx, ipam.AutoAssignArgs{Host: "h1", HandleID: h})
+		ip, err := eng.AutoAssign(ctx, ipam.AutoAssignArgs{Host: "h1", HandleID: h, Attrs: map[string]string{ipam.AttrNode: "h1"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -390,8 +390,11 @@ func usage(t *testing.T, eng *ipam.Engine) map[string]ipam.BlockUsage {
 func TestCLIIPAM(t *testing.T) {
 	m, ep := startEtcd(t)
 	store := m.Client(t)
-	eng := ipam.New(store, ipam.Options{Log: quietLog()})
+	// Assigned long ago: only then can an address be a leak.
+	eng := ipam.New(store, ipam.Options{Log: quietLog(), Now: func() time.Time { return time.Now().Add(-time.Hour) }})
 	f := newIPAMFixture(t, store, eng)
+	// The leak is h1's, and h1's Docker knows none of the addresses.
+	env := map[string]string{"NODENAME": "h1", "DOCKER_HOST": fakeDockerd(t)}
 	// Hosts claim random free blocks; all three addresses are in h1's one.
 	blockNet := net.IPNet{IP: f.leaked.Mask(net.CIDRMask(26, 32)), Mask: net.CIDRMask(26, 32)}
 	block := blockNet.String()
@@ -404,7 +407,7 @@ func TestCLIIPAM(t *testing.T) {
 		t.Fatalf("fixture: block %s usage %+v, want 3 used by h1", block, u)
 	}
 	checkClean := "leaked addresses:     0\norphaned handles:     0\nmissing affinities:   0\ndangling affinities:  0\n"
-	runSteps(t, nil, []step{
+	runSteps(t, env, []step{
 		{name: "show", args: withEtcd(ep, "ipam", "show"), stdout: showRow(3)},
 		{name: "show json", args: withEtcd(ep, "ipam", "show", "-o", "json"),
 			check: func(t *testing.T, r result) {

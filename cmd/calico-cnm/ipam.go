@@ -2,13 +2,13 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -96,6 +96,8 @@ func (a *app) ipamRelease(ctx context.Context, eng *ipam.Engine, ip net.IP) erro
 		}
 		return fmt.Errorf("%s is not allocated: nothing to release", ip)
 	}
+	// Only the assignment listed above: not whoever got the address since.
+	eng.ExpectRelease(ip, handle)
 	if err := eng.ReleaseIP(ctx, ip); err != nil {
 		return err
 	}
@@ -121,31 +123,40 @@ func inSomePool(ctx context.Context, eng *ipam.Engine, ip net.IP) error {
 
 func (a *app) ipamCheckCmd() *cobra.Command {
 	var fix bool
+	var minAge time.Duration
 	c := &cobra.Command{
 		Use:   "check",
 		Short: "Find (and with --release fix) leaked addresses, orphaned handles and affinity mistakes",
-		Long: `check compares the IPAM records with the endpoints the datastore records.
+		Long: `check compares the IPAM records with the endpoints the datastore records
+and with the containers this node's Docker (DOCKER_HOST) has, on every
+network. An address is leaked only when it is certainly dead: in no endpoint
+record, unknown to Docker on the node that assigned it (NODENAME; other
+nodes' addresses are only reported, as unverified), neither the swarm
+manager's nor an --aux-address/gateway reservation, and assigned longer
+than --min-age ago. --release re-checks each leak just before releasing it,
+by its handle.
 It exits 3 when it found problems (and --release was not given), 0 when
 there are none or they were fixed.`,
-		Example: "  calico-cnm ipam check\n  calico-cnm ipam check --release",
+		Example: "  calico-cnm ipam check\n  NODENAME=host1 calico-cnm ipam check --release --min-age 1h",
 		Args:    noArgs,
 	}
 	c.Flags().BoolVar(&fix, "release", false, "fix what was found (release leaked addresses, delete orphaned handles)")
+	c.Flags().DurationVar(&minAge, "min-age", defaultLeakMinAge, "an address assigned more recently is never a leak")
 	out := addOutputFlag(c)
 	c.RunE = func(c *cobra.Command, _ []string) error {
 		return a.withStore(c.Context(), func(store *datastore.Store, eng *ipam.Engine) error {
-			return a.ipamCheck(c.Context(), store, eng, out, fix)
+			return a.ipamCheck(c.Context(), store, eng, out, fix, minAge)
 		})
 	}
 	return c
 }
 
-func (a *app) ipamCheck(ctx context.Context, store *datastore.Store, eng *ipam.Engine, out *output, fix bool) error {
-	live, err := liveHandles(ctx, store, eng)
+func (a *app) ipamCheck(ctx context.Context, store *datastore.Store, eng *ipam.Engine, out *output, fix bool, minAge time.Duration) error {
+	rules, err := a.leakRules(ctx, store, minAge)
 	if err != nil {
 		return err
 	}
-	rep, err := eng.Check(ctx, func(h string) bool { return live[h] })
+	rep, err := eng.Check(ctx, rules)
 	if err != nil {
 		return err
 	}
@@ -153,6 +164,12 @@ func (a *app) ipamCheck(ctx context.Context, store *datastore.Store, eng *ipam.E
 		fmt.Fprintf(w, "leaked addresses:     %d\n", len(rep.LeakedHandles))
 		for _, h := range rep.LeakedHandles {
 			fmt.Fprintf(w, "  %s\n", h)
+		}
+		if len(rep.Unverified) > 0 {
+			fmt.Fprintf(w, "unverified addresses: %d (never released; run the check on their node)\n", len(rep.Unverified))
+			for _, s := range rep.Unverified {
+				fmt.Fprintf(w, "  %s %s node %s: %s\n", s.Handle, s.IP, orDash(s.Node), s.Why)
+			}
 		}
 		fmt.Fprintf(w, "orphaned handles:     %d\n", len(rep.OrphanedHandles))
 		for _, h := range rep.OrphanedHandles {
@@ -169,6 +186,9 @@ func (a *app) ipamCheck(ctx context.Context, store *datastore.Store, eng *ipam.E
 		return nil
 	}
 	if fix {
+		if rep, err = a.recheckLeaks(ctx, store, eng, rep, minAge); err != nil {
+			return err
+		}
 		if err := eng.Fix(ctx, rep); err != nil {
 			return err
 		}
@@ -176,40 +196,4 @@ func (a *app) ipamCheck(ctx context.Context, store *datastore.Store, eng *ipam.E
 		return nil
 	}
 	return problemsFound{rep.Problems()}
-}
-
-// liveHandles is the set of IPAM handles whose address belongs to an
-// endpoint the datastore still records, on any node. Handles are opaque
-// (Docker's RequestAddress happens before the endpoint exists), so the match
-// is by address.
-func liveHandles(ctx context.Context, store *datastore.Store, eng *ipam.Engine) (map[string]bool, error) {
-	kvs, err := store.List(ctx, datastore.EndpointsPrefix)
-	if err != nil {
-		return nil, err
-	}
-	inUse := map[string]bool{}
-	for _, kv := range kvs {
-		var ep datastore.Endpoint
-		if err := json.Unmarshal(kv.Value, &ep); err != nil {
-			continue
-		}
-		for _, cidr := range []string{ep.IPv4, ep.IPv6} {
-			if ip, _, err := net.ParseCIDR(cidr); err == nil {
-				inUse[ip.String()] = true
-			}
-		}
-	}
-	allocs, err := eng.Allocations(ctx)
-	if err != nil {
-		return nil, err
-	}
-	live := map[string]bool{}
-	for _, al := range allocs {
-		// The swarm manager's assignments (service VIPs, tasks not
-		// started yet) have no endpoint record: the manager releases them.
-		if inUse[al.IP.String()] || ipam.IsSwarm(al.Attrs) {
-			live[al.HandleID] = true
-		}
-	}
-	return live, nil
 }

@@ -1,0 +1,84 @@
+package etcdtest
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+)
+
+// Faults is a datastore fault injector over one client's etcd KV. Armed,
+// the next transaction is applied by etcd and then reported as a timeout:
+// what a client sees when a commit's answer is lost (leader change, an
+// overloaded member). With ReadsDown, every read times out.
+type Faults struct {
+	clientv3.KV
+	armed     atomic.Bool
+	readsDown atomic.Bool
+	mu        sync.Mutex
+	onFault   func()
+}
+
+// FaultyClient is Client with a fault injector between the store and etcd.
+func (m *Member) FaultyClient(t testing.TB) (*datastore.Store, *Faults) {
+	t.Helper()
+	s := m.Client(t)
+	f := &Faults{KV: s.Client().KV}
+	s.Client().KV = f
+	return s, f
+}
+
+// CommitThenTimeout arms the fault for the next transaction; then, if not
+// nil, runs just before the timeout is returned.
+func (f *Faults) CommitThenTimeout(then func()) {
+	f.mu.Lock()
+	f.onFault = then
+	f.mu.Unlock()
+	f.armed.Store(true)
+}
+
+// Fired tells whether the armed fault has hit a transaction.
+func (f *Faults) Fired() bool { return !f.armed.Load() }
+
+// SetReadsDown makes every read time out (true) or work again (false).
+func (f *Faults) SetReadsDown(down bool) { f.readsDown.Store(down) }
+
+// Get fails while reads are down.
+func (f *Faults) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	if f.readsDown.Load() {
+		return nil, context.DeadlineExceeded
+	}
+	return f.KV.Get(ctx, key, opts...)
+}
+
+// Txn wraps the transaction so that an armed fault hits its commit.
+func (f *Faults) Txn(ctx context.Context) clientv3.Txn {
+	return &faultTxn{Txn: f.KV.Txn(ctx), f: f}
+}
+
+type faultTxn struct {
+	clientv3.Txn
+	f *Faults
+}
+
+func (t *faultTxn) If(cs ...clientv3.Cmp) clientv3.Txn   { t.Txn = t.Txn.If(cs...); return t }
+func (t *faultTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
+func (t *faultTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+
+func (t *faultTxn) Commit() (*clientv3.TxnResponse, error) {
+	resp, err := t.Txn.Commit()
+	if err != nil || !t.f.armed.CompareAndSwap(true, false) {
+		return resp, err
+	}
+	t.f.mu.Lock()
+	then := t.f.onFault
+	t.f.mu.Unlock()
+	if then != nil {
+		then()
+	}
+	return nil, context.DeadlineExceeded
+}
