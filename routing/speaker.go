@@ -59,6 +59,9 @@ type PeerState struct {
 	Received    int        `json:"received"`
 	Advertised  int        `json:"advertised"`
 	EORReceived bool       `json:"endOfRibReceived"`
+	// LocalRestarting: the speaker still announces a restart to this peer
+	// (the Restart State bit of our OPEN).
+	LocalRestarting bool `json:"localRestarting"`
 }
 
 // GoBGP is the Speaker backed by an in-process github.com/osrg/gobgp/v3.
@@ -74,7 +77,17 @@ type GoBGP struct {
 	started   bool
 	localOnly map[netip.Addr]bool // members of localOnlySet
 	cancel    context.CancelFunc
+	// advertised caches the per-peer advertised counts (see Peers).
+	advertised   map[netip.Addr]int
+	advertisedAt time.Time
 }
+
+// advertisedRefresh is how old the advertised counts of Peers may be.
+// Counting them makes gobgp run the export policy over the whole RIB for
+// every peer, on its server goroutine, which also handles the updates:
+// done on every RIB change, that was O(peers x routes) work per received
+// update, and it delayed the updates themselves at 32+ nodes.
+const advertisedRefresh = 2 * time.Second
 
 // NewGoBGP creates the speaker; nothing listens until Start.
 func NewGoBGP(log logrus.FieldLogger) *GoBGP {
@@ -388,10 +401,58 @@ func learnedFromAPI(p *api.Path) (LearnedPath, bool, error) {
 	return lp, true, nil
 }
 
-// Peers implements Speaker.
+// Peers implements Speaker. The advertised counts are refreshed when the
+// set of established sessions changed, else at most every
+// advertisedRefresh.
 func (g *GoBGP) Peers(ctx context.Context) ([]PeerState, error) {
+	g.mu.Lock()
+	refresh := time.Since(g.advertisedAt) >= advertisedRefresh
+	cached := g.advertised
+	g.mu.Unlock()
+	out, err := g.listPeers(ctx, refresh)
+	if err == nil && !refresh && !sameEstablished(out, cached) {
+		refresh = true
+		out, err = g.listPeers(ctx, true)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !refresh {
+		for i := range out {
+			out[i].Advertised = cached[out[i].Address]
+		}
+		return out, nil
+	}
+	fresh := make(map[netip.Addr]int, len(out))
+	for _, ps := range out {
+		if ps.State == "Established" {
+			fresh[ps.Address] = ps.Advertised
+		}
+	}
+	g.mu.Lock()
+	g.advertised, g.advertisedAt = fresh, time.Now()
+	g.mu.Unlock()
+	return out, nil
+}
+
+// sameEstablished: the established sessions are exactly those cached.
+func sameEstablished(states []PeerState, cached map[netip.Addr]int) bool {
+	n := 0
+	for _, s := range states {
+		if s.State != "Established" {
+			continue
+		}
+		n++
+		if _, ok := cached[s.Address]; !ok {
+			return false
+		}
+	}
+	return n == len(cached)
+}
+
+func (g *GoBGP) listPeers(ctx context.Context, withAdvertised bool) ([]PeerState, error) {
 	var out []PeerState
-	err := g.s.ListPeer(ctx, &api.ListPeerRequest{EnableAdvertised: true}, func(p *api.Peer) {
+	err := g.s.ListPeer(ctx, &api.ListPeerRequest{EnableAdvertised: withAdvertised}, func(p *api.Peer) {
 		var ps PeerState
 		if p.Conf != nil {
 			ps.Address, _ = netip.ParseAddr(p.Conf.NeighborAddress)
@@ -406,6 +467,7 @@ func (g *GoBGP) Peers(ctx context.Context) ([]PeerState, error) {
 				ps.Since = p.Timers.State.Downtime.AsTime()
 			}
 		}
+		ps.LocalRestarting = p.GracefulRestart != nil && p.GracefulRestart.LocalRestarting
 		eor := len(p.AfiSafis) > 0
 		for _, af := range p.AfiSafis {
 			if af.State != nil {
