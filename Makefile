@@ -25,12 +25,17 @@ unit:
 
 # Side-by-side performance report: bench/report.md + bench/report.png (needs
 # root and dockerd, like the e2e tests; about 10 minutes). The IPAM
-# micro-benchmark runs first on its own.
+# micro-benchmark runs first on its own. The BGP scale row (bench/scale.md:
+# daemons in netns against gobgpd, mesh and 2 reflectors, at each of
+# BENCH_SCALE_NODES nodes) adds about 5 minutes; BENCH_SCALE_NODES=8,16 for a
+# quick run.
 BENCH_TIMEOUT ?= 30m
+BENCH_SCALE_NODES ?= 8,16,32,64
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s -benchmem ./ipam/
 	CALICO_CNM_BENCH=1 $(GO) test -count=1 -timeout $(BENCH_TIMEOUT) -run '^TestBenchReport$$' -v ./bench/
 	$(GO) test -count=1 -timeout $(BENCH_TIMEOUT) -run '^$$' -bench BenchmarkMultiHost -benchtime 1x ./test/e2e/
+	CNM_BGP_SCALE_NODES=$(BENCH_SCALE_NODES) CNM_BGP_SCALE_REPORT=$(CURDIR)/bench/scale.md $(GO) test -count=1 -timeout $(BENCH_TIMEOUT) -run '^$$' -bench '^BenchmarkBGPScale$$' -benchtime 1x ./test/e2e/
 
 # Each fuzz target for FUZZTIME (plain `go test` already runs the committed
 # corpus in testdata/fuzz as regression tests).

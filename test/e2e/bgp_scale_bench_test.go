@@ -37,7 +37,9 @@ import (
 // run right after (for gobgpd "routes" means every prefix in every RIB:
 // gobgpd programs no kernel, so the baseline is if anything flattered).
 //
-// CNM_BGP_SCALE_NODES picks the sizes (default "8,16,32,64").
+// CNM_BGP_SCALE_NODES picks the sizes (default "8,16,32,64");
+// CNM_BGP_SCALE_REPORT names a markdown file for the table (make bench:
+// bench/scale.md).
 func BenchmarkBGPScale(b *testing.B) {
 	harness.RequirePrereqs(b)
 	harness.RequireFile(b, "/usr/bin/gobgpd", "package gobgpd")
@@ -53,6 +55,8 @@ func BenchmarkBGPScale(b *testing.B) {
 		}
 	}
 	bin := harness.BuildBinary(b)
+	var rows []scaleRow
+	defer func() { writeScaleReport(b, rows) }()
 	for _, n := range sizes {
 		for _, topo := range []scaleTopology{{"mesh", 0}, {"rr2", 2}} {
 			var cnm, base scaleResult
@@ -65,13 +69,63 @@ func BenchmarkBGPScale(b *testing.B) {
 				base.report(b)
 			})
 			if cnm.routes > 0 && base.routes > 0 {
-				fmt.Printf("    nodes=%d %s: routes complete calico-cnm %s vs gobgpd %s (%.2fx); sessions %s vs %s",
-					n, topo.name, cnm.routes.Round(time.Millisecond), base.routes.Round(time.Millisecond),
-					cnm.routes.Seconds()/base.routes.Seconds(), cnm.sessions.Round(time.Millisecond), base.sessions.Round(time.Millisecond))
-				fmt.Println()
+				rows = append(rows, scaleRow{n, topo, cnm, base})
 			}
 		}
 	}
+}
+
+type scaleRow struct {
+	nodes     int
+	topo      scaleTopology
+	cnm, base scaleResult
+}
+
+// writeScaleReport prints the table (and writes it to
+// CNM_BGP_SCALE_REPORT), with the issue's targets: at 32 nodes in a mesh
+// routes within 2x of gobgpd and under 2 s; at 64 with reflectors under 2 s.
+func writeScaleReport(b *testing.B, rows []scaleRow) {
+	if len(rows) == 0 {
+		return
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "# BGP at scale (make bench: BenchmarkBGPScale)\n\nMeasured %s: N calico-cnm daemons (`serve --bgp`, no dockerd), each in its own netns on one fabric, one etcd; then N gobgpd %s with the same timers and graceful restart on the same fabric (the baseline; its \"routes\" are its RIB, it programs no kernel). Every node claims one block at the same moment. The machine is shared: compare ratios.\n\n", time.Now().UTC().Format(time.RFC3339), gobgpdVersion())
+	sb.WriteString("| nodes | topology | sessions up: calico-cnm / gobgpd | claims done | routes complete: calico-cnm / gobgpd | ratio | RSS per node: calico-cnm / gobgpd | CPU s: calico-cnm / gobgpd | target |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		ratio := r.cnm.routes.Seconds() / r.base.routes.Seconds()
+		target := ""
+		switch {
+		case r.nodes == 32 && r.topo.reflectors == 0:
+			target = verdictScale(ratio <= 2 && r.cnm.routes < 2*time.Second, "<= 2x gobgpd and < 2 s")
+		case r.nodes == 64 && r.topo.reflectors > 0:
+			target = verdictScale(r.cnm.routes < 2*time.Second, "< 2 s")
+		}
+		ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
+		fmt.Fprintf(&sb, "| %d | %s | %s / %s | %s | %s / %s | %.2fx | %.0f / %.0f MiB | %.1f / %.1f | %s |\n",
+			r.nodes, r.topo.name, ms(r.cnm.sessions), ms(r.base.sessions), ms(r.cnm.claimed), ms(r.cnm.routes), ms(r.base.routes), ratio,
+			r.cnm.rssMiB/float64(r.nodes), r.base.rssMiB/float64(r.nodes), r.cnm.cpuSec, r.base.cpuSec, target)
+	}
+	fmt.Print("\n" + sb.String())
+	if path := os.Getenv("CNM_BGP_SCALE_REPORT"); path != "" {
+		if err := os.WriteFile(path, []byte(sb.String()), 0o644); err != nil {
+			b.Errorf("writing %s: %v", path, err)
+		}
+	}
+}
+
+func verdictScale(ok bool, target string) string {
+	if ok {
+		return "meets " + target
+	}
+	return "**misses** " + target
+}
+
+func gobgpdVersion() string {
+	out, err := mhRun(context.Background(), "/usr/bin/gobgpd", "--version")
+	if err != nil {
+		return "(version unknown)"
+	}
+	return strings.TrimPrefix(strings.TrimSpace(out), "gobgpd version ")
 }
 
 // scaleTopology: reflectors 0 = full mesh, else the first nodes reflect.
