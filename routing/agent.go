@@ -593,7 +593,8 @@ func (a *Agent) removePeer(ctx context.Context, addr netip.Addr, msg string) {
 }
 
 // peerAddresses: every address that belongs to a node or a peer record
-// (a session to any other address has lost its peer).
+// (a session to any other address has lost its peer). A peer whose secret
+// cannot be read counts as gone: its session must not outlive its key.
 func (a *Agent) peerAddresses() map[netip.Addr]bool {
 	out := map[netip.Addr]bool{}
 	for _, n := range a.nodes {
@@ -602,6 +603,9 @@ func (a *Agent) peerAddresses() map[netip.Addr]bool {
 		}
 	}
 	for _, p := range a.peers {
+		if _, unreadable := a.secretProblems[p.Name]; unreadable {
+			continue
+		}
 		if addr, err := netip.ParseAddr(p.PeerIP); err == nil {
 			out[addr] = true
 		}

@@ -532,6 +532,16 @@ func (g *GoBGP) Stop(graceful bool) {
 	}
 }
 
+// A note on withdrawals a peer never got an advertisement for (seen on the
+// wire, e.g. a client withdrawing a block towards reflector r2 after r1's
+// copy went away): gobgp sends them on purpose. When the best path for a
+// prefix moves to a path learned from peer X, it withdraws the old best
+// towards X in case X had it from us (server.go filterPathFromSourcePeer,
+// and prePolicyFilterpath for an old eBGP or local best replaced over
+// iBGP), without tracking what X was sent. The receiver holds no path from
+// us for the prefix and drops the withdrawal; nothing is lost, nothing is
+// logged. Not preventable without patching gobgp, so left alone.
+
 // gobgpLogger adapts logrus to gobgp's logger. gobgp's Fatal/Panic are for
 // its own internal bugs; they are logged as errors rather than killing the
 // daemon that hosts the plugin sockets.
