@@ -82,7 +82,11 @@ type Agent struct {
 	// grReadded: sessions re-created once to restore the restart flag.
 	grReadded map[netip.Addr]bool
 
-	synced    bool
+	synced bool
+	// restarted: this node ran before (its record had an address, or the
+	// kernel has routes it learned), so peers may hold its routes from the
+	// previous run; a first start has nothing to restart (see addPeer).
+	restarted bool
 	conflicts map[netip.Prefix]bool // logged once each
 
 	mu     sync.Mutex
@@ -204,6 +208,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		return nil
 	}
 	a.syncExports(ctx)
+	if kernel, err := a.d.Routes.ListLearned(ctx); err == nil && len(kernel) > 0 {
+		a.restarted = true // routes learned by a previous run
+	}
 	a.syncPeers(ctx)
 	a.syncRoutes(ctx)
 
@@ -349,6 +356,7 @@ func (a *Agent) register(ctx context.Context, addr, addr6 netip.Addr) error {
 		if a.d.Config.ASN != 0 {
 			want.ASN = a.d.Config.ASN
 		}
+		a.restarted = rev != 0 && n.IPv4 != ""
 		if rev != 0 && want == n {
 			return nil
 		}
@@ -566,9 +574,12 @@ func (a *Agent) syncPeers(ctx context.Context) {
 }
 
 // addPeer configures p; after the first sync it is pending until it has
-// sent its routes.
+// sent its routes. Only a node that ran before announces a restart: the
+// flag makes gobgp hold back every advertisement to the peer until all
+// peers have sent End-of-RIB (or 5 s per session), a delay that buys
+// nothing when no peer kept routes of ours.
 func (a *Agent) addPeer(ctx context.Context, p PeerSpec, now time.Time, msg string) {
-	p.Restarting = !a.synced
+	p.Restarting = a.restarted && !a.synced
 	if err := a.d.Speaker.AddPeer(ctx, p); err != nil {
 		a.log.WithError(err).WithField("peer", p.String()).Warn("adding BGP peer")
 		return
