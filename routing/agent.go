@@ -217,6 +217,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	blockEvents := a.d.Blocks.WatchHostBlocks(ctx, a.d.NodeName)
 	ticker := time.NewTicker(a.d.ResyncInterval)
 	defer ticker.Stop()
+	lastPass := time.Now()
 	for {
 		var reloadNodes, reloadPools, reloadEndpoints, exports bool
 		onBlock := func(ev ipam.BlockEvent, ok bool) {
@@ -245,6 +246,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		case prefix := <-dirty:
 			onDirty(prefix)
 		case <-a.d.Speaker.Changes():
+			a.spacePasses(ctx, lastPass)
 		case <-ticker.C:
 			reloadNodes, reloadPools, reloadEndpoints = true, true, true
 		}
@@ -282,6 +284,32 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.syncPeers(ctx)
 		}
 		a.syncRoutes(ctx)
+		lastPass = time.Now()
+	}
+}
+
+// minPassInterval spaces the passes that speaker events start. A pass
+// reads the whole RIB and every session from gobgp (on its server
+// goroutine, the one that also handles updates) and the kernel's routes;
+// during a burst (a route from every one of 63 peers within a second) one
+// pass per update kept every daemon busy and delayed the updates
+// themselves. The first event after a quiet spell is handled at once; the
+// ones in a burst are coalesced into a pass every minPassInterval.
+const minPassInterval = 50 * time.Millisecond
+
+func (a *Agent) spacePasses(ctx context.Context, lastPass time.Time) {
+	wait := minPassInterval - time.Since(lastPass)
+	if wait <= 0 {
+		return
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(wait):
+	}
+	// What arrived while waiting is covered by this pass.
+	select {
+	case <-a.d.Speaker.Changes():
+	default:
 	}
 }
 

@@ -405,3 +405,56 @@ func TestGoBGPPokeNeverBlocks(t *testing.T) {
 	default:
 	}
 }
+
+// TestAgentCoalescesSpeakerBursts: a burst of speaker events (a route from
+// every peer within a moment) costs a reconcile pass per minPassInterval,
+// not one per event, and the last state still reaches the kernel.
+func TestAgentCoalescesSpeakerBursts(t *testing.T) {
+	store, eng, ctx, cancel, log := newAgentFixture(t)
+	defer cancel()
+	if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: "192.168.0.0/16"}); err != nil {
+		t.Fatal(err)
+	}
+	b := addr("10.0.0.2")
+	if err := store.Txn(ctx, datastore.Put(datastore.NodeKey("b"), datastore.MustJSON(datastore.Node{Name: "b", IPv4: b.String()}))); err != nil {
+		t.Fatal(err)
+	}
+	sp := newFakeSpeaker()
+	rt := &syncTable{ft: fakeTable{learned: map[netip.Prefix][]netip.Addr{}}}
+	runAgent(t, ctx, cancel, Deps{
+		Store: store, Blocks: eng, Speaker: sp, Routes: rt, NodeName: "a", Log: log,
+		Config: Config{Enabled: true, NodeIP: "10.0.0.1", SyncTimeout: time.Hour},
+	})
+	eventually(t, "session to b", func() error {
+		if got, _ := sp.snapshot(); len(got) != 1 {
+			return fmt.Errorf("peers %v", got)
+		}
+		return nil
+	})
+	sp.mu.Lock()
+	before := sp.passes
+	sp.mu.Unlock()
+	const burst, events = 300 * time.Millisecond, 300
+	start := time.Now()
+	for i := range events {
+		sp.poke()
+		time.Sleep(burst / events)
+		if i == events-1 {
+			sp.set([]LearnedPath{{Prefix: pfx("192.168.1.0/26"), NextHop: b, Peer: b}}, []PeerState{{Address: b, State: "Established", EORReceived: true}})
+		}
+	}
+	elapsed := time.Since(start)
+	eventually(t, "the last state in the kernel", func() error {
+		if r := rt.routes(); len(r[pfx("192.168.1.0/26")]) != 1 {
+			return fmt.Errorf("routes %v", r)
+		}
+		return nil
+	})
+	sp.mu.Lock()
+	passes := sp.passes - before
+	sp.mu.Unlock()
+	if limit := int(elapsed/minPassInterval) + 3; passes > limit {
+		t.Errorf("%d events in %s cost %d reconcile passes, want at most %d", events, elapsed.Round(time.Millisecond), passes, limit)
+	}
+	t.Logf("%d events in %s: %d passes", events, elapsed.Round(time.Millisecond), passes)
+}
