@@ -208,18 +208,7 @@ func TestAgentMakeBeforeBreak(t *testing.T) {
 	settle := func() {
 		t.Helper()
 		for range 2 {
-			sp.mu.Lock()
-			start := sp.passes
-			sp.mu.Unlock()
-			sp.poke()
-			eventually(t, "a reconcile pass", func() error {
-				sp.mu.Lock()
-				defer sp.mu.Unlock()
-				if sp.passes <= start {
-					return fmt.Errorf("no pass yet")
-				}
-				return nil
-			})
+			sp.afterPass(t, sp.poke)
 		}
 	}
 	wantRoutes := func(what string) {
@@ -357,18 +346,7 @@ func TestAgentRestoresRestartFlag(t *testing.T) {
 	})
 	// Still not connected and still without the flag: not again.
 	for range 3 {
-		sp.mu.Lock()
-		start := sp.passes
-		sp.mu.Unlock()
-		sp.set(nil, states)
-		eventually(t, "a reconcile pass", func() error {
-			sp.mu.Lock()
-			defer sp.mu.Unlock()
-			if sp.passes <= start {
-				return fmt.Errorf("no pass yet")
-			}
-			return nil
-		})
+		sp.afterPass(t, func() { sp.set(nil, states) })
 	}
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
@@ -457,4 +435,22 @@ func TestAgentCoalescesSpeakerBursts(t *testing.T) {
 		t.Errorf("%d events in %s cost %d reconcile passes, want at most %d", events, elapsed.Round(time.Millisecond), passes, limit)
 	}
 	t.Logf("%d events in %s: %d passes", events, elapsed.Round(time.Millisecond), passes)
+}
+
+// afterPass runs trigger (which must signal a change) and waits for a
+// reconcile pass that started after it.
+func (f *fakeSpeaker) afterPass(t *testing.T, trigger func()) {
+	t.Helper()
+	f.mu.Lock()
+	start := f.passes
+	f.mu.Unlock()
+	trigger()
+	eventually(t, "a reconcile pass", func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.passes <= start {
+			return fmt.Errorf("no pass yet")
+		}
+		return nil
+	})
 }
