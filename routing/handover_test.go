@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
+	"github.com/sirupsen/logrus/hooks/test"
+
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
@@ -453,4 +456,23 @@ func (f *fakeSpeaker) afterPass(t *testing.T, trigger func()) {
 		}
 		return nil
 	})
+}
+
+// TestGobgpLoggerQuietsHarmlessWarnings: the warning gobgp itself ignores
+// goes to debug; other warnings stay warnings.
+func TestGobgpLoggerQuietsHarmlessWarnings(t *testing.T) {
+	for _, tc := range []struct {
+		msg  string
+		want logrus.Level
+	}{
+		{"restart flag is not set", logrus.DebugLevel},
+		{"failed to set md5", logrus.WarnLevel},
+	} {
+		log, hook := test.NewNullLogger()
+		log.SetLevel(logrus.DebugLevel)
+		(&gobgpLogger{log: log}).Warn(tc.msg, nil)
+		if e := hook.LastEntry(); e == nil || e.Level != tc.want || e.Message != tc.msg {
+			t.Errorf("%q logged as %+v, want level %s", tc.msg, e, tc.want)
+		}
+	}
 }

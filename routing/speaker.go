@@ -557,7 +557,24 @@ func (l *gobgpLogger) Error(msg string, f gobgplog.Fields) {
 	l.log.WithFields(logrus.Fields(f)).Error(msg)
 }
 func (l *gobgpLogger) Warn(msg string, f gobgplog.Fields) {
+	if harmlessGobgpWarning(msg) {
+		l.log.WithFields(logrus.Fields(f)).Debug(msg)
+		return
+	}
 	l.log.WithFields(logrus.Fields(f)).Warn(msg)
+}
+
+// harmlessGobgpWarning: logged at debug only.
+//
+// "restart flag is not set": a restarting peer's OPEN lacks the Restart
+// State bit, typically on a session that connected after the peer's gobgp
+// had ended its restart (the agent re-creates such sessions with the bit,
+// see restoreRestartFlag, but a peer that dials in between still gets an
+// OPEN without it). gobgp, as the helper, ignores the missing bit ("just
+// ignore" in fsm.go): it keeps the stale routes until the End-of-RIB as
+// usual, so nothing is lost.
+func harmlessGobgpWarning(msg string) bool {
+	return msg == "restart flag is not set"
 }
 
 // Info is logged at debug: gobgp is chatty about every session transition,
