@@ -201,12 +201,14 @@ func runScale(b *testing.B, n int, topo scaleTopology, impl scaleImpl) scaleResu
 	if b.Failed() {
 		b.FailNow()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if !waitAll(ctx, n, func(i int) bool { return impl.established(ctx, i, topo.peersOf(i, n)) }) {
-		b.Fatalf("sessions not all established within 5 minutes")
+	if late := waitAll(ctx, n, func(i int) bool { return impl.established(ctx, i, topo.peersOf(i, n)) }); len(late) > 0 {
+		b.Fatalf("sessions not all established within 2 minutes:\n%s", describeNodes(late, hosts, procs))
 	}
 	res.sessions = time.Since(start)
+	ctx, cancel = context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 
 	claims := time.Now()
 	errs := make([]error, n)
@@ -220,8 +222,8 @@ func runScale(b *testing.B, n int, topo scaleTopology, impl scaleImpl) scaleResu
 	if dbg := os.Getenv("CNM_BGP_SCALE_DEBUG"); dbg != "" {
 		go scaleDebugDump(ctx, b, dbg, hosts, procs, func(i int) bool { return impl.routed(ctx, i, n) })
 	}
-	if !waitAll(ctx, n, func(i int) bool { return impl.routed(ctx, i, n) }) {
-		b.Fatalf("routes not complete within 5 minutes")
+	if late := waitAll(ctx, n, func(i int) bool { return impl.routed(ctx, i, n) }); len(late) > 0 {
+		b.Fatalf("routes not complete within 2 minutes:\n%s", describeNodes(late, hosts, procs))
 	}
 	res.routes = time.Since(claims)
 	for _, p := range procs {
@@ -244,9 +246,21 @@ func parallel(n int, fn func(i int)) {
 	wg.Wait()
 }
 
+// describeNodes says, for the nodes given, whether their daemon runs and
+// how its log ends.
+func describeNodes(nodes []int, hosts []*harness.Host, procs []*harness.Process) string {
+	var sb strings.Builder
+	for _, i := range nodes {
+		p := procs[i]
+		fmt.Fprintf(&sb, "%s (%s): running %v, exit %v, log:\n%s\n", hosts[i].Name, hosts[i].IP, p.Running(), p.ExitErr(), p.LogTail(5))
+	}
+	return sb.String()
+}
+
 // waitAll polls cond for every node (each in its own goroutine, every
-// 20 ms) until all hold; false when ctx ends first.
-func waitAll(ctx context.Context, n int, cond func(i int) bool) bool {
+// 20 ms) until all hold; it returns the nodes for which cond still did not
+// hold when ctx ended.
+func waitAll(ctx context.Context, n int, cond func(i int) bool) []int {
 	ok := make([]bool, n)
 	parallel(n, func(i int) {
 		for ctx.Err() == nil {
@@ -260,12 +274,13 @@ func waitAll(ctx context.Context, n int, cond func(i int) bool) bool {
 			}
 		}
 	})
-	for _, v := range ok {
+	var late []int
+	for i, v := range ok {
 		if !v {
-			return false
+			late = append(late, i)
 		}
 	}
-	return true
+	return late
 }
 
 // procUsage: resident set (MiB) and user+system CPU seconds of pid.
