@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -224,7 +226,7 @@ func (e *Engine) refreshAfterConflict(ctx context.Context, handleID string, blk 
 // extra ops ride along (a claim's pending affinity). It returns the
 // revision the transaction committed at.
 func (e *Engine) commitAssign(ctx context.Context, req assignReq, b *block, rev int64, ord int, pool poolEntry, extra ...datastore.Op) (netip.Addr, int64, error) {
-	b.allocate(ord, req.handle, req.attrs)
+	b.allocate(ord, req.handle, e.stamped(req.attrs))
 	h := e.handleOptimistic(req.handle)
 	h.rec.add(b.prefix, 1)
 	ops := make([]datastore.Op, 0, 3+len(extra))
@@ -235,6 +237,9 @@ func (e *Engine) commitAssign(ctx context.Context, req assignReq, b *block, rev 
 	ops = append(ops, datastore.Check(poolKey(pool.prefix), pool.rev))
 	ops = append(ops, extra...)
 	newRev, err := e.store.TxnRev(ctx, ops...)
+	if isAmbiguous(err) {
+		return e.settleAmbiguous(ctx, req, b.prefix, ord, err)
+	}
 	if err != nil {
 		return netip.Addr{}, 0, err
 	}
@@ -244,6 +249,15 @@ func (e *Engine) commitAssign(ctx context.Context, req assignReq, b *block, rev 
 	addr := nthAddr(b.prefix, ord)
 	req.log.WithFields(logrus.Fields{"ip": addr.String(), "block": b.CIDR}).Debug("address assigned")
 	return addr, newRev, nil
+}
+
+// stamped is attrs with AttrAssigned set to now: every assignment carries
+// its age, which the leak checks need.
+func (e *Engine) stamped(attrs map[string]string) map[string]string {
+	out := make(map[string]string, len(attrs)+1)
+	maps.Copy(out, attrs)
+	out[AttrAssigned] = e.now().UTC().Format(time.RFC3339Nano)
+	return out
 }
 
 // claimOrBorrow runs steps 2 and 3 of AutoAssign on a fresh view of all

@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
-	"github.com/calico-cnm/calico-cnm/driver"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -208,7 +207,7 @@ func liveHandles(ctx context.Context, store *datastore.Store, eng *ipam.Engine) 
 	for _, al := range allocs {
 		// The swarm manager's assignments (service VIPs, tasks not
 		// started yet) have no endpoint record: the manager releases them.
-		if inUse[al.IP.String()] || al.Attrs[driver.AttrSwarm] == "true" {
+		if inUse[al.IP.String()] || ipam.IsSwarm(al.Attrs) {
 			live[al.HandleID] = true
 		}
 	}
