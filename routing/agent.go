@@ -572,10 +572,14 @@ func (a *Agent) syncPeers(ctx context.Context) {
 			continue
 		}
 		delete(a.sessions, p.Address)
-		a.addPeer(ctx, p, now, "BGP peer re-created with new settings")
+		a.addPeer(ctx, p, now, "BGP peer re-created with new settings", true)
 	}
+	// A new session is pending (holding deletions) only as part of a
+	// topology change: a node that joins takes nothing away, and one that
+	// never comes up must not delay real withdrawals.
+	change := len(plan.Rekey)+len(plan.Relabel)+len(plan.Retire) > 0
 	for _, p := range plan.Add {
-		a.addPeer(ctx, p, now, "BGP peer added")
+		a.addPeer(ctx, p, now, "BGP peer added", change)
 	}
 	for _, addr := range plan.Remove {
 		a.removePeer(ctx, addr, "BGP peer removed")
@@ -588,19 +592,19 @@ func (a *Agent) syncPeers(ctx context.Context) {
 	}
 }
 
-// addPeer configures p; after the first sync it is pending until it has
-// sent its routes. Only a node that ran before announces a restart: the
+// addPeer configures p; after the first sync, when pending, it holds
+// kernel deletions until it has sent its routes. Only a node that ran before announces a restart: the
 // flag makes gobgp hold back every advertisement to the peer until all
 // peers have sent End-of-RIB (or 5 s per session), a delay that buys
 // nothing when no peer kept routes of ours.
-func (a *Agent) addPeer(ctx context.Context, p PeerSpec, now time.Time, msg string) {
+func (a *Agent) addPeer(ctx context.Context, p PeerSpec, now time.Time, msg string, pending bool) {
 	p.Restarting = a.restarted && !a.synced
 	if err := a.d.Speaker.AddPeer(ctx, p); err != nil {
 		a.log.WithError(err).WithField("peer", p.String()).Warn("adding BGP peer")
 		return
 	}
 	a.sessions[p.Address] = p
-	if a.synced {
+	if a.synced && pending {
 		a.handover.pending[p.Address] = now
 	}
 	a.log.WithFields(logrus.Fields{"peer": p.String(), "md5": p.Password != ""}).Info(msg)

@@ -298,6 +298,18 @@ func TestAgentMakeBeforeBreak(t *testing.T) {
 	if want := []string{"add 10.0.0.2", "add 10.0.0.9", "delete 10.0.0.2", "add 10.0.0.2"}; !slices.Equal(sortedPrefix(spOps, 2), want) {
 		t.Errorf("speaker operations %v, want %v (no session re-created on a, b removed once, re-added once)", spOps, want)
 	}
+
+	// A node that joins and never comes up is no topology change: r's
+	// withdrawal meanwhile reaches the kernel at once.
+	putNode(datastore.Node{Name: "c", IPv4: "10.0.0.3"})
+	peersAre("c added", map[netip.Addr]PeerType{b: PeerMesh, r: PeerMesh, addr("10.0.0.3"): PeerMesh})
+	sp.set([]LearnedPath{viaB}, append(synced(r, b), PeerState{Address: addr("10.0.0.3"), State: "Active"}))
+	eventually(t, "r's withdrawn block deleted while c is still connecting", func() error {
+		if got := rt.routes(); len(got) != 1 || got[blkR] != nil {
+			return fmt.Errorf("kernel routes %v", got)
+		}
+		return nil
+	})
 }
 
 // sortedPrefix sorts the first n entries (added together, in map order).
