@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	api "github.com/osrg/gobgp/v3/api"
@@ -80,6 +82,10 @@ type GoBGP struct {
 	// advertised caches the per-peer advertised counts (see Peers).
 	advertised   map[netip.Addr]int
 	advertisedAt time.Time
+	// peers caches Peers between session events (see Peers).
+	peers      []PeerState
+	peersAt    time.Time
+	peersDirty atomic.Bool
 }
 
 // advertisedRefresh is how old the advertised counts of Peers may be.
@@ -181,12 +187,31 @@ func (g *GoBGP) Start(ctx context.Context, spec GlobalSpec) error {
 			{Type: api.WatchEventRequest_Table_Filter_ADJIN},
 			{Type: api.WatchEventRequest_Table_Filter_EOR},
 		}},
-	}, func(*api.WatchEventResponse) { g.poke() })
+	}, func(ev *api.WatchEventResponse) {
+		if sessionEvent(ev) {
+			g.peersDirty.Store(true)
+		}
+		g.poke()
+	})
 	if err != nil {
 		cancel()
 		return fmt.Errorf("watching the BGP RIB: %w", err)
 	}
 	return nil
+}
+
+// sessionEvent: a session changed state or sent its End-of-RIB (a path
+// without NLRI), as opposed to a route update.
+func sessionEvent(ev *api.WatchEventResponse) bool {
+	if ev.GetPeer() != nil {
+		return true
+	}
+	for _, p := range ev.GetTable().GetPaths() {
+		if p.GetNlri() == nil {
+			return true
+		}
+	}
+	return false
 }
 
 func (g *GoBGP) poke() {
@@ -251,6 +276,7 @@ func (g *GoBGP) AddPeer(ctx context.Context, p PeerSpec) error {
 	if err := g.s.AddPeer(ctx, &api.AddPeerRequest{Peer: peer}); err != nil {
 		return fmt.Errorf("adding BGP peer %s: %w", p, err)
 	}
+	g.peersDirty.Store(true)
 	return nil
 }
 
@@ -276,6 +302,7 @@ func (g *GoBGP) DeletePeer(ctx context.Context, addr netip.Addr) error {
 	if err := g.s.DeletePeer(ctx, &api.DeletePeerRequest{Address: addr.String()}); err != nil {
 		return fmt.Errorf("deleting BGP peer %s: %w", addr, err)
 	}
+	g.peersDirty.Store(true)
 	return g.removeLocalOnly(ctx, addr)
 }
 
@@ -401,10 +428,38 @@ func learnedFromAPI(p *api.Path) (LearnedPath, bool, error) {
 	return lp, true, nil
 }
 
-// Peers implements Speaker. The advertised counts are refreshed when the
-// set of established sessions changed, else at most every
-// advertisedRefresh.
+// Peers implements Speaker.
 func (g *GoBGP) Peers(ctx context.Context) ([]PeerState, error) {
+	// Listing the sessions runs on gobgp's server goroutine and takes every
+	// session's lock for writing: on a reflector with 63 clients, doing it
+	// for every route update held up the reflection itself. Between session
+	// events (state changes, End-of-RIB) the last list is reused, for at
+	// most peersMaxAge (the counters in it are for `node status` only).
+	g.mu.Lock()
+	cached, at := g.peers, g.peersAt
+	g.mu.Unlock()
+	if cached != nil && !g.peersDirty.Load() && time.Since(at) < peersMaxAge {
+		return slices.Clone(cached), nil
+	}
+	g.peersDirty.Store(false) // an event from here on lists again
+	out, err := g.listPeersCounted(ctx)
+	if err != nil {
+		g.peersDirty.Store(true)
+		return nil, err
+	}
+	g.mu.Lock()
+	g.peers, g.peersAt = slices.Clone(out), time.Now()
+	g.mu.Unlock()
+	return out, nil
+}
+
+// peersMaxAge bounds how long Peers reuses a list without session events.
+const peersMaxAge = time.Second
+
+// listPeersCounted lists the sessions, with advertised counts refreshed
+// when the established sessions changed, else at most every
+// advertisedRefresh.
+func (g *GoBGP) listPeersCounted(ctx context.Context) ([]PeerState, error) {
 	g.mu.Lock()
 	refresh := time.Since(g.advertisedAt) >= advertisedRefresh
 	cached := g.advertised
