@@ -75,11 +75,19 @@ type Agent struct {
 	blocks  map[netip.Prefix]bool
 	workIPs []netip.Addr
 
-	// What the speaker has been told.
+	// What the speaker has been told (sessions includes retiring ones).
 	sessions   map[netip.Addr]PeerSpec
 	advertised map[netip.Prefix]bool
+	// handover: topology changes in flight (see handover.go).
+	handover handover
+	// grReadded: sessions re-created once to restore the restart flag.
+	grReadded map[netip.Addr]bool
 
-	synced    bool
+	synced bool
+	// restarted: this node ran before (its record had an address, or the
+	// kernel has routes it learned), so peers may hold its routes from the
+	// previous run; a first start has nothing to restart (see addPeer).
+	restarted bool
 	conflicts map[netip.Prefix]bool // logged once each
 
 	mu     sync.Mutex
@@ -112,6 +120,8 @@ func NewAgent(d Deps) (*Agent, error) {
 		log:        d.Log.WithField("component", "bgp"),
 		blocks:     map[netip.Prefix]bool{},
 		sessions:   map[netip.Addr]PeerSpec{},
+		handover:   newHandover(),
+		grReadded:  map[netip.Addr]bool{},
 		advertised: map[netip.Prefix]bool{},
 		conflicts:  map[netip.Prefix]bool{},
 	}, nil
@@ -185,12 +195,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		return nil
 	}
 	a.syncExports(ctx)
+	if kernel, err := a.d.Routes.ListLearned(ctx); err == nil && len(kernel) > 0 {
+		a.restarted = true // routes learned by a previous run
+	}
 	a.syncPeers(ctx)
 	a.syncRoutes(ctx)
 
 	blockEvents := a.d.Blocks.WatchHostBlocks(ctx, a.d.NodeName)
 	ticker := time.NewTicker(a.d.ResyncInterval)
 	defer ticker.Stop()
+	lastPass := time.Now()
 	for {
 		var reloadNodes, reloadPools, reloadEndpoints, exports bool
 		onBlock := func(ev ipam.BlockEvent, ok bool) {
@@ -219,6 +233,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		case prefix := <-dirty:
 			onDirty(prefix)
 		case <-a.d.Speaker.Changes():
+			a.spacePasses(ctx, lastPass)
 		case <-ticker.C:
 			reloadNodes, reloadPools, reloadEndpoints = true, true, true
 		}
@@ -256,6 +271,32 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.syncPeers(ctx)
 		}
 		a.syncRoutes(ctx)
+		lastPass = time.Now()
+	}
+}
+
+// minPassInterval spaces the passes that speaker events start. A pass
+// reads the whole RIB and every session from gobgp (on its server
+// goroutine, the one that also handles updates) and the kernel's routes;
+// during a burst (a route from every one of 63 peers within a second) one
+// pass per update kept every daemon busy and delayed the updates
+// themselves. The first event after a quiet spell is handled at once; the
+// ones in a burst are coalesced into a pass every minPassInterval.
+const minPassInterval = 50 * time.Millisecond
+
+func (a *Agent) spacePasses(ctx context.Context, lastPass time.Time) {
+	wait := minPassInterval - time.Since(lastPass)
+	if wait <= 0 {
+		return
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(wait):
+	}
+	// What arrived while waiting is covered by this pass.
+	select {
+	case <-a.d.Speaker.Changes():
+	default:
 	}
 }
 
@@ -330,6 +371,7 @@ func (a *Agent) register(ctx context.Context, addr, addr6 netip.Addr) error {
 		if a.d.Config.ASN != 0 {
 			want.ASN = a.d.Config.ASN
 		}
+		a.restarted = rev != 0 && n.IPv4 != ""
 		if rev != 0 && want == n {
 			return nil
 		}
@@ -506,35 +548,153 @@ func (a *Agent) syncExports(ctx context.Context) {
 	}
 }
 
-// syncPeers makes the speaker's sessions match DesiredPeers.
+// syncPeers makes the speaker's sessions match DesiredPeers, make before
+// break (handover.go): new and re-created sessions first, sessions whose
+// peer still exists retire instead of going at once.
 func (a *Agent) syncPeers(ctx context.Context) {
 	want := a.resolveSecrets(DesiredPeers(a.self, a.nodes, a.peers, a.cfg))
-	wantSet := map[netip.Addr]PeerSpec{}
+	plan := planPeers(a.sessions, want, a.peerAddresses())
+	now := time.Now()
 	for _, p := range want {
-		wantSet[p.Address] = p
+		if a.handover.retiring[p.Address] != nil {
+			a.log.WithField("peer", p.String()).Info("BGP peer wanted again: no longer retiring")
+			delete(a.handover.retiring, p.Address)
+		}
 	}
-	for addr, cur := range a.sessions {
-		if w, ok := wantSet[addr]; ok && w.Equal(cur) {
-			continue
-		}
-		if err := a.d.Speaker.DeletePeer(ctx, addr); err != nil {
-			a.log.WithError(err).WithField("peer", cur.String()).Warn("removing BGP peer")
-			continue
-		}
-		delete(a.sessions, addr)
-		a.log.WithField("peer", cur.String()).Info("BGP peer removed")
-	}
-	for _, p := range want {
-		if _, ok := a.sessions[p.Address]; ok {
-			continue
-		}
-		p.Restarting = !a.synced
-		if err := a.d.Speaker.AddPeer(ctx, p); err != nil {
-			a.log.WithError(err).WithField("peer", p.String()).Warn("adding BGP peer")
-			continue
-		}
+	for _, p := range plan.Relabel {
 		a.sessions[p.Address] = p
-		a.log.WithFields(logrus.Fields{"peer": p.String(), "md5": p.Password != ""}).Info("BGP peer added")
+		a.log.WithField("peer", p.String()).Info("BGP peer changed role; same session")
+	}
+	for _, p := range plan.Rekey {
+		cur := a.sessions[p.Address]
+		if err := a.d.Speaker.DeletePeer(ctx, p.Address); err != nil {
+			a.log.WithError(err).WithField("peer", cur.String()).Warn("re-creating BGP peer")
+			continue
+		}
+		delete(a.sessions, p.Address)
+		a.addPeer(ctx, p, now, "BGP peer re-created with new settings", true)
+	}
+	// A new session is pending (holding deletions) only as part of a
+	// topology change: a node that joins takes nothing away, and one that
+	// never comes up must not delay real withdrawals.
+	change := len(plan.Rekey)+len(plan.Relabel)+len(plan.Retire) > 0
+	for _, p := range plan.Add {
+		a.addPeer(ctx, p, now, "BGP peer added", change)
+	}
+	for _, addr := range plan.Remove {
+		a.removePeer(ctx, addr, "BGP peer removed")
+	}
+	for _, addr := range plan.Retire {
+		if a.handover.retiring[addr] == nil {
+			a.handover.retire(addr, now)
+			a.log.WithField("peer", a.sessions[addr].String()).Info("BGP peer retiring: kept until other sessions carry its routes")
+		}
+	}
+}
+
+// addPeer configures p; after the first sync, when pending, it holds
+// kernel deletions until it has sent its routes. Only a node that ran before announces a restart: the
+// flag makes gobgp hold back every advertisement to the peer until all
+// peers have sent End-of-RIB (or 5 s per session), a delay that buys
+// nothing when no peer kept routes of ours.
+func (a *Agent) addPeer(ctx context.Context, p PeerSpec, now time.Time, msg string, pending bool) {
+	p.Restarting = a.restarted && !a.synced
+	if err := a.d.Speaker.AddPeer(ctx, p); err != nil {
+		a.log.WithError(err).WithField("peer", p.String()).Warn("adding BGP peer")
+		return
+	}
+	a.sessions[p.Address] = p
+	if a.synced && pending {
+		a.handover.pending[p.Address] = now
+	}
+	a.log.WithFields(logrus.Fields{"peer": p.String(), "md5": p.Password != ""}).Info(msg)
+}
+
+func (a *Agent) removePeer(ctx context.Context, addr netip.Addr, msg string) {
+	cur := a.sessions[addr]
+	if err := a.d.Speaker.DeletePeer(ctx, addr); err != nil {
+		a.log.WithError(err).WithField("peer", cur.String()).Warn("removing BGP peer")
+		return
+	}
+	delete(a.sessions, addr)
+	a.handover.forget(addr)
+	delete(a.grReadded, addr)
+	a.log.WithField("peer", cur.String()).Info(msg)
+}
+
+// peerAddresses: every address that belongs to a node or a peer record
+// (a session to any other address has lost its peer). A peer whose secret
+// cannot be read counts as gone: its session must not outlive its key.
+func (a *Agent) peerAddresses() map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	for _, n := range a.nodes {
+		if addr, err := netip.ParseAddr(n.IPv4); err == nil {
+			out[addr] = true
+		}
+	}
+	for _, p := range a.peers {
+		if _, unreadable := a.secretProblems[p.Name]; unreadable {
+			continue
+		}
+		if addr, err := netip.ParseAddr(p.PeerIP); err == nil {
+			out[addr] = true
+		}
+	}
+	return out
+}
+
+// advanceHandover removes the retired sessions whose routes others carry
+// now and ends the pending state of sessions that have synced.
+func (a *Agent) advanceHandover(ctx context.Context, paths []LearnedPath, pol ImportPolicy, states []PeerState) {
+	if a.handover.idle() {
+		return
+	}
+	accept := func(p LearnedPath) bool { return pol.Decide(p) == "" }
+	step := a.handover.advance(paths, accept, states, time.Now(), a.d.Config.SyncTimeout)
+	for _, addr := range step.Synced {
+		delete(a.handover.pending, addr)
+		a.log.WithField("peer", a.sessions[addr].String()).Info("BGP peer synced: its routes are in")
+	}
+	for _, addr := range step.Remove {
+		a.removePeer(ctx, addr, "retired BGP peer removed: its routes come over other sessions now")
+	}
+	for _, addr := range step.TimedOut {
+		if a.handover.retiring[addr] != nil {
+			a.removePeer(ctx, addr, "retired BGP peer removed after the sync timeout; routes only it carried go")
+			continue
+		}
+		delete(a.handover.pending, addr)
+		a.log.WithField("peer", a.sessions[addr].String()).Warn("new BGP session not synced within the sync timeout; stale learned routes may go now")
+	}
+}
+
+// restoreRestartFlag: gobgp ends its own restart state for every configured
+// session once the sessions that are up have sent their End-of-RIB, also
+// for sessions that have not connected yet, which then come up without the
+// Restart State bit (the peer logs "restart flag is not set" and, RFC 4724
+// aside, may drop the routes it kept for us). While this node still syncs,
+// such a session is re-created (once) with the flag, so that every session
+// of a restarting node restarts gracefully.
+func (a *Agent) restoreRestartFlag(ctx context.Context, states []PeerState) {
+	if a.synced {
+		return
+	}
+	for _, s := range states {
+		spec, ok := a.sessions[s.Address]
+		if !ok || !spec.Restarting || s.State == "Established" || s.LocalRestarting || a.grReadded[s.Address] {
+			continue
+		}
+		a.grReadded[s.Address] = true
+		if err := a.d.Speaker.DeletePeer(ctx, s.Address); err != nil {
+			a.log.WithError(err).WithField("peer", spec.String()).Warn("re-creating BGP peer to restart gracefully")
+			continue
+		}
+		if err := a.d.Speaker.AddPeer(ctx, spec); err != nil {
+			delete(a.sessions, s.Address)
+			a.log.WithError(err).WithField("peer", spec.String()).Warn("re-creating BGP peer to restart gracefully")
+			continue
+		}
+		a.log.WithField("peer", spec.String()).Debug("BGP peer re-created with the restart flag (not connected when the speaker ended its restart)")
 	}
 }
 
@@ -592,18 +752,20 @@ func (a *Agent) syncRoutes(ctx context.Context) {
 	if err != nil {
 		a.log.WithError(err).Warn("reading BGP sessions")
 	}
+	a.restoreRestartFlag(ctx, states)
 	if !a.synced {
 		a.synced = a.allPeersSynced(states) || time.Since(a.start) > a.d.Config.SyncTimeout
 		if a.synced {
 			a.log.WithField("after", time.Since(a.start).Round(time.Millisecond).String()).Info("BGP in sync: stale learned routes may now be removed")
 		}
 	}
+	a.advanceHandover(ctx, paths, pol, states)
 	kernel, err := a.d.Routes.ListLearned(ctx)
 	if err != nil {
 		a.log.WithError(err).Warn("listing kernel routes")
 		return
 	}
-	diff := DiffRoutes(sel.Routes, kernel, a.synced)
+	diff := DiffRoutes(sel.Routes, kernel, a.synced && a.handover.idle())
 	conflicts, err := ApplyDiff(ctx, a.d.Routes, diff, a.log)
 	if err != nil {
 		a.log.WithError(err).Warn("programming learned routes")

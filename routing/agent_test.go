@@ -31,6 +31,8 @@ type fakeSpeaker struct {
 	paths      []LearnedPath
 	states     []PeerState
 	changes    chan struct{}
+	ops        []string // "add ADDR" / "delete ADDR", in order
+	passes     int      // Paths calls: one per reconcile pass
 }
 
 func newFakeSpeaker() *fakeSpeaker {
@@ -47,12 +49,14 @@ func (f *fakeSpeaker) AddPeer(_ context.Context, p PeerSpec) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.peers[p.Address] = p
+	f.ops = append(f.ops, "add "+p.Address.String())
 	return nil
 }
 func (f *fakeSpeaker) DeletePeer(_ context.Context, a netip.Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.peers, a)
+	f.ops = append(f.ops, "delete "+a.String())
 	return nil
 }
 func (f *fakeSpeaker) Advertise(_ context.Context, p netip.Prefix, nh netip.Addr) error {
@@ -71,6 +75,7 @@ func (f *fakeSpeaker) Withdraw(_ context.Context, p netip.Prefix) error {
 func (f *fakeSpeaker) Paths(context.Context) ([]LearnedPath, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.passes++
 	return slices.Clone(f.paths), nil
 }
 func (f *fakeSpeaker) Peers(context.Context) ([]PeerState, error) {
@@ -85,6 +90,12 @@ func (f *fakeSpeaker) set(paths []LearnedPath, states []PeerState) {
 	f.mu.Lock()
 	f.paths, f.states = paths, states
 	f.mu.Unlock()
+	f.poke()
+}
+
+// poke signals a change, as the real speaker does on any RIB or session
+// event.
+func (f *fakeSpeaker) poke() {
 	select {
 	case f.changes <- struct{}{}:
 	default:

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	api "github.com/osrg/gobgp/v3/api"
@@ -59,6 +61,9 @@ type PeerState struct {
 	Received    int        `json:"received"`
 	Advertised  int        `json:"advertised"`
 	EORReceived bool       `json:"endOfRibReceived"`
+	// LocalRestarting: the speaker still announces a restart to this peer
+	// (the Restart State bit of our OPEN).
+	LocalRestarting bool `json:"localRestarting"`
 }
 
 // GoBGP is the Speaker backed by an in-process github.com/osrg/gobgp/v3.
@@ -74,7 +79,21 @@ type GoBGP struct {
 	started   bool
 	localOnly map[netip.Addr]bool // members of localOnlySet
 	cancel    context.CancelFunc
+	// advertised caches the per-peer advertised counts (see Peers).
+	advertised   map[netip.Addr]int
+	advertisedAt time.Time
+	// peers caches Peers between session events (see Peers).
+	peers      []PeerState
+	peersAt    time.Time
+	peersDirty atomic.Bool
 }
+
+// advertisedRefresh is how old the advertised counts of Peers may be.
+// Counting them makes gobgp run the export policy over the whole RIB for
+// every peer, on its server goroutine, which also handles the updates:
+// done on every RIB change, that was O(peers x routes) work per received
+// update, and it delayed the updates themselves at 32+ nodes.
+const advertisedRefresh = 2 * time.Second
 
 // NewGoBGP creates the speaker; nothing listens until Start.
 func NewGoBGP(log logrus.FieldLogger) *GoBGP {
@@ -168,12 +187,31 @@ func (g *GoBGP) Start(ctx context.Context, spec GlobalSpec) error {
 			{Type: api.WatchEventRequest_Table_Filter_ADJIN},
 			{Type: api.WatchEventRequest_Table_Filter_EOR},
 		}},
-	}, func(*api.WatchEventResponse) { g.poke() })
+	}, func(ev *api.WatchEventResponse) {
+		if sessionEvent(ev) {
+			g.peersDirty.Store(true)
+		}
+		g.poke()
+	})
 	if err != nil {
 		cancel()
 		return fmt.Errorf("watching the BGP RIB: %w", err)
 	}
 	return nil
+}
+
+// sessionEvent: a session changed state or sent its End-of-RIB (a path
+// without NLRI), as opposed to a route update.
+func sessionEvent(ev *api.WatchEventResponse) bool {
+	if ev.GetPeer() != nil {
+		return true
+	}
+	for _, p := range ev.GetTable().GetPaths() {
+		if p.GetNlri() == nil {
+			return true
+		}
+	}
+	return false
 }
 
 func (g *GoBGP) poke() {
@@ -238,6 +276,7 @@ func (g *GoBGP) AddPeer(ctx context.Context, p PeerSpec) error {
 	if err := g.s.AddPeer(ctx, &api.AddPeerRequest{Peer: peer}); err != nil {
 		return fmt.Errorf("adding BGP peer %s: %w", p, err)
 	}
+	g.peersDirty.Store(true)
 	return nil
 }
 
@@ -263,6 +302,7 @@ func (g *GoBGP) DeletePeer(ctx context.Context, addr netip.Addr) error {
 	if err := g.s.DeletePeer(ctx, &api.DeletePeerRequest{Address: addr.String()}); err != nil {
 		return fmt.Errorf("deleting BGP peer %s: %w", addr, err)
 	}
+	g.peersDirty.Store(true)
 	return g.removeLocalOnly(ctx, addr)
 }
 
@@ -390,8 +430,84 @@ func learnedFromAPI(p *api.Path) (LearnedPath, bool, error) {
 
 // Peers implements Speaker.
 func (g *GoBGP) Peers(ctx context.Context) ([]PeerState, error) {
+	// Listing the sessions runs on gobgp's server goroutine and takes every
+	// session's lock for writing: on a reflector with 63 clients, doing it
+	// for every route update held up the reflection itself. Between session
+	// events (state changes, End-of-RIB) the last list is reused, for at
+	// most peersMaxAge (the counters in it are for `node status` only).
+	g.mu.Lock()
+	cached, at := g.peers, g.peersAt
+	g.mu.Unlock()
+	if cached != nil && !g.peersDirty.Load() && time.Since(at) < peersMaxAge {
+		return slices.Clone(cached), nil
+	}
+	g.peersDirty.Store(false) // an event from here on lists again
+	out, err := g.listPeersCounted(ctx)
+	if err != nil {
+		g.peersDirty.Store(true)
+		return nil, err
+	}
+	g.mu.Lock()
+	g.peers, g.peersAt = slices.Clone(out), time.Now()
+	g.mu.Unlock()
+	return out, nil
+}
+
+// peersMaxAge bounds how long Peers reuses a list without session events.
+const peersMaxAge = time.Second
+
+// listPeersCounted lists the sessions, with advertised counts refreshed
+// when the established sessions changed, else at most every
+// advertisedRefresh.
+func (g *GoBGP) listPeersCounted(ctx context.Context) ([]PeerState, error) {
+	g.mu.Lock()
+	refresh := time.Since(g.advertisedAt) >= advertisedRefresh
+	cached := g.advertised
+	g.mu.Unlock()
+	out, err := g.listPeers(ctx, refresh)
+	if err == nil && !refresh && !sameEstablished(out, cached) {
+		refresh = true
+		out, err = g.listPeers(ctx, true)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !refresh {
+		for i := range out {
+			out[i].Advertised = cached[out[i].Address]
+		}
+		return out, nil
+	}
+	fresh := make(map[netip.Addr]int, len(out))
+	for _, ps := range out {
+		if ps.State == "Established" {
+			fresh[ps.Address] = ps.Advertised
+		}
+	}
+	g.mu.Lock()
+	g.advertised, g.advertisedAt = fresh, time.Now()
+	g.mu.Unlock()
+	return out, nil
+}
+
+// sameEstablished: the established sessions are exactly those cached.
+func sameEstablished(states []PeerState, cached map[netip.Addr]int) bool {
+	n := 0
+	for _, s := range states {
+		if s.State != "Established" {
+			continue
+		}
+		n++
+		if _, ok := cached[s.Address]; !ok {
+			return false
+		}
+	}
+	return n == len(cached)
+}
+
+func (g *GoBGP) listPeers(ctx context.Context, withAdvertised bool) ([]PeerState, error) {
 	var out []PeerState
-	err := g.s.ListPeer(ctx, &api.ListPeerRequest{EnableAdvertised: true}, func(p *api.Peer) {
+	err := g.s.ListPeer(ctx, &api.ListPeerRequest{EnableAdvertised: withAdvertised}, func(p *api.Peer) {
 		var ps PeerState
 		if p.Conf != nil {
 			ps.Address, _ = netip.ParseAddr(p.Conf.NeighborAddress)
@@ -406,6 +522,7 @@ func (g *GoBGP) Peers(ctx context.Context) ([]PeerState, error) {
 				ps.Since = p.Timers.State.Downtime.AsTime()
 			}
 		}
+		ps.LocalRestarting = p.GracefulRestart != nil && p.GracefulRestart.LocalRestarting
 		eor := len(p.AfiSafis) > 0
 		for _, af := range p.AfiSafis {
 			if af.State != nil {
@@ -470,6 +587,16 @@ func (g *GoBGP) Stop(graceful bool) {
 	}
 }
 
+// A note on withdrawals a peer never got an advertisement for (seen on the
+// wire, e.g. a client withdrawing a block towards reflector r2 after r1's
+// copy went away): gobgp sends them on purpose. When the best path for a
+// prefix moves to a path learned from peer X, it withdraws the old best
+// towards X in case X had it from us (server.go filterPathFromSourcePeer,
+// and prePolicyFilterpath for an old eBGP or local best replaced over
+// iBGP), without tracking what X was sent. The receiver holds no path from
+// us for the prefix and drops the withdrawal; nothing is lost, nothing is
+// logged. Not preventable without patching gobgp, so left alone.
+
 // gobgpLogger adapts logrus to gobgp's logger. gobgp's Fatal/Panic are for
 // its own internal bugs; they are logged as errors rather than killing the
 // daemon that hosts the plugin sockets.
@@ -485,7 +612,24 @@ func (l *gobgpLogger) Error(msg string, f gobgplog.Fields) {
 	l.log.WithFields(logrus.Fields(f)).Error(msg)
 }
 func (l *gobgpLogger) Warn(msg string, f gobgplog.Fields) {
+	if harmlessGobgpWarning(msg) {
+		l.log.WithFields(logrus.Fields(f)).Debug(msg)
+		return
+	}
 	l.log.WithFields(logrus.Fields(f)).Warn(msg)
+}
+
+// harmlessGobgpWarning: logged at debug only.
+//
+// "restart flag is not set": a restarting peer's OPEN lacks the Restart
+// State bit, typically on a session that connected after the peer's gobgp
+// had ended its restart (the agent re-creates such sessions with the bit,
+// see restoreRestartFlag, but a peer that dials in between still gets an
+// OPEN without it). gobgp, as the helper, ignores the missing bit ("just
+// ignore" in fsm.go): it keeps the stale routes until the End-of-RIB as
+// usual, so nothing is lost.
+func harmlessGobgpWarning(msg string) bool {
+	return msg == "restart flag is not set"
 }
 
 // Info is logged at debug: gobgp is chatty about every session transition,

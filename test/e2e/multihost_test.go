@@ -547,6 +547,12 @@ protocol bgp host_b from hosts { neighbor %[4]s as 64512; }
 			}
 		}
 		h.waitPeers(t, want, 45*time.Second)
+		// The listener takes the MD5 keys (plain TCP, not MPTCP): no warning.
+		for _, unwanted := range []string{"failed to set md5", "cannot set TTL"} {
+			if h.plugin.LogContains(unwanted) {
+				t.Errorf("%s logged %q although MD5 works", h.Name, unwanted)
+			}
+		}
 	}
 
 	t.Run("bird learns every block", func(t *testing.T) {
