@@ -14,6 +14,7 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/policy/api"
 )
 
 // PoolsPrefix is where ipam keeps its pool records (ipam.Pool).
@@ -66,6 +67,17 @@ const (
 type Syncer struct {
 	cfg Config
 	log logrus.FieldLogger
+
+	// mu guards what WaitProgrammed and Health read.
+	mu sync.Mutex
+	// programmed is the datastore revision of the endpoint records the
+	// kernel's tables reflect: every endpoint change up to it is in.
+	programmed int64
+	// advanced is closed (and replaced) whenever programmed grows or the
+	// health changes.
+	advanced chan struct{}
+	// unhealthy says why the tables are not in step ("" when they are).
+	unhealthy string
 }
 
 // NewSyncer checks cfg.
@@ -82,16 +94,69 @@ func NewSyncer(cfg Config) (*Syncer, error) {
 	if cfg.Log == nil {
 		cfg.Log = logrus.StandardLogger()
 	}
-	return &Syncer{cfg: cfg, log: cfg.Log.WithField("component", "policy")}, nil
+	return &Syncer{cfg: cfg, log: cfg.Log.WithField("component", "policy"), advanced: make(chan struct{}), unhealthy: "the datastore has not been read yet"}, nil
 }
 
-var followed = []string{PoolsPrefix, datastore.NetworksPrefix, datastore.EndpointsPrefix, datastore.NodesPrefix}
+// ErrNotProgrammed: the kernel's tables could not be brought in step in
+// time.
+var ErrNotProgrammed = errors.New("network policy not programmed")
+
+// WaitProgrammed returns once the kernel's tables include every endpoint
+// record change up to datastore revision rev (the Join's own write), or
+// fails when ctx ends first, saying why programming lags.
+func (s *Syncer) WaitProgrammed(ctx context.Context, rev int64) error {
+	for {
+		s.mu.Lock()
+		done, ch, why := s.programmed >= rev, s.advanced, s.unhealthy
+		s.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			if why == "" {
+				why = "still applying"
+			}
+			return fmt.Errorf("%w: the endpoint's rules are not in the kernel (%s): %w", ErrNotProgrammed, why, ctx.Err())
+		}
+	}
+}
+
+// Health is nil while the tables are in step with the datastore, else why
+// not (for /healthz).
+func (s *Syncer) Health() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.unhealthy != "" {
+		return fmt.Errorf("%w: %s", ErrNotProgrammed, s.unhealthy)
+	}
+	return nil
+}
+
+func (s *Syncer) setProgrammed(rev int64, why string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed := why != s.unhealthy
+	s.unhealthy = why
+	if why == "" && rev > s.programmed {
+		s.programmed = rev
+		changed = true
+	}
+	if changed {
+		close(s.advanced)
+		s.advanced = make(chan struct{})
+	}
+}
+
+var followed = []string{PoolsPrefix, datastore.NetworksPrefix, datastore.EndpointsPrefix, datastore.NodesPrefix, api.PoliciesPrefix}
 
 // update is what a prefix follower tells the main loop: a full snapshot
 // (after a (re-)list) or one event.
 type update struct {
 	prefix   string
 	snapshot map[string][]byte // non-nil: replaces the prefix's records
+	rev      int64             // the snapshot's revision
 	event    *datastore.Event
 }
 
@@ -125,6 +190,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 
 	records := map[string]map[string][]byte{}
 	loaded := map[string]bool{}
+	var epRev int64 // the endpoint records' revision that records holds
 	var lastApplied string
 	var retry *time.Timer
 	var retryC <-chan time.Time
@@ -137,6 +203,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		if len(loaded) < len(followed) {
 			return // not everything read yet: a partial view would drop rules
 		}
+		rev := epRev
 		st, bad := s.state(records)
 		want, warnings := Desired(st)
 		// Each problem is logged once while it lasts, not at every burst.
@@ -153,6 +220,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		}
 		text := want.Render()
 		if !force && text == lastApplied {
+			s.setProgrammed(rev, "")
 			return
 		}
 		start := time.Now()
@@ -162,6 +230,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 				return
 			}
 			s.log.WithError(err).WithField("retryIn", delay).Error("programming the nftables policy failed")
+			s.setProgrammed(0, "programming nftables failed: "+err.Error())
 			lastApplied = ""
 			if retry == nil {
 				retry = time.NewTimer(delay)
@@ -172,6 +241,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		}
 		delay = retryMin
 		lastApplied = text
+		s.setProgrammed(rev, "")
 		if n > 0 {
 			s.log.WithFields(logrus.Fields{"changes": n, "took": time.Since(start).Round(time.Microsecond), "localEndpoints": countLocal(st)}).Info("nftables policy updated")
 		}
@@ -183,7 +253,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case u := <-updates:
-			s.merge(records, loaded, u)
+			epRev = max(epRev, s.merge(records, loaded, u))
 		case <-retryC:
 			retry, retryC = nil, nil
 			force = true
@@ -195,7 +265,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		for drained := false; !drained; {
 			select {
 			case u := <-updates:
-				s.merge(records, loaded, u)
+				epRev = max(epRev, s.merge(records, loaded, u))
 			default:
 				drained = true
 			}
@@ -204,11 +274,20 @@ func (s *Syncer) Run(ctx context.Context) error {
 	}
 }
 
-func (s *Syncer) merge(records map[string]map[string][]byte, loaded map[string]bool, u update) {
+// merge applies u to records; it returns the revision of the endpoint
+// records it brings (0 for other prefixes).
+func (s *Syncer) merge(records map[string]map[string][]byte, loaded map[string]bool, u update) int64 {
+	var rev int64
+	if u.prefix == datastore.EndpointsPrefix {
+		rev = u.rev
+		if u.event != nil {
+			rev = u.event.ModRevision
+		}
+	}
 	if u.snapshot != nil {
 		records[u.prefix] = u.snapshot
 		loaded[u.prefix] = true
-		return
+		return rev
 	}
 	if records[u.prefix] == nil {
 		records[u.prefix] = map[string][]byte{}
@@ -219,6 +298,7 @@ func (s *Syncer) merge(records map[string]map[string][]byte, loaded map[string]b
 	default:
 		records[u.prefix][u.event.Key] = u.event.Value
 	}
+	return rev
 }
 
 // follow lists a prefix and watches it from the list's revision; when the
@@ -243,7 +323,7 @@ func (s *Syncer) follow(ctx context.Context, prefix string, out chan<- update) {
 			snap[kv.Key] = kv.Value
 		}
 		select {
-		case out <- update{prefix: prefix, snapshot: snap}:
+		case out <- update{prefix: prefix, snapshot: snap, rev: rev}:
 		case <-ctx.Done():
 			return
 		}
@@ -332,6 +412,14 @@ func (s *Syncer) state(records map[string]map[string][]byte) (State, []string) {
 			e.ID = id
 		}
 		st.Endpoints = append(st.Endpoints, e)
+		return nil
+	})
+	decode(api.PoliciesPrefix, func(k string, v []byte) error {
+		ps, errs := api.DecodeRecords([]datastore.KV{{Key: k, Value: v}})
+		if len(errs) > 0 {
+			return errs[0]
+		}
+		st.Policies = append(st.Policies, ps...)
 		return nil
 	})
 	decode(datastore.NodesPrefix, func(_ string, v []byte) error {
