@@ -168,8 +168,8 @@ func planPolicies(st State, locals []localEndpoint) (policyPlan, []string) {
 // its rules look up. It returns the forward rules that send an endpoint's
 // traffic to its policy chains (they replace the network jumps).
 type policyTable struct {
-	f       Family
-	plan    policyPlan
+	f      Family
+	plan   policyPlan
 	sets   map[string]Set
 	chains map[string]Chain
 }

@@ -3,8 +3,8 @@ package policy
 import (
 	"fmt"
 	"os"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -120,7 +120,6 @@ func TestDesiredPolicyThreeTier(t *testing.T) {
 		t.Errorf("frontend set has %d elements, want 52", n)
 	}
 }
-
 
 func TestDesiredPolicyActions(t *testing.T) {
 	st := policyState(t)
