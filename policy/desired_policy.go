@@ -268,7 +268,7 @@ func (pt *policyTable) rules(policy string, dir api.PolicyType, i int, r api.Rul
 		}
 		ms = append(ms, em...)
 	}
-	base := Rule{Matches: ms, Comment: fmt.Sprintf("%s %s rule %d: %s", policy, strings.ToLower(string(dir)), i, r.Action)}
+	base := Rule{Matches: ms, Comment: ruleComment(policy, dir, i, r.Action)}
 	switch r.Action {
 	case api.Allow:
 		base.SetMark, base.Verdict = markAccept, Return
@@ -403,4 +403,51 @@ func (pt *policyTable) finish(t *Table) {
 	for _, k := range sortedKeys(pt.chains) {
 		t.Chains = append(t.Chains, pt.chains[k])
 	}
+}
+
+// RuleCounter is the packet count of one policy rule on this host (the sum
+// over its nftables rules, when its port lists expanded it).
+type RuleCounter struct {
+	Policy    string
+	Direction api.PolicyType
+	Index     int
+	Action    api.Action
+	Packets   uint64
+	Bytes     uint64
+}
+
+// PolicyCounters reads the per-rule counters of the policy chains from a
+// dump of the tables, both families added up.
+func PolicyCounters(rs Ruleset, ps []api.GlobalNetworkPolicy) []RuleCounter {
+	var out []RuleCounter
+	for _, p := range ps {
+		for _, dir := range []api.PolicyType{api.Ingress, api.Egress} {
+			rules := p.Spec.Ingress
+			if dir == api.Egress {
+				rules = p.Spec.Egress
+			}
+			for i, r := range rules {
+				rc := RuleCounter{Policy: p.Metadata.Name, Direction: dir, Index: i, Action: r.Action}
+				want := ruleComment(p.Metadata.Name, dir, i, r.Action)
+				for _, t := range rs.Tables {
+					c, ok := t.Chain(PolicyChainName(p.Metadata.Name, dir))
+					if !ok {
+						continue
+					}
+					for _, kr := range append(slices.Clone(c.Rules), c.Unordered...) {
+						if kr.Comment == want {
+							rc.Packets += kr.Packets
+							rc.Bytes += kr.Bytes
+						}
+					}
+				}
+				out = append(out, rc)
+			}
+		}
+	}
+	return out
+}
+
+func ruleComment(policy string, dir api.PolicyType, i int, a api.Action) string {
+	return clipComment(fmt.Sprintf("%s %s rule %d: %s", policy, strings.ToLower(string(dir)), i, a))
 }

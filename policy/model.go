@@ -145,6 +145,8 @@ type Rule struct {
 	// Handle is the kernel's handle of a dumped rule (0 in desired rules);
 	// it is not compared.
 	Handle uint64
+	// Packets and Bytes are a dumped rule's counter (not compared).
+	Packets, Bytes uint64
 }
 
 // ifnameLen is IFNAMSIZ: nftables compares interface names as 16 bytes.

@@ -517,6 +517,7 @@ func decodeRule(f Family, nr *nftables.Rule) Rule {
 			r.Matches = append(r.Matches, Match{Kind: MatchAddrSet, In: src, Value: lk.SetName, Negate: lk.Invert})
 			i++
 		case *expr.Counter:
+			r.Packets, r.Bytes = e.Packets, e.Bytes
 		case *expr.Verdict:
 			if i != len(ex)-1 {
 				return bad()
