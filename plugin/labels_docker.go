@@ -2,14 +2,17 @@ package plugin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/network"
 	"github.com/docker/docker/client"
+	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/policy"
@@ -97,4 +100,83 @@ func (d *dockerLabels) networkName(ctx context.Context, id string) string {
 		return ""
 	}
 	return nw.Name
+}
+
+// relearnInterval is how often endpoints whose labels were unknown at
+// Join are looked up again.
+const relearnInterval = time.Second
+
+// relearn gives this node's joined endpoints whose labels were unknown at
+// Join their labels once Docker's listing shows which container holds them
+// (after the start or connect completed, the listing has the endpoint id).
+// Until then they stay fail-closed.
+func (d *dockerLabels) relearn(ctx context.Context, node string, log logrus.FieldLogger) {
+	ticker := time.NewTicker(relearnInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		if err := d.relearnOnce(ctx, node, log); err != nil && ctx.Err() == nil {
+			log.WithError(err).Debug("re-learning endpoint labels")
+		}
+	}
+}
+
+func (d *dockerLabels) relearnOnce(ctx context.Context, node string, log logrus.FieldLogger) error {
+	kvs, err := d.store.List(ctx, datastore.EndpointsPrefix+node+"/")
+	if err != nil {
+		return err
+	}
+	unknown := map[string]datastore.KV{}
+	for _, kv := range kvs {
+		var ep datastore.Endpoint
+		if json.Unmarshal(kv.Value, &ep) == nil && ep.Joined && ep.LabelsUnknown {
+			unknown[ep.ID] = kv
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	list, err := d.cli.ContainerList(ctx, container.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("listing Docker's containers: %w", err)
+	}
+	for _, c := range list {
+		if c.NetworkSettings == nil {
+			continue
+		}
+		for netName, es := range c.NetworkSettings.Networks {
+			kv, ok := unknown[endpointIDOf(es)]
+			if !ok {
+				continue
+			}
+			cname := ""
+			if len(c.Names) > 0 {
+				cname = c.Names[0]
+			}
+			labels := policy.EndpointLabels(c.Labels, cname, netName)
+			var ep datastore.Endpoint
+			if err := json.Unmarshal(kv.Value, &ep); err != nil {
+				continue
+			}
+			ep.Labels, ep.LabelsUnknown = labels, false
+			// Guarded: a Leave or another Join since the read wins.
+			if err := d.store.Txn(ctx, datastore.Update(kv.Key, datastore.MustJSON(ep), kv.ModRevision)); err != nil {
+				log.WithError(err).WithField("endpoint", shortID(ep.ID)).Debug("recording re-learnt labels")
+				continue
+			}
+			log.WithFields(logrus.Fields{"endpoint": shortID(ep.ID), "container": cname}).Info("learnt the labels of an endpoint joined with unknown labels")
+		}
+	}
+	return nil
+}
+
+func endpointIDOf(es *network.EndpointSettings) string {
+	if es == nil {
+		return ""
+	}
+	return es.EndpointID
 }

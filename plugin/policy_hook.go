@@ -27,6 +27,7 @@ type policyRunner struct {
 	labels *dockerLabels
 	nft    *policy.NFT
 	names  *dockerNames
+	node   string
 	log    logrus.FieldLogger
 }
 
@@ -58,7 +59,7 @@ func newPolicy(cfg Config, store *datastore.Store, log logrus.FieldLogger) (*pol
 		names.cli.Close()
 		return nil, err
 	}
-	return &policyRunner{syncer: syncer, labels: &dockerLabels{cli: names.cli, store: store}, nft: nft, names: names, log: log}, nil
+	return &policyRunner{syncer: syncer, labels: &dockerLabels{cli: names.cli, store: store}, nft: nft, names: names, node: cfg.NodeName, log: log}, nil
 }
 
 // start runs the syncer until ctx ends; the returned function waits for it
@@ -66,15 +67,21 @@ func newPolicy(cfg Config, store *datastore.Store, log logrus.FieldLogger) (*pol
 func (p *policyRunner) start(ctx context.Context) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
+	relearnt := make(chan struct{})
 	go func() {
 		defer close(done)
 		if err := p.syncer.Run(ctx); err != nil {
 			p.log.WithError(err).Error("network policy stopped")
 		}
 	}()
+	go func() {
+		defer close(relearnt)
+		p.labels.relearn(ctx, p.node, p.log)
+	}()
 	return func() {
 		cancel()
 		<-done
+		<-relearnt
 		p.close()
 	}
 }
