@@ -762,23 +762,7 @@ func (d *NetworkDriver) Leave(ctx context.Context, req *network.LeaveRequest) er
 	if err := d.dp.RemoveWorkload(ctx, req.EndpointID, ips); err != nil {
 		return fmt.Errorf("removing the veth %s of endpoint %s failed: %w", ep.HostIfName, short(req.EndpointID), err)
 	}
-	key := datastore.EndpointKey(d.host, req.EndpointID)
-	err = d.store.Retry(ctx, func(ctx context.Context) error {
-		var cur datastore.Endpoint
-		rev, err := d.store.GetJSON(ctx, key, &cur)
-		if errors.Is(err, datastore.ErrNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if !cur.Joined && cur.Container == "" {
-			return nil
-		}
-		cur.Joined = false
-		cur.Container = ""
-		return d.store.Txn(ctx, datastore.Update(key, datastore.MustJSON(cur), rev))
-	})
+	err = d.recordLeft(ctx, datastore.EndpointKey(d.host, req.EndpointID))
 	if err != nil {
 		return storeErr("recording the leave of endpoint "+short(req.EndpointID), err)
 	}
@@ -838,7 +822,15 @@ func (d *NetworkDriver) waitProgrammed(ctx context.Context, rev int64) error {
 func (d *NetworkDriver) unjoin(ctx context.Context, key string, log logrus.FieldLogger) {
 	ctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
 	defer cancel()
-	err := d.store.Retry(ctx, func(ctx context.Context) error {
+	if err := d.recordLeft(ctx, key); err != nil {
+		log.WithError(err).Error("reverting the record of a failed Join")
+	}
+}
+
+// recordLeft marks the endpoint record not joined (Leave, a failed Join);
+// a record already gone or not joined is fine.
+func (d *NetworkDriver) recordLeft(ctx context.Context, key string) error {
+	return d.store.Retry(ctx, func(ctx context.Context) error {
 		var cur datastore.Endpoint
 		rev, err := d.store.GetJSON(ctx, key, &cur)
 		if errors.Is(err, datastore.ErrNotFound) {
@@ -847,10 +839,10 @@ func (d *NetworkDriver) unjoin(ctx context.Context, key string, log logrus.Field
 		if err != nil {
 			return err
 		}
+		if !cur.Joined && cur.Container == "" && cur.Labels == nil && !cur.LabelsUnknown {
+			return nil
+		}
 		cur.Joined, cur.Container, cur.Labels, cur.LabelsUnknown = false, "", nil, false
 		return d.store.Txn(ctx, datastore.Update(key, datastore.MustJSON(cur), rev))
 	})
-	if err != nil {
-		log.WithError(err).Error("reverting the record of a failed Join")
-	}
 }

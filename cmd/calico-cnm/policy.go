@@ -229,7 +229,9 @@ func (a *app) getEndpointsCmd() *cobra.Command {
 				{header: "NODE", value: func(r endpointRow) string { return r.Node }},
 				{header: "ENDPOINT", value: func(r endpointRow) string { return shortID(r.ID) }, wideValue: func(r endpointRow) string { return r.ID }},
 				{header: "NETWORK", value: func(r endpointRow) string { return r.Network }},
-				{header: "ADDRESSES", value: func(r endpointRow) string { return orDash(strings.Join(nonEmpty(r.IPv4, r.IPv6), ",")) }},
+				{header: "ADDRESSES", value: func(r endpointRow) string {
+					return orDash(strings.Join(slices.DeleteFunc([]string{r.IPv4, r.IPv6}, func(s string) bool { return s == "" }), ","))
+				}},
 				{header: "LABELS", value: labelsText},
 				{header: "INGRESS POLICIES", wide: true, value: func(r endpointRow) string { return orDash(strings.Join(r.Ingress, ",")) }},
 				{header: "EGRESS POLICIES", wide: true, value: func(r endpointRow) string { return orDash(strings.Join(r.Egress, ",")) }},
@@ -249,16 +251,6 @@ func labelsText(r endpointRow) string {
 	}
 	slices.Sort(kv)
 	return orDash(strings.Join(kv, ","))
-}
-
-func nonEmpty(ss ...string) []string {
-	var out []string
-	for _, s := range ss {
-		if s != "" {
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 func (a *app) endpointRows(ctx context.Context, store *datastore.Store) ([]endpointRow, error) {
