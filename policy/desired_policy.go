@@ -23,8 +23,8 @@ const (
 
 // Chain and set name prefixes of the policy program.
 const (
-	toEndpointPrefix   = "to-"   // per local endpoint: ingress policies
-	fromEndpointPrefix = "from-" // per local endpoint: egress policies
+	toEndpointPrefix   = "to-"   // per policy list: ingress dispatch
+	fromEndpointPrefix = "from-" // per policy list: egress dispatch
 	policyInPrefix     = "pi-"   // per policy: its ingress rules
 	policyOutPrefix    = "po-"   // per policy: its egress rules
 	selSetPrefix       = "sel-"  // addresses selected by a rule selector
@@ -39,11 +39,16 @@ const (
 	maxLogPrefix = 127
 )
 
-// EndpointChainNames are the ingress and egress policy chains of a local
-// endpoint (they exist only while a policy selects it).
-func EndpointChainNames(endpointID string) (to, from string) {
-	h := hashName(endpointID)
-	return toEndpointPrefix + h, fromEndpointPrefix + h
+// dispatchChainName is the chain that runs an ordered list of policies
+// for one direction and then decides (allow, pass to profile, deny). It
+// is shared by every local endpoint with the same list and profile: an
+// endpoint costs one jump rule per direction, however many policies
+// select it.
+func dispatchChainName(dir api.PolicyType, key string) string {
+	if dir == api.Egress {
+		return fromEndpointPrefix + hashName(key)
+	}
+	return toEndpointPrefix + hashName(key)
 }
 
 // PolicyChainName is the chain of a policy's rules for one direction.
@@ -139,28 +144,56 @@ func planPolicies(st State, locals []localEndpoint) (policyPlan, []string) {
 			plan.joined = append(plan.joined, ep)
 		}
 	}
+	// Endpoints with the same labels (replicas) are selected alike:
+	// evaluate each label set once.
+	memo := map[string]map[api.PolicyType][]int{}
 	for _, l := range locals {
-		for _, dir := range []api.PolicyType{api.Ingress, api.Egress} {
-			if l.ep.LabelsUnknown {
+		if l.ep.LabelsUnknown {
+			for _, dir := range []api.PolicyType{api.Ingress, api.Egress} {
 				if slices.ContainsFunc(cps, func(p compiledPolicy) bool { return p.AppliesTo(dir) }) {
 					if plan.failClosed[l.ep.ID] == nil {
 						plan.failClosed[l.ep.ID] = map[api.PolicyType]bool{}
 					}
 					plan.failClosed[l.ep.ID][dir] = true
 				}
-				continue
 			}
+			continue
+		}
+		key := labelsKey(l.ep.Labels)
+		sel, done := memo[key]
+		if !done {
+			sel = map[api.PolicyType][]int{}
 			for i, p := range cps {
-				if p.AppliesTo(dir) && p.sel.Evaluate(l.ep.Labels) {
-					if plan.byEndpoint[l.ep.ID] == nil {
-						plan.byEndpoint[l.ep.ID] = map[api.PolicyType][]int{}
+				for _, dir := range []api.PolicyType{api.Ingress, api.Egress} {
+					if p.AppliesTo(dir) && p.sel.Evaluate(l.ep.Labels) {
+						sel[dir] = append(sel[dir], i)
 					}
-					plan.byEndpoint[l.ep.ID][dir] = append(plan.byEndpoint[l.ep.ID][dir], i)
 				}
 			}
+			memo[key] = sel
+		}
+		if len(sel) > 0 {
+			plan.byEndpoint[l.ep.ID] = sel
 		}
 	}
 	return plan, warnings
+}
+
+// labelsKey is a canonical text of a label set.
+func labelsKey(l map[string]string) string {
+	keys := make([]string, 0, len(l))
+	for k := range l {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		b.WriteString(k)
+		b.WriteByte(0)
+		b.WriteString(l[k])
+		b.WriteByte(0)
+	}
+	return b.String()
 }
 
 // policyTable adds what the plan needs to one family's table: per local
@@ -172,33 +205,46 @@ type policyTable struct {
 	plan   policyPlan
 	sets   map[string]Set
 	chains map[string]Chain
+	// dispatch memoises the dispatch chain of a (direction, profile,
+	// policy list).
+	dispatch map[string]string
 }
 
 func newPolicyTable(f Family, plan policyPlan) *policyTable {
-	return &policyTable{f: f, plan: plan, sets: map[string]Set{}, chains: map[string]Chain{}}
+	return &policyTable{f: f, plan: plan, sets: map[string]Set{}, chains: map[string]Chain{}, dispatch: map[string]string{}}
 }
 
 // endpointJump is the forward rule for a local endpoint and direction, or
 // false when the network's own chains apply. profile is the network's
 // chain for the direction ("" when it has none: everything returns).
 func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile string) (Rule, bool) {
-	to, from := EndpointChainNames(l.ep.ID)
-	chainName, match, what := to, Match{Kind: MatchIfname, Value: l.ep.HostIfName}, "to"
+	match, what := Match{Kind: MatchIfname, Value: l.ep.HostIfName}, "to"
 	if dir == api.Egress {
-		chainName, match, what = from, Match{Kind: MatchIfname, In: true, Value: l.ep.HostIfName}, "from"
+		match, what = Match{Kind: MatchIfname, In: true, Value: l.ep.HostIfName}, "from"
 	}
-	jump := Rule{Matches: []Match{match}, Verdict: Jump, Target: chainName,
-		Comment: fmt.Sprintf("%s endpoint %s: policies", what, shortID(l.ep.ID))}
+	jump := Rule{Matches: []Match{match}, Verdict: Jump, Comment: fmt.Sprintf("%s endpoint %s: policies", what, shortID(l.ep.ID))}
 	if pt.plan.failClosed[l.ep.ID][dir] {
-		pt.chains[chainName] = Chain{Name: chainName, Rules: []Rule{{Verdict: Drop, Comment: "endpoint labels unknown: fail closed while policies exist"}}}
+		jump.Target = dispatchChainName(dir, "fail-closed")
+		pt.chains[jump.Target] = Chain{Name: jump.Target, Rules: []Rule{{Verdict: Drop, Comment: "endpoint labels unknown: fail closed while policies exist"}}}
 		return jump, true
 	}
 	idx := pt.plan.byEndpoint[l.ep.ID][dir]
 	if len(idx) == 0 {
 		return Rule{}, false
 	}
-	c := Chain{Name: chainName}
-	c.Rules = append(c.Rules, Rule{ClearMark: markBits, Verdict: Continue, Comment: "policies of endpoint " + shortID(l.ep.ID)})
+	memoKey := fmt.Sprint(dir, profile, idx)
+	if target, done := pt.dispatch[memoKey]; done {
+		jump.Target = target
+		return jump, true
+	}
+	var names []string
+	for _, i := range idx {
+		names = append(names, pt.plan.policies[i].Metadata.Name)
+	}
+	jump.Target = dispatchChainName(dir, profile+"|"+strings.Join(names, ","))
+	pt.dispatch[memoKey] = jump.Target
+	c := Chain{Name: jump.Target}
+	c.Rules = append(c.Rules, Rule{ClearMark: markBits, Verdict: Continue, Comment: clipComment("policies " + strings.Join(names, ", "))})
 	for n, i := range idx {
 		p := pt.plan.policies[i]
 		r := Rule{Verdict: Jump, Target: pt.policyChain(p, dir), Comment: "policy " + p.Metadata.Name}
@@ -213,7 +259,7 @@ func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile
 		pass.Verdict, pass.Target = Goto, profile
 	}
 	c.Rules = append(c.Rules, pass, Rule{Verdict: Drop, Comment: "no policy allowed it (default deny)"})
-	pt.chains[chainName] = c
+	pt.chains[jump.Target] = c
 	return jump, true
 }
 

@@ -80,20 +80,17 @@ func TestDesiredPolicyThreeTier(t *testing.T) {
 	// 2 (no role) keeps its network's chain; no egress policy: the
 	// network's egress chains stay.
 	for n, selected := range map[int]bool{0: true, 1: true, 2: false} {
-		to, from := EndpointChainNames(epID(n))
-		_, hasTo := tb.Chain(to)
-		_, hasFrom := tb.Chain(from)
-		if hasTo != selected || hasFrom {
-			t.Errorf("endpoint %d: to-chain %v (want %v), from-chain %v (want none)", n, hasTo, selected, hasFrom)
-		}
-		jumps := rulesMentioning(tb, `oifname "`+ifOf(epID(n))+`"`)
-		if len(jumps) != 1 || strings.Contains(jumps[0], "jump "+to) != selected {
-			t.Errorf("endpoint %d forward jumps: %v", n, jumps)
+		to, from := jumpTarget(tb, epID(n), false), jumpTarget(tb, epID(n), true)
+		if strings.HasPrefix(to, toEndpointPrefix) != selected || strings.HasPrefix(from, fromEndpointPrefix) {
+			t.Errorf("endpoint %d: ingress via %s (policies: %v), egress via %s (want the network's)", n, to, selected, from)
 		}
 	}
-	to, _ := EndpointChainNames(epID(1))
+	to := jumpTarget(tb, epID(1), false)
+	if other := jumpTarget(tb, epID(0), false); other != to {
+		t.Errorf("endpoints with the same policies use different chains %s and %s", to, other)
+	}
 	wantEP := []string{
-		`counter meta mark set mark & 0xfffcffff | 0x00000000 comment "policies of endpoint ` + shortID(epID(1)) + `"`,
+		`counter meta mark set mark & 0xfffcffff | 0x00000000 comment "policies three-tier"`,
 		`counter jump ` + pi + ` comment "policy three-tier"`,
 		`meta mark & 0x00010000 != 0 counter meta mark set mark & 0xfffcffff | 0x00000000 return comment "allowed by a policy"`,
 		`meta mark & 0x00020000 != 0 counter meta mark set mark & 0xfffcffff | 0x00000000 goto ` + IngressChainName(net1ID) + ` comment "pass: the network's rules"`,
@@ -183,13 +180,13 @@ spec:
 	}
 	// Backend (endpoint 1): egress through from-chain, with the network's
 	// egress chain as its profile; ingress through three-tier.
-	_, from := EndpointChainNames(epID(1))
+	from := jumpTarget(tb, epID(1), true)
 	r := rulesOf(t, tb, from)
 	if !strings.Contains(r[3], "goto "+EgressChainName(net1ID)) {
 		t.Errorf("pass of the egress chain: %v", r)
 	}
 	// Endpoint 2 (labels unknown) is fail-closed in both directions.
-	to2, from2 := EndpointChainNames(epID(2))
+	to2, from2 := jumpTarget(tb, epID(2), false), jumpTarget(tb, epID(2), true)
 	for _, c := range []string{to2, from2} {
 		if got := rulesOf(t, tb, c); len(got) != 1 || !strings.Contains(got[0], "drop") {
 			t.Errorf("unknown labels chain %s: %v", c, got)
@@ -218,4 +215,16 @@ func mustDesired(t *testing.T, st State) Ruleset {
 		t.Fatal(w)
 	}
 	return rs
+}
+
+// jumpTarget is the chain the forward chain sends an endpoint's traffic to
+// (from it: in; to it: !in).
+func jumpTarget(tb Table, id string, in bool) string {
+	c, _ := tb.Chain(chainForward)
+	for _, r := range chainRules(c) {
+		if len(r.Matches) == 1 && r.Matches[0].Kind == MatchIfname && r.Matches[0].In == in && r.Matches[0].Value == ifOf(id) && r.Verdict == Jump {
+			return r.Target
+		}
+	}
+	return ""
 }
