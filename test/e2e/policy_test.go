@@ -165,6 +165,20 @@ func TestPolicyThreeTier(t *testing.T) {
 		t.Errorf("a new backend's first request to the db failed: %v", err)
 	}
 
+	// docker network connect of a running container: Docker holds the
+	// container while it joins, so its labels are learnt from Docker's
+	// listing once the connect completed; until then it is fail-closed,
+	// never unfiltered.
+	a.MustDocker(t, "run", "-d", "--name", "late", "--net", mhNetwork, "--label", policyLabel+"frontend", harness.Image, "sleep", "3600")
+	a.MustDocker(t, "network", "disconnect", mhNetwork, "late")
+	a.MustDocker(t, "network", "connect", mhNetwork, "late")
+	a.expect(t, "late", be, 8080, true, "a frontend connected while running -> backend")
+	a.expect(t, "late", db, 5432, false, "a frontend connected while running -> db")
+	if out := c.mustCtl(t, "get", "endpoints", "-o", "wide"); !regexp.MustCompile(`role=frontend\s+three-tier`).MatchString(out) {
+		t.Errorf("get endpoints does not show the labelled, selected endpoints:\n%s", out)
+	}
+	a.MustDocker(t, "rm", "-f", "late")
+
 	// Apply a change (backend -> db no longer allowed): host a, where the
 	// db is, enforces it without restarting anything.
 	changed := strings.Replace(threeTierFile(t), "  - action: Allow\n    protocol: TCP\n    source:\n      selector: role == 'backend'\n    destination:\n      selector: role == 'db'\n      ports: [5432]\n", "", 1)
