@@ -149,6 +149,13 @@ func TestPolicyThreeTier(t *testing.T) {
 	a.expect(t, fe, db, 5432, false, "frontend -> db (same host)")
 	b.expect(t, "be", db, 5432, true, "backend -> db (across hosts)")
 
+	// The denied attempts were counted by the Deny rule on host a, where
+	// the db is: per-rule counters of this host.
+	wide := a.MustExec(t, c.bin, "get", "policy", "three-tier", "-o", "wide", "--etcd-endpoints", c.etcd)
+	if m := regexp.MustCompile(`(?m)^three-tier\s+ingress\[2\]\s+Deny\s+(\d+)`).FindStringSubmatch(wide); m == nil || m[1] == "0" {
+		t.Errorf("get policy -o wide on host a does not count the denied packets:\n%s", wide)
+	}
+
 	// A container's first instruction meets its policy: labels are known
 	// and its rules programmed before Join returns.
 	first := func(role string, to net.IP, port int) error {
