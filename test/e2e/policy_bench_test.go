@@ -3,7 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -80,5 +82,76 @@ func BenchmarkMultiHostPolicyUpdate(b *testing.B) {
 		b.ReportMetric(float64(p50.Microseconds())/1000, "p50-ms")
 		b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
 		b.Logf("policy written -> enforced on b, %d trials: p50 %s p99 %s max %s (the poll runs nft every 2ms: resolution ~10ms)", trials, p50, p99, slices.Max(lat))
+	}
+}
+
+// BenchmarkMultiHostJoinWithPolicies: `docker run -d` of a labelled
+// container on host a with many local endpoints, without policies and
+// then with 50 policies selecting every endpoint (each with three rules),
+// then without again (the baseline is the mean of the two).
+// The run includes the Join, which returns only once the container's rules
+// are in the kernel. CALICO_CNM_BENCH_POLICY_ENDPOINTS sets the number of
+// endpoints started first (default 100; the issue's figure is 1000).
+func BenchmarkMultiHostJoinWithPolicies(b *testing.B) {
+	c, ha, _ := newBenchCluster(b)
+	ctx := context.Background()
+	store, err := datastore.Open(ctx, datastore.Config{Endpoints: []string{c.etcd}}, logrus.New())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
+	endpoints := 100
+	if v, err := strconv.Atoi(os.Getenv("CALICO_CNM_BENCH_POLICY_ENDPOINTS")); err == nil && v > 0 {
+		endpoints = v
+	}
+	seq := 0
+	run := func() time.Duration {
+		seq++
+		start := time.Now()
+		ha.MustDocker(b, "run", "-d", "--name", fmt.Sprintf("j%d", seq), "--net", mhNetwork,
+			"--label", fmt.Sprintf("%srole=r%d", policy.LabelPrefix, seq%10), harness.Image, "sleep", "3600")
+		return time.Since(start)
+	}
+	for i := 0; i < endpoints; i++ {
+		run()
+	}
+	const trials = 20
+	measure := func() time.Duration {
+		var lat []time.Duration
+		for i := 0; i < trials; i++ {
+			lat = append(lat, run())
+		}
+		return percentile(lat, 50)
+	}
+	for i := 0; i < b.N; i++ {
+		without := measure()
+		var ps []api.GlobalNetworkPolicy
+		for p := 0; p < 50; p++ {
+			doc := fmt.Sprintf("apiVersion: projectcalico.org/v3\nkind: GlobalNetworkPolicy\nmetadata: {name: j%d}\nspec:\n  order: %d\n  selector: has(role)\n  ingress:\n"+
+				"  - {action: Allow, protocol: TCP, source: {selector: \"role == 'r%d'\"}, destination: {ports: [%d]}}\n  - {action: Log}\n  - {action: Pass, source: {nets: [10.%d.0.0/16]}}\n",
+				p, p, p%10, 1000+p, p)
+			got, err := api.Decode(strings.NewReader(doc))
+			if err != nil {
+				b.Fatal(err)
+			}
+			ps = append(ps, got...)
+		}
+		if _, err := api.Apply(ctx, store, ps); err != nil {
+			b.Fatal(err)
+		}
+		with := measure()
+		// Runs slow down as containers accumulate: measure without
+		// policies again after, and compare with the mean of both.
+		for _, p := range ps {
+			if err := api.Delete(ctx, store, p.Metadata.Name); err != nil {
+				b.Fatal(err)
+			}
+		}
+		without = (without + measure()) / 2
+		b.ReportMetric(float64(without.Microseconds())/1000, "without-ms")
+		b.ReportMetric(float64(with.Microseconds())/1000, "with50policies-ms")
+		b.ReportMetric(float64(with)/float64(without), "ratio")
+		b.Logf("docker run -d at %d+ local endpoints, p50 of %d: without policies %s, with 50 selecting policies %s (%.2fx)",
+			endpoints, trials, without, with, float64(with)/float64(without))
 	}
 }
