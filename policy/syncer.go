@@ -71,6 +71,10 @@ type Syncer struct {
 	passedRev atomic.Int64
 	seenRev   int64
 
+	// policies caches decoded policy records by key (strict decoding is
+	// slow and runs at every pass); only the Run loop uses it.
+	policies map[string]decodedPolicy
+
 	// mu guards what WaitProgrammed and Health read.
 	mu sync.Mutex
 	// programmed is the datastore revision of the endpoint records the
@@ -409,13 +413,18 @@ func (s *Syncer) state(records map[string]map[string][]byte) (State, []string) {
 		return nil
 	})
 	decode(api.PoliciesPrefix, func(k string, v []byte) error {
-		ps, errs := api.DecodeRecords([]datastore.KV{{Key: k, Value: v}})
-		if len(errs) > 0 {
-			return errs[0]
+		p, err := s.decodePolicy(k, v)
+		if err != nil {
+			return err
 		}
-		st.Policies = append(st.Policies, ps...)
+		st.Policies = append(st.Policies, p)
 		return nil
 	})
+	for k := range s.policies {
+		if _, ok := records[api.PoliciesPrefix][k]; !ok {
+			delete(s.policies, k) // deleted policies leave the cache
+		}
+	}
 	decode(datastore.NodesPrefix, func(_ string, v []byte) error {
 		var n datastore.Node
 		if err := json.Unmarshal(v, &n); err != nil {
@@ -566,4 +575,30 @@ func (s *Syncer) resolveOne(ctx context.Context, id string) bool {
 	}
 	log.WithField("name", name).Info("recorded the Docker network's name: its endpoints on all hosts now form one network")
 	return true
+}
+
+// decodedPolicy is a policy record as last decoded.
+type decodedPolicy struct {
+	raw string
+	p   api.GlobalNetworkPolicy
+	err error
+}
+
+// decodePolicy validates a policy record, once per value.
+func (s *Syncer) decodePolicy(key string, v []byte) (api.GlobalNetworkPolicy, error) {
+	if d, ok := s.policies[key]; ok && d.raw == string(v) {
+		return d.p, d.err
+	}
+	d := decodedPolicy{raw: string(v)}
+	ps, errs := api.DecodeRecords([]datastore.KV{{Key: key, Value: v}})
+	if len(errs) > 0 {
+		d.err = errs[0]
+	} else {
+		d.p = ps[0]
+	}
+	if s.policies == nil {
+		s.policies = map[string]decodedPolicy{}
+	}
+	s.policies[key] = d
+	return d.p, d.err
 }
