@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/netip"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,10 +20,9 @@ import (
 
 // FieldError is one problem with one field of a document.
 type FieldError struct {
-	Doc   int    // 1-based document number in the input
-	Path  string // e.g. spec.ingress[1].destination.ports[0]
-	Msg   string
-	Value any `json:"-"`
+	Doc  int    // 1-based document number in the input
+	Path string // e.g. spec.ingress[1].destination.ports[0]
+	Msg  string
 }
 
 func (e FieldError) Error() string {
@@ -147,7 +147,7 @@ func (d *decoder) object(path string, v any) (map[string]any, bool) {
 func (d *decoder) fields(path string, m map[string]any, allowed ...string) {
 	var unknown []string
 	for k := range m {
-		if !contains(allowed, k) {
+		if !slices.Contains(allowed, k) {
 			unknown = append(unknown, k)
 		}
 	}
@@ -155,15 +155,6 @@ func (d *decoder) fields(path string, m map[string]any, allowed ...string) {
 	for _, k := range unknown {
 		d.fail(join(path, k), fmt.Sprintf("unknown field (known fields: %s)", strings.Join(allowed, ", ")))
 	}
-}
-
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func describe(v any) string {
@@ -374,7 +365,7 @@ func (d *decoder) spec(path string, m map[string]any) PolicySpec {
 				d.fail(index(tp, i), fmt.Sprintf("%q: use Ingress or Egress", ts))
 				continue
 			}
-			if contains(typesStrings(s.Types), ts) {
+			if slices.Contains(typesStrings(s.Types), ts) {
 				d.fail(index(tp, i), fmt.Sprintf("%q is given twice", ts))
 				continue
 			}
@@ -397,10 +388,10 @@ func (d *decoder) spec(path string, m map[string]any) PolicySpec {
 		}
 	}
 	if _, given := m["types"]; given {
-		if len(s.Ingress) > 0 && !contains(typesStrings(s.Types), string(Ingress)) {
+		if len(s.Ingress) > 0 && !slices.Contains(typesStrings(s.Types), string(Ingress)) {
 			d.fail(join(path, "ingress"), "ingress rules are given but spec.types does not include Ingress")
 		}
-		if len(s.Egress) > 0 && !contains(typesStrings(s.Types), string(Egress)) {
+		if len(s.Egress) > 0 && !slices.Contains(typesStrings(s.Types), string(Egress)) {
 			d.fail(join(path, "egress"), "egress rules are given but spec.types does not include Egress")
 		}
 	}
