@@ -69,6 +69,8 @@ type compiledPolicy struct {
 // parse (the record was validated, so only a newer or foreign writer) is
 // left out with a warning.
 func compilePolicies(ps []api.GlobalNetworkPolicy) ([]compiledPolicy, []string) {
+	ps = slices.Clone(ps)
+	api.Sort(ps)
 	var out []compiledPolicy
 	var warnings []string
 	for _, p := range ps {
@@ -82,15 +84,6 @@ func compilePolicies(ps []api.GlobalNetworkPolicy) ([]compiledPolicy, []string) 
 		}
 		out = append(out, compiledPolicy{GlobalNetworkPolicy: p, sel: sel})
 	}
-	slices.SortStableFunc(out, func(a, b compiledPolicy) int {
-		switch {
-		case api.Less(a.GlobalNetworkPolicy, b.GlobalNetworkPolicy):
-			return -1
-		case api.Less(b.GlobalNetworkPolicy, a.GlobalNetworkPolicy):
-			return 1
-		}
-		return 0
-	})
 	return out, warnings
 }
 
