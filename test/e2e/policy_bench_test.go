@@ -25,11 +25,7 @@ import (
 func BenchmarkMultiHostPolicyUpdate(b *testing.B) {
 	c, _, hb := newBenchCluster(b)
 	ctx := context.Background()
-	store, err := datastore.Open(ctx, datastore.Config{Endpoints: []string{c.etcd}}, logrus.New())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer store.Close()
+	store := c.openStore(b)
 	hb.MustDocker(b, "run", "-d", "--name", "sel", "--net", mhNetwork, "--label", policy.LabelPrefix+"role=backend", harness.Image, "sleep", "3600")
 	chain := policy.PolicyChainName("bench", api.Ingress)
 	rules := func() int {
@@ -95,11 +91,7 @@ func BenchmarkMultiHostPolicyUpdate(b *testing.B) {
 func BenchmarkMultiHostJoinWithPolicies(b *testing.B) {
 	c, ha, _ := newBenchCluster(b)
 	ctx := context.Background()
-	store, err := datastore.Open(ctx, datastore.Config{Endpoints: []string{c.etcd}}, logrus.New())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer store.Close()
+	store := c.openStore(b)
 	endpoints := 100
 	if v, err := strconv.Atoi(os.Getenv("CALICO_CNM_BENCH_POLICY_ENDPOINTS")); err == nil && v > 0 {
 		endpoints = v
@@ -154,4 +146,16 @@ func BenchmarkMultiHostJoinWithPolicies(b *testing.B) {
 		b.Logf("docker run -d at %d+ local endpoints, p50 of %d: without policies %s, with 50 selecting policies %s (%.2fx)",
 			endpoints, trials, without, with, float64(with)/float64(without))
 	}
+}
+
+// openStore is a datastore client of the cluster's etcd, closed when tb
+// ends.
+func (c *bgpCluster) openStore(tb testing.TB) *datastore.Store {
+	tb.Helper()
+	store, err := datastore.Open(context.Background(), datastore.Config{Endpoints: []string{c.etcd}}, logrus.New())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { store.Close() })
+	return store
 }
