@@ -261,6 +261,21 @@ func (l *Linux) AddWorkload(ctx context.Context, w Workload) (retErr error) {
 	if err := step(stepRoutes); err != nil {
 		return err
 	}
+	// A permanent neighbour entry for each workload address (as Felix
+	// programs them): the host and routed traffic reach the container
+	// from its first instruction, without ARP/NDP, whenever Docker brings
+	// its side up. Without it, a packet that arrives before (a peer's
+	// first reply, a health check) leaves the entry FAILED and traffic
+	// to the new container is dropped until the kernel probes again.
+	for _, ip := range ips {
+		n := &netlink.Neigh{LinkIndex: host.Attrs().Index, IP: ip.IP, HardwareAddr: w.MAC, State: netlink.NUD_PERMANENT, Family: unix.AF_INET}
+		if ip.IP.To4() == nil {
+			n.Family = unix.AF_INET6
+		}
+		if err := l.nl.NeighSet(n); err != nil {
+			return wrap(fmt.Sprintf("adding neighbour %s lladdr %s dev %s", ip.IP, w.MAC, w.HostIfName), err)
+		}
+	}
 	// Best effort, checked on every Join because dockerd may have started
 	// (and set its FORWARD policy to DROP) after this daemon did.
 	if err := l.EnsureForwardAccept(ctx); err != nil {

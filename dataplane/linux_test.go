@@ -148,6 +148,30 @@ func TestAddWorkload(t *testing.T) {
 			if host.Attrs().MTU != tc.wantMTU || tmp.Attrs().MTU != tc.wantMTU {
 				t.Errorf("MTU = %d/%d, want %d", host.Attrs().MTU, tmp.Attrs().MTU, tc.wantMTU)
 			}
+			// Each address has a permanent neighbour entry with the
+			// container side's MAC: reachable without ARP/NDP.
+			for _, ip := range []*net.IPNet{w.IPv4, w.IPv6} {
+				if ip == nil {
+					continue
+				}
+				fam := netlink.FAMILY_V4
+				if ip.IP.To4() == nil {
+					fam = netlink.FAMILY_V6
+				}
+				neighs, err := tn.nl.NeighList(host.Attrs().Index, fam)
+				if err != nil {
+					t.Fatal(err)
+				}
+				found := false
+				for _, n := range neighs {
+					if n.IP.Equal(ip.IP) && n.State == netlink.NUD_PERMANENT && n.HardwareAddr.String() == tc.wantMAC.String() {
+						found = true
+					}
+				}
+				if !found {
+					t.Errorf("no permanent neighbour %s lladdr %s on %s: %+v", ip.IP, tc.wantMAC, hostName, neighs)
+				}
+			}
 
 			// Sysctls, read back inside the namespace.
 			want := map[string]string{}

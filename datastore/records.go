@@ -63,21 +63,27 @@ type Network struct {
 
 // Endpoint is one container interface on one node.
 type Endpoint struct {
-	ID         string   `json:"id"`
-	Network    string   `json:"network"`
-	Node       string   `json:"node"`
-	IPv4       string   `json:"ipv4,omitempty"` // CIDR, /32
-	IPv6       string   `json:"ipv6,omitempty"` // CIDR, /128
-	MAC        string   `json:"mac"`
-	HostIfName string   `json:"hostIfName"`
-	Container  string   `json:"container,omitempty"` // sandbox key, set at Join
-	Joined     bool     `json:"joined,omitempty"`
-	Labels     []string `json:"labels,omitempty"`
+	ID         string `json:"id"`
+	Network    string `json:"network"`
+	Node       string `json:"node"`
+	IPv4       string `json:"ipv4,omitempty"` // CIDR, /32
+	IPv6       string `json:"ipv6,omitempty"` // CIDR, /128
+	MAC        string `json:"mac"`
+	HostIfName string `json:"hostIfName"`
+	Container  string `json:"container,omitempty"` // sandbox key, set at Join
+	Joined     bool   `json:"joined,omitempty"`
 	// Handles are the IPAM handles holding the endpoint's addresses, as
 	// CreateEndpoint found them: releases go by handle, so a stale record
 	// can never free an address that was re-assigned since. Empty on
 	// records written before handles were recorded.
 	Handles []string `json:"handles,omitempty"`
+
+	// Labels are the endpoint's policy labels (the container's
+	// org.projectcalico.label.* labels and the implicit ones, see package
+	// policy), written at Join before it returns. LabelsUnknown: they
+	// could not be learnt; the endpoint then matches no selector.
+	Labels        map[string]string `json:"labels,omitempty"`
+	LabelsUnknown bool              `json:"labelsUnknown,omitempty"`
 }
 
 // Node is one host running the daemon.

@@ -42,13 +42,41 @@ type Options struct {
 	// IPAM, when set, lets CreateNetwork record which calico pool holds each
 	// --subnet (Network.Pools). Without it Pools records the subnets.
 	IPAM IPAM
+	// Labels, when set, gives each joining endpoint its policy labels
+	// before Join returns.
+	Labels Labeller
+	// Policy, when set, makes Join wait (at most PolicyWait) until the
+	// endpoint's rules are in the kernel: the container's first packet
+	// meets its policy.
+	Policy     PolicyWaiter
+	PolicyWait time.Duration
 }
+
+// Labeller learns the policy labels of the container joining an endpoint.
+type Labeller interface {
+	EndpointLabels(ctx context.Context, networkID, endpointID, sandboxKey string) (map[string]string, error)
+}
+
+// PolicyWaiter is the policy syncer (*policy.Syncer).
+type PolicyWaiter interface {
+	// WaitProgrammed returns once the kernel's rules include every
+	// endpoint change up to datastore revision rev.
+	WaitProgrammed(ctx context.Context, rev int64) error
+}
+
+// Bounds of the policy steps of a Join. Docker gives a plugin call about
+// 30 s; a Join that cannot get its rules in fails well before.
+const (
+	labelsTimeout     = 3 * time.Second
+	defaultPolicyWait = 10 * time.Second
+)
 
 // NetworkDriver is the "calico" libnetwork network driver.
 type NetworkDriver struct {
 	store *datastore.Store
 	dp    Dataplane
 	ipam  IPAM
+	opts  Options
 	host  string
 	log   logrus.FieldLogger
 	scope string
@@ -71,7 +99,10 @@ func NewNetworkDriver(store *datastore.Store, dp Dataplane, host string, log log
 		log.Warnf("unknown driver scope %q: using %q", scope, ScopeLocal)
 		scope = ScopeLocal
 	}
-	return &NetworkDriver{store: store, dp: dp, ipam: opts.IPAM, host: host, log: log, scope: scope, mtu: opts.MTU}
+	if opts.PolicyWait <= 0 {
+		opts.PolicyWait = defaultPolicyWait
+	}
+	return &NetworkDriver{store: store, dp: dp, ipam: opts.IPAM, opts: opts, host: host, log: log, scope: scope, mtu: opts.MTU}
 }
 
 // GetCapabilities reports the scope; connectivity has the same scope.
@@ -668,10 +699,12 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 		})
 	}
 
+	labels, unknown := d.endpointLabels(ctx, req, log)
 	key := datastore.EndpointKey(d.host, req.EndpointID)
 	// The record read above is almost always still current: the first
 	// attempt writes against its revision, a conflict re-reads.
 	cur, rev := ep, epRev
+	var written int64
 	err = d.store.Retry(ctx, func(ctx context.Context) error {
 		if rev == 0 {
 			cur = datastore.Endpoint{}
@@ -687,13 +720,20 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 		defer func() { rev = 0 }() // a retry starts from a fresh read
 		cur.Joined = true
 		cur.Container = req.SandboxKey
-		return d.store.Txn(ctx, datastore.Update(key, datastore.MustJSON(cur), rev))
+		cur.Labels, cur.LabelsUnknown = labels, unknown
+		var err error
+		written, err = d.store.TxnRev(ctx, datastore.Update(key, datastore.MustJSON(cur), rev))
+		return err
 	})
 	if errors.Is(err, ErrEndpointNotFound) {
 		return nil, undo(err)
 	}
 	if err != nil {
 		return nil, undo(storeErr("recording the join of endpoint "+short(req.EndpointID), err))
+	}
+	if err := d.waitProgrammed(ctx, written); err != nil {
+		d.unjoin(context.WithoutCancel(ctx), key, log)
+		return nil, undo(fmt.Errorf("endpoint %s: %w", short(req.EndpointID), err))
 	}
 	log.WithField("sandbox", req.SandboxKey).Info("endpoint joined")
 	return resp, nil
@@ -722,23 +762,7 @@ func (d *NetworkDriver) Leave(ctx context.Context, req *network.LeaveRequest) er
 	if err := d.dp.RemoveWorkload(ctx, req.EndpointID, ips); err != nil {
 		return fmt.Errorf("removing the veth %s of endpoint %s failed: %w", ep.HostIfName, short(req.EndpointID), err)
 	}
-	key := datastore.EndpointKey(d.host, req.EndpointID)
-	err = d.store.Retry(ctx, func(ctx context.Context) error {
-		var cur datastore.Endpoint
-		rev, err := d.store.GetJSON(ctx, key, &cur)
-		if errors.Is(err, datastore.ErrNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if !cur.Joined && cur.Container == "" {
-			return nil
-		}
-		cur.Joined = false
-		cur.Container = ""
-		return d.store.Txn(ctx, datastore.Update(key, datastore.MustJSON(cur), rev))
-	})
+	err = d.recordLeft(ctx, datastore.EndpointKey(d.host, req.EndpointID))
 	if err != nil {
 		return storeErr("recording the leave of endpoint "+short(req.EndpointID), err)
 	}
@@ -765,4 +789,60 @@ func (d *NetworkDriver) ProgramExternalConnectivity(ctx context.Context, req *ne
 // RevokeExternalConnectivity: see ProgramExternalConnectivity.
 func (d *NetworkDriver) RevokeExternalConnectivity(ctx context.Context, req *network.RevokeExternalConnectivityRequest) error {
 	return nil
+}
+
+// endpointLabels asks the Labeller (bounded); unknown is true when it
+// cannot say, and the endpoint then matches no policy selector.
+func (d *NetworkDriver) endpointLabels(ctx context.Context, req *network.JoinRequest, log logrus.FieldLogger) (map[string]string, bool) {
+	if d.opts.Labels == nil {
+		return nil, false
+	}
+	lctx, cancel := context.WithTimeout(ctx, labelsTimeout)
+	defer cancel()
+	labels, err := d.opts.Labels.EndpointLabels(lctx, req.NetworkID, req.EndpointID, req.SandboxKey)
+	if err != nil {
+		log.WithError(err).Warn("cannot learn the container's labels: the endpoint matches no policy selector (denied where policies apply)")
+		return nil, true
+	}
+	return labels, false
+}
+
+// waitProgrammed waits (bounded) until the policy has the endpoint's rules
+// in the kernel.
+func (d *NetworkDriver) waitProgrammed(ctx context.Context, rev int64) error {
+	if d.opts.Policy == nil {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, d.opts.PolicyWait)
+	defer cancel()
+	return d.opts.Policy.WaitProgrammed(wctx, rev)
+}
+
+// unjoin reverts the record of a Join that fails after writing it.
+func (d *NetworkDriver) unjoin(ctx context.Context, key string, log logrus.FieldLogger) {
+	ctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
+	defer cancel()
+	if err := d.recordLeft(ctx, key); err != nil {
+		log.WithError(err).Error("reverting the record of a failed Join")
+	}
+}
+
+// recordLeft marks the endpoint record not joined (Leave, a failed Join);
+// a record already gone or not joined is fine.
+func (d *NetworkDriver) recordLeft(ctx context.Context, key string) error {
+	return d.store.Retry(ctx, func(ctx context.Context) error {
+		var cur datastore.Endpoint
+		rev, err := d.store.GetJSON(ctx, key, &cur)
+		if errors.Is(err, datastore.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if !cur.Joined && cur.Container == "" && cur.Labels == nil && !cur.LabelsUnknown {
+			return nil
+		}
+		cur.Joined, cur.Container, cur.Labels, cur.LabelsUnknown = false, "", nil, false
+		return d.store.Txn(ctx, datastore.Update(key, datastore.MustJSON(cur), rev))
+	})
 }

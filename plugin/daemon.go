@@ -50,12 +50,23 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	}
 	defer dp.Close()
 
-	nd := driver.NewNetworkDriver(store, dp, cfg.NodeName, entry, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: engine})
+	pol, err := newPolicy(cfg, store, entry)
+	if err != nil {
+		return fmt.Errorf("starting network policy: %w", err)
+	}
+	policyStarted := false
+	defer func() {
+		if !policyStarted {
+			pol.close()
+		}
+	}()
+	nd := driver.NewNetworkDriver(store, dp, cfg.NodeName, entry, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: engine, Labels: pol.labels, Policy: pol.syncer})
 	id := driver.NewIPAMDriver(engine, cfg.NodeName, entry)
 	srv := NewServer(nd, id, entry)
 	metrics := NewMetrics(engine, entry)
 	srv.Observer = metrics.ObserveRequest
 	health := NewHealth(store.Ping)
+	health.Require("network policy", pol.syncer.Health)
 	reconciler, err := newReconciler(cfg, store, engine, dp, metrics, entry)
 	if err != nil {
 		return err
@@ -127,7 +138,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 		store.KeepAlive(ctx, datastore.Alive{Node: cfg.NodeName, Hostname: hostname, PID: os.Getpid(), Since: time.Now().UTC()}, datastore.DefaultAliveTTL, entry)
 	}()
 
-	stopRouting, err := startRouting(ctx, cfg, store, engine, metrics.Routing, entry)
+	stopRouting, err := startRouting(ctx, cfg, store, engine, metrics.Routing, health, entry)
 	if err != nil {
 		cancel()
 		wg.Wait()
@@ -135,13 +146,8 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	}
 	defer stopRouting()
 
-	stopPolicy, err := startPolicy(ctx, cfg, store, engine, entry)
-	if err != nil {
-		cancel()
-		wg.Wait()
-		return fmt.Errorf("starting network policy: %w", err)
-	}
-	defer stopPolicy()
+	policyStarted = true
+	defer pol.start(ctx)()
 
 	var runErr error
 	select {

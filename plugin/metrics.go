@@ -232,13 +232,29 @@ func (c *ipamCollector) read() ([]prometheus.Metric, error) {
 	return out, nil
 }
 
-// Health is what /healthz reports: healthy when the datastore answers and
-// the plugin sockets are served.
+// Health is what /healthz reports: healthy when the datastore answers, the
+// plugin sockets are served and every Require'd condition holds (network
+// policy and learned routes programmed).
 type Health struct {
 	ping func(ctx context.Context) error
 
 	mu         sync.Mutex
 	notServing string // "" when the sockets are served
+	checks     []healthCheck
+}
+
+// healthCheck is one more condition of health (policy programmed, routes
+// programmed): nil when fine.
+type healthCheck struct {
+	name  string
+	check func() error
+}
+
+// Require makes /healthz red while check fails; name says what failed.
+func (h *Health) Require(name string, check func() error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.checks = append(h.checks, healthCheck{name: name, check: check})
 }
 
 // NewHealth checks the datastore with ping (store.Ping). Until SetServing
@@ -263,9 +279,15 @@ func (h *Health) SetServing(why error) {
 func (h *Health) Check(ctx context.Context) error {
 	h.mu.Lock()
 	why := h.notServing
+	checks := h.checks
 	h.mu.Unlock()
 	if why != "" {
 		return errors.New(why)
+	}
+	for _, c := range checks {
+		if err := c.check(); err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, healthPingTimeout)
 	defer cancel()

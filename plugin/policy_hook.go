@@ -11,26 +11,35 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
-	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/policy"
 )
 
-// startPolicy starts outgoing NAT and network isolation (package policy):
-// the nftables tables "calico-cnm" of the host namespace, kept in step with
-// the datastore's pools, networks, endpoints and nodes. Like startRouting it
-// only validates and spawns: it never delays the plugin sockets, and the
-// previous run's tables keep protecting the running containers until the
-// datastore has been read. The returned stop function waits for it; the
-// tables stay (see policy's package documentation).
-func startPolicy(ctx context.Context, cfg Config, store *datastore.Store, engine *ipam.Engine, log logrus.FieldLogger) (stop func(), err error) {
+// policyRunner is network policy (package policy): the nftables tables
+// "calico-cnm" of the host namespace, kept in step with the datastore's
+// pools, networks, endpoints, nodes and policies. newPolicy only builds
+// it, so that the network driver can wait on it (Join returns once the
+// endpoint's rules are in the kernel); start spawns it without delaying
+// the plugin sockets, and until the datastore has been read the previous
+// run's tables keep protecting the running containers. The tables stay
+// when it stops (see policy's package documentation).
+type policyRunner struct {
+	syncer *policy.Syncer
+	labels *dockerLabels
+	nft    *policy.NFT
+	names  *dockerNames
+	node   string
+	log    logrus.FieldLogger
+}
+
+func newPolicy(cfg Config, store *datastore.Store, log logrus.FieldLogger) (*policyRunner, error) {
 	log = log.WithField("component", "policy")
 	nft, err := policy.NewNFT("", log)
 	if err != nil {
 		return nil, err
 	}
-	// Network names come from Docker (they are not in CreateNetwork); a
-	// Docker API that cannot be reached only delays naming, so a bad
-	// DOCKER_HOST is an error here and nothing else is.
+	// Network names and container labels come from Docker; a Docker API
+	// that cannot be reached only delays naming (and makes labels
+	// unknown), so a bad DOCKER_HOST is an error here and nothing else is.
 	names, err := newDockerNames(cfg.DockerHost)
 	if err != nil {
 		nft.Close()
@@ -50,21 +59,36 @@ func startPolicy(ctx context.Context, cfg Config, store *datastore.Store, engine
 		names.cli.Close()
 		return nil, err
 	}
-	_ = engine // pools are followed in the datastore directly (ipam.PoolsPrefix)
+	return &policyRunner{syncer: syncer, labels: &dockerLabels{cli: names.cli, store: store}, nft: nft, names: names, node: cfg.NodeName, log: log}, nil
+}
+
+// start runs the syncer until ctx ends; the returned function waits for it
+// and releases the handles.
+func (p *policyRunner) start(ctx context.Context) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
+	relearnt := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := syncer.Run(ctx); err != nil {
-			log.WithError(err).Error("network policy stopped")
+		if err := p.syncer.Run(ctx); err != nil {
+			p.log.WithError(err).Error("network policy stopped")
 		}
+	}()
+	go func() {
+		defer close(relearnt)
+		p.labels.relearn(ctx, p.node, p.log)
 	}()
 	return func() {
 		cancel()
 		<-done
-		nft.Close()
-		names.cli.Close()
-	}, nil
+		<-relearnt
+		p.close()
+	}
+}
+
+func (p *policyRunner) close() {
+	p.nft.Close()
+	p.names.cli.Close()
 }
 
 // ipv6Available: the ip6 table needs a kernel with IPv6 (ipv6.disable=1

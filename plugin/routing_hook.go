@@ -19,7 +19,7 @@ import (
 // It only validates and spawns: node registration, address detection and
 // the speaker all retry in the background, so a slow datastore or a BGP
 // port still held by a dying predecessor never delays the plugin sockets.
-func startRouting(ctx context.Context, cfg Config, store *datastore.Store, engine *ipam.Engine, rm RoutingMetrics, log logrus.FieldLogger) (stop func(), err error) {
+func startRouting(ctx context.Context, cfg Config, store *datastore.Store, engine *ipam.Engine, rm RoutingMetrics, health *Health, log logrus.FieldLogger) (stop func(), err error) {
 	if !cfg.BGP.Enabled {
 		return func() {}, nil
 	}
@@ -42,6 +42,9 @@ func startRouting(ctx context.Context, cfg Config, store *datastore.Store, engin
 	if err != nil {
 		routes.Close()
 		return nil, err
+	}
+	if health != nil {
+		health.Require("BGP routes", func() error { return routeHealth(agent.Status(ctx)) })
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -104,4 +107,12 @@ func setRoutingMetrics(st routing.Status, rm RoutingMetrics) {
 	if rm.RoutesInstalled != nil {
 		rm.RoutesInstalled.Set(float64(len(st.Routes)))
 	}
+}
+
+// routeHealth is red while learned routes cannot be programmed.
+func routeHealth(st routing.Status) error {
+	if st.RouteError != "" {
+		return fmt.Errorf("learned routes cannot be programmed: %s", st.RouteError)
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,5 +38,16 @@ func TestRoutingMetricsFollowAgentStatus(t *testing.T) {
 	setRoutingMetrics(routing.Status{}, rm)
 	if testutil.ToFloat64(rm.SessionsUp) != 0 || testutil.ToFloat64(rm.RoutesInstalled) != 0 {
 		t.Error("gauges did not drop to 0 with no sessions and no routes")
+	}
+}
+
+// /healthz's routes condition follows the agent's last route programming.
+func TestRouteHealth(t *testing.T) {
+	if err := routeHealth(routing.Status{}); err != nil {
+		t.Errorf("routes programmed: %v", err)
+	}
+	err := routeHealth(routing.Status{RouteError: "netlink: operation not permitted"})
+	if err == nil || !strings.Contains(err.Error(), "operation not permitted") {
+		t.Errorf("failing routes: %v", err)
 	}
 }

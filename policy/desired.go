@@ -11,6 +11,7 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/policy/api"
 )
 
 // Network options (docker network create -o KEY=VALUE), recorded by the
@@ -68,6 +69,8 @@ type State struct {
 	Networks  []datastore.Network
 	Endpoints []datastore.Endpoint
 	Nodes     []datastore.Node
+	// Policies are the valid GlobalNetworkPolicy records.
+	Policies []api.GlobalNetworkPolicy
 	// IPv6 includes the ip6 table; false where the kernel has no IPv6.
 	IPv6 bool
 }
@@ -278,13 +281,15 @@ func Desired(st State) (Ruleset, []string) {
 		hosts[IPv4] = append(hosts[IPv4], a)
 	}
 
+	plan, pw := planPolicies(st, locals)
+	warnings = append(warnings, pw...)
 	families := []Family{IPv4}
 	if st.IPv6 {
 		families = append(families, IPv6)
 	}
 	var rs Ruleset
 	for _, f := range families {
-		rs.Tables = append(rs.Tables, desiredTable(f, locals, members, pools[f], natPools[f], hosts[f]))
+		rs.Tables = append(rs.Tables, desiredTable(f, locals, members, pools[f], natPools[f], hosts[f], plan))
 	}
 	return rs, warnings
 }
@@ -296,7 +301,8 @@ func familyOf(a netip.Addr) Family {
 	return IPv6
 }
 
-func desiredTable(f Family, locals []localEndpoint, members map[string]map[Family][]netip.Addr, pools, natPools []netip.Prefix, hosts []netip.Addr) Table {
+func desiredTable(f Family, locals []localEndpoint, members map[string]map[Family][]netip.Addr, pools, natPools []netip.Prefix, hosts []netip.Addr, plan policyPlan) Table {
+	pt := newPolicyTable(f, plan)
 	t := Table{Family: f}
 	var ifnames []string
 	for _, l := range locals {
@@ -343,18 +349,30 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 			name = shortID(l.network.ID)
 		}
 		in, out := IngressChainName(l.network.ID), EgressChainName(l.network.ID)
+		outProfile := ""
 		if l.policy.Isolated {
+			outProfile = out
+		}
+		// A policy selecting the endpoint for a direction replaces the
+		// network's jump; the network's chain is then its profile (Pass).
+		if r, ok := pt.endpointJump(l, api.Egress, outProfile); ok {
+			forward.Unordered = append(forward.Unordered, r)
+		} else if l.policy.Isolated {
 			forward.Unordered = append(forward.Unordered, Rule{
 				Matches: []Match{{Kind: MatchIfname, In: true, Value: l.ep.HostIfName}},
 				Verdict: Jump, Target: out,
 				Comment: fmt.Sprintf("from endpoint %s of network %s", shortID(l.ep.ID), name),
 			})
 		}
-		forward.Unordered = append(forward.Unordered, Rule{
-			Matches: []Match{{Kind: MatchIfname, Value: l.ep.HostIfName}},
-			Verdict: Jump, Target: in,
-			Comment: fmt.Sprintf("to endpoint %s of network %s", shortID(l.ep.ID), name),
-		})
+		if r, ok := pt.endpointJump(l, api.Ingress, in); ok {
+			forward.Unordered = append(forward.Unordered, r)
+		} else {
+			forward.Unordered = append(forward.Unordered, Rule{
+				Matches: []Match{{Kind: MatchIfname, Value: l.ep.HostIfName}},
+				Verdict: Jump, Target: in,
+				Comment: fmt.Sprintf("to endpoint %s of network %s", shortID(l.ep.ID), name),
+			})
+		}
 		set := NetworkSetName(l.key)
 		if l.policy.Isolated && !netSets[set] {
 			netSets[set] = true
@@ -370,6 +388,7 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 		}
 	}
 	t.Chains = append(t.Chains, forward)
+	pt.finish(&t)
 	return t
 }
 

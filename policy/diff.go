@@ -214,6 +214,9 @@ func diffTable(cur, want Table) []Op {
 			chainDels = append(chainDels, Op{Kind: OpDelChain, Family: f, Chain: c.Name})
 		}
 	}
+	// A chain goes before the chains it jumps to: endpoint chains refer to
+	// policy and network chains, which refer to none.
+	slices.SortStableFunc(chainDels, func(a, b Op) int { return chainDepth(a.Chain) - chainDepth(b.Chain) })
 	for _, c := range sortedSets(cur.Sets) {
 		if _, ok := want.Set(c.Name); !ok {
 			setDels = append(setDels, Op{Kind: OpDelSet, Family: f, Set: Set{Name: c.Name}})
@@ -305,4 +308,12 @@ func minus(a, b []string) []string {
 		}
 	}
 	return out
+}
+
+// chainDepth orders chain deletions: referring chains first.
+func chainDepth(name string) int {
+	if strings.HasPrefix(name, toEndpointPrefix) || strings.HasPrefix(name, fromEndpointPrefix) {
+		return 0
+	}
+	return 1
 }

@@ -39,6 +39,38 @@
 // hold whatever Docker's chain accepts, and our accepts (replies) open
 // nothing that Docker's chain drops.
 //
+// # Network policy (GlobalNetworkPolicy)
+//
+// Policies (package policy/api, stored under api.PoliciesPrefix) select
+// endpoints by their labels (package policy/selector; the labels are on
+// the endpoint record, see labels.go). For a local endpoint that a policy
+// selects for a direction, the forward chain's jump for that direction
+// goes to a dispatch chain (to-<h> for ingress, from-<h> for egress)
+// instead of the network's chain. A dispatch chain is shared by every
+// endpoint with the same ordered list of selecting policies and the same
+// network chain (its profile); it clears two packet mark bits, jumps to
+// each policy's chain (pi-<h>/po-<h>, one per policy and direction, shared
+// by all endpoints) while neither bit is set, then returns when a rule
+// allowed the packet (markAccept), goes to the network's chain on Pass
+// (markPass), and drops otherwise (default deny). Deny rules drop in the
+// policy chain; Log rules log with the prefix LogPrefix+name and go on.
+// Rule selectors and nets are named sets (sel-, nsel-, nets-) holding the
+// addresses of the cluster's joined endpoints that match: rules grow with
+// the local endpoints and the policies, never with the cluster; a label
+// change anywhere changes set elements only. An endpoint whose labels are
+// unknown matches no selector (it is in every notSelector's exclusion
+// set) and, while policies exist for a direction, is sent to a chain that
+// drops everything (fail closed).
+//
+// # Join waits for the kernel
+//
+// The driver writes the joined endpoint record (with its labels) and then
+// waits (WaitProgrammed, bounded) until the syncer has applied a state that
+// includes every endpoint record change up to that write: the container's
+// first packet meets its rules. While the tables cannot be programmed,
+// Health reports why (the daemon's /healthz) and Joins fail rather than
+// start containers black-holed by the fail-closed rules below.
+//
 // # Network options (docker network create -o KEY=VALUE)
 //
 //   - calico.isolation=on|off (default on). Off: the network's containers

@@ -91,6 +91,17 @@ const (
 	// MatchAddrSet: the source (In) or destination address is (Negate: is
 	// not) in set Value.
 	MatchAddrSet
+	// MatchMark: the packet mark has (Negate: has none of) the bits Mark.
+	MatchMark
+	// MatchL4Proto: the transport protocol is (Negate: is not) Proto.
+	MatchL4Proto
+	// MatchPort: the source (In) or destination port is (Negate: is not)
+	// in Min..Max. Only after a MatchL4Proto of a protocol with ports.
+	MatchPort
+	// MatchICMPType, MatchICMPCode: the ICMP (ICMPv6 in the ip6 table)
+	// type or code is Proto. Only after a MatchL4Proto of ICMP.
+	MatchICMPType
+	MatchICMPCode
 )
 
 // Match is one condition of a rule.
@@ -100,6 +111,10 @@ type Match struct {
 	Value  string
 	Prefix bool
 	Negate bool
+	Mark   uint32 // MatchMark
+	Proto  uint8  // MatchL4Proto; the value of MatchICMPType/Code
+	Min    uint16 // MatchPort
+	Max    uint16
 }
 
 // VerdictKind is what a rule does when all its matches hold.
@@ -112,17 +127,26 @@ const (
 	Return
 	Jump
 	Masquerade
+	Goto     // to Target; its return goes where this chain's would
+	Continue // no verdict: the next rule (a Log rule)
 )
 
 // Rule is matches and a verdict. Every rule counts its packets.
 type Rule struct {
 	Matches []Match
 	Verdict VerdictKind
-	Target  string // chain of a Jump
-	Comment string
+	Target  string // chain of a Jump or Goto
+	// SetMark bits are set and ClearMark bits cleared in the packet mark
+	// (one statement, after the counter).
+	SetMark, ClearMark uint32
+	// LogPrefix, when set, logs the packet (kernel log) with this prefix.
+	LogPrefix string
+	Comment   string
 	// Handle is the kernel's handle of a dumped rule (0 in desired rules);
 	// it is not compared.
 	Handle uint64
+	// Packets and Bytes are a dumped rule's counter (not compared).
+	Packets, Bytes uint64
 }
 
 // ifnameLen is IFNAMSIZ: nftables compares interface names as 16 bytes.
@@ -152,6 +176,30 @@ func (m Match) render(f Family) string {
 		return fmt.Sprintf("%s %s@%s", dir(m.In, "iifname", "oifname"), neg, m.Value)
 	case MatchAddrSet:
 		return fmt.Sprintf("%s %s %s@%s", f, dir(m.In, "saddr", "daddr"), neg, m.Value)
+	case MatchMark:
+		op := "!="
+		if m.Negate {
+			op = "=="
+		}
+		return fmt.Sprintf("meta mark & 0x%08x %s 0", m.Mark, op)
+	case MatchL4Proto:
+		return fmt.Sprintf("meta l4proto %s%d", neg, m.Proto)
+	case MatchPort:
+		v := fmt.Sprint(m.Min)
+		if m.Max != m.Min {
+			v = fmt.Sprintf("%d-%d", m.Min, m.Max)
+		}
+		return fmt.Sprintf("th %s %s%s", dir(m.In, "sport", "dport"), neg, v)
+	case MatchICMPType, MatchICMPCode:
+		proto := "icmp"
+		if f == IPv6 {
+			proto = "icmpv6"
+		}
+		field := "type"
+		if m.Kind == MatchICMPCode {
+			field = "code"
+		}
+		return fmt.Sprintf("%s %s %d", proto, field, m.Proto)
 	}
 	return fmt.Sprintf("<unknown match %d>", m.Kind)
 }
@@ -164,6 +212,12 @@ func (r Rule) Render(f Family) string {
 		parts = append(parts, m.render(f))
 	}
 	parts = append(parts, "counter")
+	if r.SetMark != 0 || r.ClearMark != 0 {
+		parts = append(parts, fmt.Sprintf("meta mark set mark & 0x%08x | 0x%08x", ^(r.SetMark|r.ClearMark), r.SetMark))
+	}
+	if r.LogPrefix != "" {
+		parts = append(parts, fmt.Sprintf("log prefix %q", r.LogPrefix))
+	}
 	switch r.Verdict {
 	case Accept:
 		parts = append(parts, "accept")
@@ -175,6 +229,9 @@ func (r Rule) Render(f Family) string {
 		parts = append(parts, "jump "+r.Target)
 	case Masquerade:
 		parts = append(parts, "masquerade")
+	case Goto:
+		parts = append(parts, "goto "+r.Target)
+	case Continue:
 	default:
 		parts = append(parts, fmt.Sprintf("<unknown verdict %d>", r.Verdict))
 	}

@@ -353,11 +353,53 @@ func encodeRule(f Family, r Rule, setIDs map[string]uint32) ([]expr.Any, error) 
 				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: l},
 				&expr.Lookup{SourceRegister: 1, SetName: m.Value, SetID: setIDs[m.Value], Invert: m.Negate},
 			)
+		case MatchMark:
+			op := expr.CmpOpNeq
+			if m.Negate {
+				op = expr.CmpOpEq
+			}
+			ex = append(ex,
+				&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(m.Mark), Xor: make([]byte, 4)},
+				&expr.Cmp{Op: op, Register: 1, Data: make([]byte, 4)},
+			)
+		case MatchL4Proto:
+			ex = append(ex, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: cmpOp(m.Negate), Register: 1, Data: []byte{m.Proto}})
+		case MatchPort:
+			off := uint32(2)
+			if m.In {
+				off = 0
+			}
+			ex = append(ex, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 2})
+			if m.Min == m.Max {
+				ex = append(ex, &expr.Cmp{Op: cmpOp(m.Negate), Register: 1, Data: binaryutil.BigEndian.PutUint16(m.Min)})
+			} else {
+				ex = append(ex, &expr.Range{Op: cmpOp(m.Negate), Register: 1, FromData: binaryutil.BigEndian.PutUint16(m.Min), ToData: binaryutil.BigEndian.PutUint16(m.Max)})
+			}
+		case MatchICMPType, MatchICMPCode:
+			off := uint32(0)
+			if m.Kind == MatchICMPCode {
+				off = 1
+			}
+			ex = append(ex,
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{m.Proto}},
+			)
 		default:
 			return nil, fmt.Errorf("unsupported match kind %d", m.Kind)
 		}
 	}
 	ex = append(ex, &expr.Counter{})
+	if r.SetMark != 0 || r.ClearMark != 0 {
+		ex = append(ex,
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(^(r.SetMark | r.ClearMark)), Xor: binaryutil.NativeEndian.PutUint32(r.SetMark)},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+		)
+	}
+	if r.LogPrefix != "" {
+		ex = append(ex, &expr.Log{Key: 1 << unix.NFTA_LOG_PREFIX, Data: []byte(r.LogPrefix)})
+	}
 	switch r.Verdict {
 	case Accept:
 		ex = append(ex, &expr.Verdict{Kind: expr.VerdictAccept})
@@ -372,10 +414,23 @@ func encodeRule(f Family, r Rule, setIDs map[string]uint32) ([]expr.Any, error) 
 		ex = append(ex, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target})
 	case Masquerade:
 		ex = append(ex, &expr.Masq{})
+	case Goto:
+		if r.Target == "" {
+			return nil, errors.New("goto without a target chain")
+		}
+		ex = append(ex, &expr.Verdict{Kind: expr.VerdictGoto, Chain: r.Target})
+	case Continue:
 	default:
 		return nil, fmt.Errorf("unsupported verdict %d", r.Verdict)
 	}
 	return ex, nil
+}
+
+func cmpOp(negate bool) expr.CmpOp {
+	if negate {
+		return expr.CmpOpNeq
+	}
+	return expr.CmpOpEq
 }
 
 // decodeRule recognises exactly the expression sequences encodeRule
@@ -402,6 +457,14 @@ func decodeRule(f Family, nr *nftables.Rule) Rule {
 			r.Matches = append(r.Matches, Match{Kind: MatchCtEstablished})
 			i += 2
 		case *expr.Meta:
+			if e.Key == expr.MetaKeyMARK || e.Key == expr.MetaKeyL4PROTO {
+				n, ok := decodeMeta(ex[i:], &r)
+				if !ok {
+					return bad()
+				}
+				i += n - 1
+				continue
+			}
 			if (e.Key != expr.MetaKeyIIFNAME && e.Key != expr.MetaKeyOIFNAME) || i+1 >= len(ex) {
 				return bad()
 			}
@@ -425,6 +488,15 @@ func decodeRule(f Family, nr *nftables.Rule) Rule {
 			}
 			i++
 		case *expr.Payload:
+			if e.Base == expr.PayloadBaseTransportHeader && i+1 < len(ex) {
+				m, ok := decodeTransport(e, ex[i+1])
+				if !ok {
+					return bad()
+				}
+				r.Matches = append(r.Matches, m)
+				i++
+				continue
+			}
 			if e.Base != expr.PayloadBaseNetworkHeader || i+1 >= len(ex) {
 				return bad()
 			}
@@ -445,6 +517,7 @@ func decodeRule(f Family, nr *nftables.Rule) Rule {
 			r.Matches = append(r.Matches, Match{Kind: MatchAddrSet, In: src, Value: lk.SetName, Negate: lk.Invert})
 			i++
 		case *expr.Counter:
+			r.Packets, r.Bytes = e.Packets, e.Bytes
 		case *expr.Verdict:
 			if i != len(ex)-1 {
 				return bad()
@@ -458,9 +531,17 @@ func decodeRule(f Family, nr *nftables.Rule) Rule {
 				r.Verdict = Return
 			case expr.VerdictJump:
 				r.Verdict, r.Target = Jump, e.Chain
+			case expr.VerdictGoto:
+				r.Verdict, r.Target = Goto, e.Chain
 			default:
 				return bad()
 			}
+		case *expr.Log:
+			// The kernel reports its defaults (level, flags) too.
+			if e.Key&(1<<unix.NFTA_LOG_PREFIX) == 0 || e.Key&(1<<unix.NFTA_LOG_GROUP) != 0 || r.LogPrefix != "" {
+				return bad()
+			}
+			r.LogPrefix = string(bytes.TrimRight(e.Data, "\x00"))
 		case *expr.Masq:
 			if i != len(ex)-1 || e.Random || e.FullyRandom || e.Persistent || e.ToPorts {
 				return bad()
@@ -471,9 +552,86 @@ func decodeRule(f Family, nr *nftables.Rule) Rule {
 		}
 	}
 	if r.Verdict == 0 {
-		return bad()
+		r.Verdict = Continue
 	}
 	return r
+}
+
+// decodeMeta reads a mark match, a mark statement or an l4proto match at
+// the start of ex; n is the number of expressions used.
+func decodeMeta(ex []expr.Any, r *Rule) (n int, ok bool) {
+	m := ex[0].(*expr.Meta)
+	if m.SourceRegister || len(ex) < 2 {
+		return 0, false
+	}
+	if m.Key == expr.MetaKeyL4PROTO {
+		c, ok := ex[1].(*expr.Cmp)
+		if !ok || len(c.Data) != 1 || (c.Op != expr.CmpOpEq && c.Op != expr.CmpOpNeq) {
+			return 0, false
+		}
+		r.Matches = append(r.Matches, Match{Kind: MatchL4Proto, Proto: c.Data[0], Negate: c.Op == expr.CmpOpNeq})
+		return 2, true
+	}
+	if len(ex) < 3 {
+		return 0, false
+	}
+	bw, ok := ex[1].(*expr.Bitwise)
+	if !ok || len(bw.Mask) != 4 || len(bw.Xor) != 4 {
+		return 0, false
+	}
+	mask, xor := binaryutil.NativeEndian.Uint32(bw.Mask), binaryutil.NativeEndian.Uint32(bw.Xor)
+	switch next := ex[2].(type) {
+	case *expr.Cmp:
+		if xor != 0 || !bytes.Equal(next.Data, make([]byte, 4)) || (next.Op != expr.CmpOpEq && next.Op != expr.CmpOpNeq) {
+			return 0, false
+		}
+		r.Matches = append(r.Matches, Match{Kind: MatchMark, Mark: mask, Negate: next.Op == expr.CmpOpEq})
+	case *expr.Meta:
+		if !next.SourceRegister || next.Key != expr.MetaKeyMARK {
+			return 0, false
+		}
+		r.SetMark, r.ClearMark = xor, ^mask&^xor
+	default:
+		return 0, false
+	}
+	return 3, true
+}
+
+// decodeTransport reads a port or ICMP match: a transport header load and
+// its comparison.
+func decodeTransport(p *expr.Payload, next expr.Any) (Match, bool) {
+	switch {
+	case p.Len == 2 && (p.Offset == 0 || p.Offset == 2):
+		m := Match{Kind: MatchPort, In: p.Offset == 0}
+		switch c := next.(type) {
+		case *expr.Cmp:
+			if len(c.Data) != 2 || (c.Op != expr.CmpOpEq && c.Op != expr.CmpOpNeq) {
+				return Match{}, false
+			}
+			m.Min = binaryutil.BigEndian.Uint16(c.Data)
+			m.Max, m.Negate = m.Min, c.Op == expr.CmpOpNeq
+		case *expr.Range:
+			if len(c.FromData) != 2 || len(c.ToData) != 2 {
+				return Match{}, false
+			}
+			m.Min, m.Max = binaryutil.BigEndian.Uint16(c.FromData), binaryutil.BigEndian.Uint16(c.ToData)
+			m.Negate = c.Op == expr.CmpOpNeq
+		default:
+			return Match{}, false
+		}
+		return m, true
+	case p.Len == 1 && (p.Offset == 0 || p.Offset == 1):
+		c, ok := next.(*expr.Cmp)
+		if !ok || c.Op != expr.CmpOpEq || len(c.Data) != 1 {
+			return Match{}, false
+		}
+		kind := MatchICMPType
+		if p.Offset == 1 {
+			kind = MatchICMPCode
+		}
+		return Match{Kind: kind, Proto: c.Data[0]}, true
+	}
+	return Match{}, false
 }
 
 // setElements encodes canonical elements for the kernel.

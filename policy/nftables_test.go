@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"github.com/calico-cnm/calico-cnm/policy/api"
 	"os"
 	"os/exec"
 	"slices"
@@ -359,4 +360,69 @@ func TestNFTLargeBatch(t *testing.T) {
 // localEP is a joined endpoint of this host (h1).
 func localEP(id, network, ip string) datastore.Endpoint {
 	return datastore.Endpoint{ID: id, Network: network, Node: "h1", IPv4: ip + "/32", HostIfName: ifOf(id), Joined: true}
+}
+
+// TestNFTPolicyProgram writes the policy program (marks, ports, ICMP,
+// log, goto, selector and nets sets) to the kernel, reads it back equal,
+// and removes it again without a rewrite.
+func TestNFTPolicyProgram(t *testing.T) {
+	requireNetns(t)
+	ctx := context.Background()
+	ns := newNetns(t, "cnmpolp-")
+	n, err := NewNFT("/var/run/netns/"+ns, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	st := policyState(t)
+	acts, err := api.Decode(strings.NewReader(`apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: acts}
+spec:
+  selector: has(role)
+  egress:
+  - action: Log
+  - action: Pass
+    protocol: UDP
+    destination: {ports: [53, "50:60"], notPorts: ["55:56"]}
+  - action: Allow
+    protocol: ICMP
+    icmp: {type: 8, code: 0}
+    destination: {nets: [10.0.0.0/8], notNets: [10.1.0.0/16]}
+  - action: Deny
+    notProtocol: TCP
+    destination: {notSelector: "role == 'db'"}
+  - action: Allow
+    protocol: TCP
+    source: {ports: [7]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Policies = append(st.Policies, acts...)
+	st.IPv6 = true
+	want := mustDesired(t, st)
+	if _, err := n.Apply(ctx, want); err != nil {
+		t.Fatal(err)
+	}
+	checkInSync(t, n, want)
+	if changes, err := n.Apply(ctx, want); err != nil || changes != 0 {
+		t.Fatalf("second apply: %d changes, %v", changes, err)
+	}
+	listing := nftIn(t, ns, "list", "table", "ip", TableName)
+	for _, s := range []string{"log prefix \"calico-cnm acts \"", "udp dport 50-60", "goto in-", "icmp type echo-request"} {
+		if !strings.Contains(listing, s) {
+			t.Errorf("nft list lacks %q:\n%s", s, listing)
+		}
+	}
+	// Deleting the policies: exactly their chains and sets go, in place.
+	without := mustDesired(t, baseState())
+	cur, err := n.Dump(ctx, IPv4, IPv6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Execute(ctx, Diff(cur, without)); err != nil {
+		t.Fatalf("in-place removal of the policy program: %v", err)
+	}
+	checkInSync(t, n, without)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/internal/retry"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/policy/api"
 )
 
 // Dataplane is what the syncer programs: *NFT, or a fake in tests.
@@ -69,6 +70,21 @@ type Syncer struct {
 	// did not cause. seenRev is the loop's running maximum.
 	passedRev atomic.Int64
 	seenRev   int64
+
+	// policies caches decoded policy records by key (strict decoding is
+	// slow and runs at every pass); only the Run loop uses it.
+	policies map[string]decodedPolicy
+
+	// mu guards what WaitProgrammed and Health read.
+	mu sync.Mutex
+	// programmed is the datastore revision of the endpoint records the
+	// kernel's tables reflect: every endpoint change up to it is in.
+	programmed int64
+	// advanced is closed (and replaced) whenever programmed grows or the
+	// health changes.
+	advanced chan struct{}
+	// unhealthy says why the tables are not in step ("" when they are).
+	unhealthy string
 }
 
 // NewSyncer checks cfg.
@@ -85,16 +101,69 @@ func NewSyncer(cfg Config) (*Syncer, error) {
 	if cfg.Log == nil {
 		cfg.Log = logrus.StandardLogger()
 	}
-	return &Syncer{cfg: cfg, log: cfg.Log.WithField("component", "policy")}, nil
+	return &Syncer{cfg: cfg, log: cfg.Log.WithField("component", "policy"), advanced: make(chan struct{}), unhealthy: "the datastore has not been read yet"}, nil
 }
 
-var followed = []string{ipam.PoolsPrefix, datastore.NetworksPrefix, datastore.EndpointsPrefix, datastore.NodesPrefix}
+// ErrNotProgrammed: the kernel's tables could not be brought in step in
+// time.
+var ErrNotProgrammed = errors.New("network policy not programmed")
+
+// WaitProgrammed returns once the kernel's tables include every endpoint
+// record change up to datastore revision rev (the Join's own write), or
+// fails when ctx ends first, saying why programming lags.
+func (s *Syncer) WaitProgrammed(ctx context.Context, rev int64) error {
+	for {
+		s.mu.Lock()
+		done, ch, why := s.programmed >= rev, s.advanced, s.unhealthy
+		s.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			if why == "" {
+				why = "still applying"
+			}
+			return fmt.Errorf("%w: the endpoint's rules are not in the kernel (%s): %w", ErrNotProgrammed, why, ctx.Err())
+		}
+	}
+}
+
+// Health is nil while the tables are in step with the datastore, else why
+// not (for /healthz).
+func (s *Syncer) Health() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.unhealthy != "" {
+		return fmt.Errorf("%w: %s", ErrNotProgrammed, s.unhealthy)
+	}
+	return nil
+}
+
+func (s *Syncer) setProgrammed(rev int64, why string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed := why != s.unhealthy
+	s.unhealthy = why
+	if why == "" && rev > s.programmed {
+		s.programmed = rev
+		changed = true
+	}
+	if changed {
+		close(s.advanced)
+		s.advanced = make(chan struct{})
+	}
+}
+
+var followed = []string{ipam.PoolsPrefix, datastore.NetworksPrefix, datastore.EndpointsPrefix, datastore.NodesPrefix, api.PoliciesPrefix}
 
 // update is what a prefix follower tells the main loop: a full snapshot
 // (after a (re-)list) or one event.
 type update struct {
 	prefix   string
 	snapshot map[string][]byte // non-nil: replaces the prefix's records
+	rev      int64             // the snapshot's revision
 	event    *datastore.Event
 }
 
@@ -128,6 +197,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 
 	records := map[string]map[string][]byte{}
 	loaded := map[string]bool{}
+	var epRev int64 // the endpoint records' revision that records holds
 	var lastApplied string
 	delay := retry.New(retry.Standard())
 	var retry *time.Timer
@@ -140,6 +210,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		if len(loaded) < len(followed) {
 			return // not everything read yet: a partial view would drop rules
 		}
+		rev := epRev
 		st, bad := s.state(records)
 		want, warnings := Desired(st)
 		// Each problem is logged once while it lasts, not at every burst.
@@ -156,6 +227,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		}
 		text := want.Render()
 		if !force && text == lastApplied {
+			s.setProgrammed(rev, "")
 			return
 		}
 		start := time.Now()
@@ -166,6 +238,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 			}
 			next := delay.Next()
 			s.log.WithError(err).WithField("retryIn", next).Error("programming the nftables policy failed")
+			s.setProgrammed(0, "programming nftables failed: "+err.Error())
 			lastApplied = ""
 			if retry == nil {
 				retry = time.NewTimer(next)
@@ -175,6 +248,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		}
 		delay.Reset()
 		lastApplied = text
+		s.setProgrammed(rev, "")
 		if n > 0 {
 			s.log.WithFields(logrus.Fields{"changes": n, "took": time.Since(start).Round(time.Microsecond), "localEndpoints": countLocal(st)}).Info("nftables policy updated")
 		}
@@ -186,7 +260,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case u := <-updates:
-			s.merge(records, loaded, u)
+			epRev = max(epRev, s.merge(records, loaded, u))
 		case <-retryC:
 			retry, retryC = nil, nil
 			force = true
@@ -198,7 +272,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		for drained := false; !drained; {
 			select {
 			case u := <-updates:
-				s.merge(records, loaded, u)
+				epRev = max(epRev, s.merge(records, loaded, u))
 			default:
 				drained = true
 			}
@@ -208,14 +282,23 @@ func (s *Syncer) Run(ctx context.Context) error {
 	}
 }
 
-func (s *Syncer) merge(records map[string]map[string][]byte, loaded map[string]bool, u update) {
+// merge applies u to records; it returns the revision of the endpoint
+// records it brings (0 for other prefixes).
+func (s *Syncer) merge(records map[string]map[string][]byte, loaded map[string]bool, u update) int64 {
+	var rev int64
 	if u.event != nil {
 		s.seenRev = max(s.seenRev, u.event.ModRevision)
+	}
+	if u.prefix == datastore.EndpointsPrefix {
+		rev = u.rev
+		if u.event != nil {
+			rev = u.event.ModRevision
+		}
 	}
 	if u.snapshot != nil {
 		records[u.prefix] = u.snapshot
 		loaded[u.prefix] = true
-		return
+		return rev
 	}
 	if records[u.prefix] == nil {
 		records[u.prefix] = map[string][]byte{}
@@ -226,6 +309,7 @@ func (s *Syncer) merge(records map[string]map[string][]byte, loaded map[string]b
 	default:
 		records[u.prefix][u.event.Key] = u.event.Value
 	}
+	return rev
 }
 
 // follow lists a prefix and watches it from the list's revision; when the
@@ -249,7 +333,7 @@ func (s *Syncer) follow(ctx context.Context, prefix string, out chan<- update) {
 			snap[kv.Key] = kv.Value
 		}
 		select {
-		case out <- update{prefix: prefix, snapshot: snap}:
+		case out <- update{prefix: prefix, snapshot: snap, rev: rev}:
 		case <-ctx.Done():
 			return
 		}
@@ -328,6 +412,19 @@ func (s *Syncer) state(records map[string]map[string][]byte) (State, []string) {
 		st.Endpoints = append(st.Endpoints, e)
 		return nil
 	})
+	decode(api.PoliciesPrefix, func(k string, v []byte) error {
+		p, err := s.decodePolicy(k, v)
+		if err != nil {
+			return err
+		}
+		st.Policies = append(st.Policies, p)
+		return nil
+	})
+	for k := range s.policies {
+		if _, ok := records[api.PoliciesPrefix][k]; !ok {
+			delete(s.policies, k) // deleted policies leave the cache
+		}
+	}
 	decode(datastore.NodesPrefix, func(_ string, v []byte) error {
 		var n datastore.Node
 		if err := json.Unmarshal(v, &n); err != nil {
@@ -478,4 +575,30 @@ func (s *Syncer) resolveOne(ctx context.Context, id string) bool {
 	}
 	log.WithField("name", name).Info("recorded the Docker network's name: its endpoints on all hosts now form one network")
 	return true
+}
+
+// decodedPolicy is a policy record as last decoded.
+type decodedPolicy struct {
+	raw string
+	p   api.GlobalNetworkPolicy
+	err error
+}
+
+// decodePolicy validates a policy record, once per value.
+func (s *Syncer) decodePolicy(key string, v []byte) (api.GlobalNetworkPolicy, error) {
+	if d, ok := s.policies[key]; ok && d.raw == string(v) {
+		return d.p, d.err
+	}
+	d := decodedPolicy{raw: string(v)}
+	ps, errs := api.DecodeRecords([]datastore.KV{{Key: key, Value: v}})
+	if len(errs) > 0 {
+		d.err = errs[0]
+	} else {
+		d.p = ps[0]
+	}
+	if s.policies == nil {
+		s.policies = map[string]decodedPolicy{}
+	}
+	s.policies[key] = d
+	return d.p, d.err
 }

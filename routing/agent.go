@@ -92,6 +92,9 @@ type Agent struct {
 
 	mu     sync.Mutex
 	status Status
+	// routeErr is the last route programming failure ("" after a pass
+	// that worked), guarded by mu.
+	routeErr string
 }
 
 // NewAgent validates the configuration and returns an agent; Run does the
@@ -763,6 +766,7 @@ func (a *Agent) syncRoutes(ctx context.Context) {
 	kernel, err := a.d.Routes.ListLearned(ctx)
 	if err != nil {
 		a.log.WithError(err).Warn("listing kernel routes")
+		a.setRouteError(err)
 		return
 	}
 	diff := DiffRoutes(sel.Routes, kernel, a.synced && a.handover.idle())
@@ -770,6 +774,7 @@ func (a *Agent) syncRoutes(ctx context.Context) {
 	if err != nil {
 		a.log.WithError(err).Warn("programming learned routes")
 	}
+	a.setRouteError(err)
 	for _, p := range conflicts {
 		// Repeats on every pass until the other route goes: say it once.
 		if !a.conflicts[p] {
@@ -848,6 +853,7 @@ func (a *Agent) Status(context.Context) Status {
 	a.mu.Lock()
 	st := a.status
 	st.Peers = slices.Clone(st.Peers)
+	st.RouteError = a.routeErr
 	a.mu.Unlock()
 	for i := range st.Peers {
 		if !st.Peers[i].Since.IsZero() {
@@ -855,4 +861,13 @@ func (a *Agent) Status(context.Context) Status {
 		}
 	}
 	return st
+}
+
+func (a *Agent) setRouteError(err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.routeErr = ""
+	if err != nil {
+		a.routeErr = err.Error()
+	}
 }

@@ -28,6 +28,9 @@ type Status struct {
 	Advertised     []string       `json:"advertised"`
 	Routes         []RouteStatus  `json:"routes"`
 	Rejected       map[string]int `json:"rejected"`
+	// RouteError says why the last pass could not program the learned
+	// routes into the kernel ("" when it could); /healthz reports it.
+	RouteError string `json:"routeError,omitempty"`
 }
 
 // PeerStatus is one session.

@@ -68,6 +68,9 @@ blocks, networks, nodes and BGP.`,
 		a.nodeCmd(),
 		a.versionCmd(),
 		a.diagsCmd(),
+		a.applyCmd(),
+		a.getCmd(),
+		a.deleteCmd(),
 		completionCmd(),
 	)
 	root.InitDefaultHelpCmd()

@@ -14,7 +14,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/routing"
 	"github.com/calico-cnm/calico-cnm/test/e2e/harness"
@@ -42,11 +41,7 @@ func newBenchCluster(b *testing.B) (*bgpCluster, *bgpHost, *bgpHost) {
 func BenchmarkMultiHostBlockConvergence(b *testing.B) {
 	c, ha, hb := newBenchCluster(b)
 	ctx := context.Background()
-	store, err := datastore.Open(ctx, datastore.Config{Endpoints: []string{c.etcd}}, logrus.New())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer store.Close()
+	store := c.openStore(b)
 	quiet := logrus.New()
 	quiet.SetLevel(logrus.WarnLevel)
 	eng := ipam.New(store, ipam.Options{ReleaseGracePeriod: ipam.ReleaseImmediately, Log: quiet})

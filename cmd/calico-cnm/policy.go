@@ -1,0 +1,296 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/policy"
+	"github.com/calico-cnm/calico-cnm/policy/api"
+)
+
+// The resource commands, as calicoctl has them: apply, get, delete.
+
+func (a *app) applyCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "apply -f FILE|-",
+		Short: "Create or replace GlobalNetworkPolicy resources from YAML or JSON",
+		Long: `apply reads one or more GlobalNetworkPolicy resources (YAML documents
+separated by ---, a List, or JSON), validates all of them and writes them in
+one datastore transaction: either every policy is applied or none is. Every
+host enforces the change within about a second.`,
+		Example: "  calico-cnm apply -f policy.yaml\n  cat policy.yaml | calico-cnm apply -f -",
+		Args:    noArgs,
+	}
+	var file string
+	c.Flags().StringVarP(&file, "filename", "f", "", "file to read, - for standard input")
+	c.RunE = func(c *cobra.Command, _ []string) error {
+		if file == "" {
+			return usagef("apply needs -f FILE (or -f - for standard input)")
+		}
+		var in io.Reader = c.InOrStdin()
+		if file != "-" {
+			f, err := os.Open(file)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			in = f
+		}
+		ps, err := api.Decode(in)
+		if err != nil {
+			return err
+		}
+		return a.withStore(c.Context(), func(store *datastore.Store, _ *ipam.Engine) error {
+			res, err := api.Apply(c.Context(), store, ps)
+			if err != nil {
+				return err
+			}
+			for _, r := range res {
+				verb := "configured"
+				if r.Created {
+					verb = "created"
+				}
+				fmt.Fprintf(a.stdout, "globalnetworkpolicy %q %s\n", r.Name, verb)
+			}
+			return nil
+		})
+	}
+	return c
+}
+
+func (a *app) getCmd() *cobra.Command {
+	return group("get", "Show policies and endpoints",
+		"  calico-cnm get policy\n  calico-cnm get policy three-tier -o yaml\n  calico-cnm get endpoints -o wide",
+		a.getPolicyCmd(), a.getEndpointsCmd())
+}
+
+func (a *app) deleteCmd() *cobra.Command {
+	return group("delete", "Delete a policy", "  calico-cnm delete policy three-tier", a.deletePolicyCmd())
+}
+
+func (a *app) getPolicyCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:     "policy [NAME]",
+		Aliases: []string{"policies", "globalnetworkpolicy", "globalnetworkpolicies", "gnp"},
+		Short:   "List policies, or show one (-o yaml prints what apply -f reads back)",
+		Long: `get policy lists the policies in evaluation order. -o yaml and -o json print
+the resources as apply reads them; -o wide adds each rule's packet counter on
+this host (read from its nftables tables: run as root on a calico-cnm host).`,
+		Example: "  calico-cnm get policy\n  calico-cnm get policy three-tier -o yaml\n  calico-cnm get policy three-tier -o wide",
+		Args:    cobra.MaximumNArgs(1),
+	}
+	out := addOutputFlag(c)
+	c.RunE = func(c *cobra.Command, args []string) error {
+		return a.withStore(c.Context(), func(store *datastore.Store, _ *ipam.Engine) error {
+			ps, err := a.readPolicies(c.Context(), store, args)
+			if err != nil {
+				return err
+			}
+			switch {
+			case out.format == formatYAML || out.format == formatJSON:
+				var v any = api.NewList(ps)
+				if len(args) == 1 {
+					v = ps[0]
+				}
+				enc := api.YAML
+				if out.format == formatJSON {
+					enc = api.JSON
+				}
+				b, err := enc(v)
+				if err != nil {
+					return err
+				}
+				_, err = a.stdout.Write(b)
+				return err
+			}
+			if err := printPolicyTable(a.stdout, ps); err != nil {
+				return err
+			}
+			if out.wide() {
+				return a.printCounters(c.Context(), ps)
+			}
+			return nil
+		})
+	}
+	return c
+}
+
+// readPolicies is the one named policy, or all of them in order.
+func (a *app) readPolicies(ctx context.Context, store *datastore.Store, args []string) ([]api.GlobalNetworkPolicy, error) {
+	if len(args) == 1 {
+		p, err := api.Get(ctx, store, args[0])
+		if err != nil {
+			return nil, err
+		}
+		return []api.GlobalNetworkPolicy{p}, nil
+	}
+	ps, bad, err := api.ListPolicies(ctx, store)
+	for _, b := range bad {
+		fmt.Fprintln(a.stderr, "warning:", b)
+	}
+	return ps, err
+}
+
+func printPolicyTable(w io.Writer, ps []api.GlobalNetworkPolicy) error {
+	rows := make([][]string, 0, len(ps))
+	for _, p := range ps {
+		order := "-"
+		if p.Spec.Order != nil {
+			order = strconv.FormatFloat(*p.Spec.Order, 'g', -1, 64)
+		}
+		var types []string
+		for _, t := range p.Spec.Types {
+			types = append(types, string(t))
+		}
+		rows = append(rows, []string{p.Metadata.Name, order, orDash(p.Spec.Selector), strings.Join(types, ","),
+			strconv.Itoa(len(p.Spec.Ingress)), strconv.Itoa(len(p.Spec.Egress))})
+	}
+	return writeTable(w, []string{"NAME", "ORDER", "SELECTOR", "TYPES", "INGRESS", "EGRESS"}, rows)
+}
+
+// printCounters reads this host's tables for the per-rule counters.
+func (a *app) printCounters(ctx context.Context, ps []api.GlobalNetworkPolicy) error {
+	nft, err := policy.NewNFT("", a.log())
+	if err == nil {
+		defer nft.Close()
+		var rs policy.Ruleset
+		if rs, err = nft.Dump(ctx, policy.IPv4, policy.IPv6); err == nil {
+			fmt.Fprintln(a.stdout)
+			rows := [][]string{}
+			for _, rc := range policy.PolicyCounters(rs, ps) {
+				rows = append(rows, []string{rc.Policy, fmt.Sprintf("%s[%d]", strings.ToLower(string(rc.Direction)), rc.Index), string(rc.Action),
+					strconv.FormatUint(rc.Packets, 10), strconv.FormatUint(rc.Bytes, 10)})
+			}
+			return writeTable(a.stdout, []string{"POLICY", "RULE", "ACTION", "PACKETS", "BYTES"}, rows)
+		}
+	}
+	return fmt.Errorf("reading this host's rule counters (needs root on a calico-cnm host): %w", err)
+}
+
+func (a *app) deletePolicyCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "policy NAME",
+		Aliases: []string{"globalnetworkpolicy", "gnp"},
+		Short:   "Delete a policy; its endpoints fall back to their network's rules",
+		Example: "  calico-cnm delete policy three-tier",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			return a.withStore(c.Context(), func(store *datastore.Store, _ *ipam.Engine) error {
+				if err := api.Delete(c.Context(), store, args[0]); err != nil {
+					return err
+				}
+				fmt.Fprintf(a.stdout, "globalnetworkpolicy %q deleted\n", args[0])
+				return nil
+			})
+		},
+	}
+}
+
+// endpointRow is an endpoint as `get endpoints` shows it.
+type endpointRow struct {
+	Node          string            `json:"node"`
+	ID            string            `json:"id"`
+	Network       string            `json:"network"`
+	IPv4          string            `json:"ipv4,omitempty"`
+	IPv6          string            `json:"ipv6,omitempty"`
+	Joined        bool              `json:"joined"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	LabelsUnknown bool              `json:"labelsUnknown,omitempty"`
+	Ingress       []string          `json:"ingressPolicies"`
+	Egress        []string          `json:"egressPolicies"`
+}
+
+func (a *app) getEndpointsCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:     "endpoints",
+		Aliases: []string{"endpoint", "workloadendpoints", "wep"},
+		Short:   "List endpoints on all hosts with their labels and the policies that select them",
+		Example: "  calico-cnm get endpoints\n  calico-cnm get endpoints -o wide",
+		Args:    noArgs,
+	}
+	out := addOutputFlag(c)
+	c.RunE = func(c *cobra.Command, _ []string) error {
+		return a.withStore(c.Context(), func(store *datastore.Store, _ *ipam.Engine) error {
+			rows, err := a.endpointRows(c.Context(), store)
+			if err != nil {
+				return err
+			}
+			return printList(a.stdout, out, rows, []column[endpointRow]{
+				{header: "NODE", value: func(r endpointRow) string { return r.Node }},
+				{header: "ENDPOINT", value: func(r endpointRow) string { return shortID(r.ID) }, wideValue: func(r endpointRow) string { return r.ID }},
+				{header: "NETWORK", value: func(r endpointRow) string { return r.Network }},
+				{header: "ADDRESSES", value: func(r endpointRow) string {
+					return orDash(strings.Join(slices.DeleteFunc([]string{r.IPv4, r.IPv6}, func(s string) bool { return s == "" }), ","))
+				}},
+				{header: "LABELS", value: labelsText},
+				{header: "INGRESS POLICIES", wide: true, value: func(r endpointRow) string { return orDash(strings.Join(r.Ingress, ",")) }},
+				{header: "EGRESS POLICIES", wide: true, value: func(r endpointRow) string { return orDash(strings.Join(r.Egress, ",")) }},
+			})
+		})
+	}
+	return c
+}
+
+func labelsText(r endpointRow) string {
+	if r.LabelsUnknown {
+		return "(unknown: matches no selector)"
+	}
+	var kv []string
+	for k, v := range r.Labels {
+		kv = append(kv, k+"="+v)
+	}
+	slices.Sort(kv)
+	return orDash(strings.Join(kv, ","))
+}
+
+func (a *app) endpointRows(ctx context.Context, store *datastore.Store) ([]endpointRow, error) {
+	kvs, err := store.List(ctx, datastore.EndpointsPrefix)
+	if err != nil {
+		return nil, err
+	}
+	ps, bad, err := api.ListPolicies(ctx, store)
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range bad {
+		fmt.Fprintln(a.stderr, "warning:", b)
+	}
+	names := map[string]string{}
+	nets, err := listNetworks(ctx, store)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range nets {
+		names[n.ID] = n.Name
+	}
+	var rows []endpointRow
+	for _, kv := range kvs {
+		var ep datastore.Endpoint
+		if err := json.Unmarshal(kv.Value, &ep); err != nil {
+			fmt.Fprintf(a.stderr, "warning: unreadable endpoint record %s: %v\n", kv.Key, err)
+			continue
+		}
+		node, _, _ := datastore.EndpointNodeAndID(kv.Key)
+		r := endpointRow{Node: node, ID: ep.ID, Network: orDash(names[ep.Network]), IPv4: ep.IPv4, IPv6: ep.IPv6, Joined: ep.Joined,
+			Labels: ep.Labels, LabelsUnknown: ep.LabelsUnknown, Ingress: []string{}, Egress: []string{}}
+		if r.Network == "-" {
+			r.Network = shortID(ep.Network)
+		}
+		if ep.Joined && !ep.LabelsUnknown {
+			r.Ingress = append(r.Ingress, policy.SelectingPolicies(ps, ep.Labels, api.Ingress)...)
+			r.Egress = append(r.Egress, policy.SelectingPolicies(ps, ep.Labels, api.Egress)...)
+		}
+		rows = append(rows, r)
+	}
+	return rows, nil
+}

@@ -1,0 +1,619 @@
+package api
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/netip"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/calico-cnm/calico-cnm/policy/selector"
+)
+
+// FieldError is one problem with one field of a document.
+type FieldError struct {
+	Doc  int    // 1-based document number in the input
+	Path string // e.g. spec.ingress[1].destination.ports[0]
+	Msg  string
+}
+
+func (e FieldError) Error() string {
+	if e.Path == "" {
+		return fmt.Sprintf("document %d: %s", e.Doc, e.Msg)
+	}
+	return fmt.Sprintf("document %d: %s: %s", e.Doc, e.Path, e.Msg)
+}
+
+// ValidationError lists every problem found; nothing of the input is
+// applied when there is one.
+type ValidationError struct {
+	Errors []FieldError
+}
+
+func (e *ValidationError) Error() string {
+	lines := make([]string, len(e.Errors))
+	for i, fe := range e.Errors {
+		lines[i] = fe.Error()
+	}
+	return "invalid policy: " + strings.Join(lines, "; ")
+}
+
+// ErrNoResources: the input held no document.
+var ErrNoResources = errors.New("no resources in the input")
+
+// Decode reads YAML (one or more documents, separated by ---) or JSON: each
+// document a GlobalNetworkPolicy or a List (kind List or
+// GlobalNetworkPolicyList) of them. Every policy is validated and
+// defaulted; any problem anywhere fails the whole input with a
+// *ValidationError naming each bad field.
+func Decode(r io.Reader) ([]GlobalNetworkPolicy, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var out []GlobalNetworkPolicy
+	var errs []FieldError
+	names := map[string]string{}
+	for doc := 1; ; doc++ {
+		var v any
+		err := dec.Decode(&v)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			errs = append(errs, FieldError{Doc: doc, Msg: "not valid YAML or JSON: " + err.Error()})
+			break
+		}
+		if v == nil {
+			continue // an empty document (a trailing ---)
+		}
+		d := &decoder{doc: doc}
+		for _, p := range d.document(v) {
+			where := fmt.Sprintf("document %d", doc)
+			if prev, dup := names[p.Metadata.Name]; dup {
+				d.fail("metadata.name", fmt.Sprintf("policy %q is given twice (also in %s)", p.Metadata.Name, prev))
+				continue
+			}
+			names[p.Metadata.Name] = where
+			out = append(out, p)
+		}
+		errs = append(errs, d.errs...)
+	}
+	if len(errs) > 0 {
+		return nil, &ValidationError{Errors: errs}
+	}
+	if len(out) == 0 {
+		return nil, ErrNoResources
+	}
+	return out, nil
+}
+
+// DecodeStored reads one policy record from the datastore and validates it
+// again: a record written by something other than this CLI is checked too.
+func DecodeStored(data []byte) (GlobalNetworkPolicy, error) {
+	var v any
+	if err := yaml.Unmarshal(data, &v); err != nil {
+		return GlobalNetworkPolicy{}, fmt.Errorf("not valid JSON: %w", err)
+	}
+	d := &decoder{doc: 1}
+	m, ok := d.object("", v)
+	if !ok {
+		return GlobalNetworkPolicy{}, &ValidationError{Errors: d.errs}
+	}
+	p := d.policy("", m)
+	if len(d.errs) > 0 {
+		return GlobalNetworkPolicy{}, &ValidationError{Errors: d.errs}
+	}
+	return p, nil
+}
+
+type decoder struct {
+	doc  int
+	errs []FieldError
+}
+
+func (d *decoder) fail(path, msg string) {
+	d.errs = append(d.errs, FieldError{Doc: d.doc, Path: path, Msg: msg})
+}
+
+func join(path, field string) string {
+	if path == "" {
+		return field
+	}
+	return path + "." + field
+}
+
+func index(path string, i int) string { return fmt.Sprintf("%s[%d]", path, i) }
+
+// object checks v is a mapping with string keys.
+func (d *decoder) object(path string, v any) (map[string]any, bool) {
+	m, ok := v.(map[string]any)
+	if !ok {
+		d.fail(path, fmt.Sprintf("must be an object, not %s", describe(v)))
+	}
+	return m, ok
+}
+
+// fields refuses keys not in allowed.
+func (d *decoder) fields(path string, m map[string]any, allowed ...string) {
+	var unknown []string
+	for k := range m {
+		if !slices.Contains(allowed, k) {
+			unknown = append(unknown, k)
+		}
+	}
+	sort.Strings(unknown)
+	for _, k := range unknown {
+		d.fail(join(path, k), fmt.Sprintf("unknown field (known fields: %s)", strings.Join(allowed, ", ")))
+	}
+}
+
+func describe(v any) string {
+	switch t := v.(type) {
+	case nil:
+		return "null"
+	case string:
+		return fmt.Sprintf("the string %q", t)
+	case bool:
+		return fmt.Sprintf("the boolean %v", t)
+	case int, int64, uint64, float64:
+		return fmt.Sprintf("the number %v", t)
+	case []any:
+		return "a list"
+	case map[string]any:
+		return "an object"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+func (d *decoder) str(path string, v any) (string, bool) {
+	s, ok := v.(string)
+	if !ok {
+		d.fail(path, "must be a string, not "+describe(v))
+	}
+	return s, ok
+}
+
+func (d *decoder) list(path string, v any) []any {
+	l, ok := v.([]any)
+	if !ok {
+		d.fail(path, "must be a list, not "+describe(v))
+	}
+	return l
+}
+
+// integer accepts whole numbers only.
+func (d *decoder) integer(path string, v any) (int64, bool) {
+	switch t := v.(type) {
+	case int:
+		return int64(t), true
+	case int64:
+		return t, true
+	case uint64:
+		if t <= math.MaxInt64 {
+			return int64(t), true
+		}
+	case float64:
+		if t == math.Trunc(t) && math.Abs(t) < 1<<53 {
+			return int64(t), true
+		}
+	}
+	d.fail(path, "must be a whole number, not "+describe(v))
+	return 0, false
+}
+
+func (d *decoder) number(path string, v any) (float64, bool) {
+	switch t := v.(type) {
+	case int:
+		return float64(t), true
+	case int64:
+		return float64(t), true
+	case uint64:
+		return float64(t), true
+	case float64:
+		if !math.IsNaN(t) && !math.IsInf(t, 0) {
+			return t, true
+		}
+	}
+	d.fail(path, "must be a number, not "+describe(v))
+	return 0, false
+}
+
+func (d *decoder) document(v any) []GlobalNetworkPolicy {
+	m, ok := d.object("", v)
+	if !ok {
+		return nil
+	}
+	kind, _ := m["kind"].(string)
+	if kind == KindList || kind == KindPolicyList {
+		d.fields("", m, "apiVersion", "kind", "items", "metadata")
+		d.apiVersion("", m, kind == KindPolicyList)
+		var out []GlobalNetworkPolicy
+		items, present := m["items"]
+		if !present {
+			d.fail("items", "is required in a "+kind)
+			return nil
+		}
+		for i, it := range d.list("items", items) {
+			p := index("items", i)
+			if im, ok := d.object(p, it); ok {
+				out = append(out, d.policy(p, im))
+			}
+		}
+		return out
+	}
+	return []GlobalNetworkPolicy{d.policy("", m)}
+}
+
+func (d *decoder) apiVersion(path string, m map[string]any, required bool) {
+	v, present := m["apiVersion"]
+	if !present {
+		if required {
+			d.fail(join(path, "apiVersion"), "is required: "+APIVersion)
+		}
+		return
+	}
+	if s, ok := d.str(join(path, "apiVersion"), v); ok && s != APIVersion {
+		d.fail(join(path, "apiVersion"), fmt.Sprintf("%q is not supported: use %s", s, APIVersion))
+	}
+}
+
+func (d *decoder) policy(path string, m map[string]any) GlobalNetworkPolicy {
+	p := GlobalNetworkPolicy{APIVersion: APIVersion, Kind: KindPolicy}
+	d.fields(path, m, "apiVersion", "kind", "metadata", "spec")
+	d.apiVersion(path, m, true)
+	if k, present := m["kind"]; !present {
+		d.fail(join(path, "kind"), "is required: "+KindPolicy)
+	} else if s, ok := d.str(join(path, "kind"), k); ok && s != KindPolicy {
+		d.fail(join(path, "kind"), fmt.Sprintf("%q is not supported: use %s (or a List of them)", s, KindPolicy))
+	}
+	if md, present := m["metadata"]; !present {
+		d.fail(join(path, "metadata"), "is required (metadata.name names the policy)")
+	} else if mm, ok := d.object(join(path, "metadata"), md); ok {
+		p.Metadata = d.metadata(join(path, "metadata"), mm)
+	}
+	if sp, present := m["spec"]; present && sp != nil {
+		if sm, ok := d.object(join(path, "spec"), sp); ok {
+			p.Spec = d.spec(join(path, "spec"), sm)
+		}
+	}
+	if len(p.Spec.Types) == 0 {
+		p.Spec.Types = DefaultTypes(p.Spec)
+	}
+	return p
+}
+
+// nameRE: a DNS-1123 subdomain, as Calico's names.
+var nameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+// maxName is Kubernetes' and Calico's limit for resource names.
+const maxName = 253
+
+// ValidName checks a policy name.
+func ValidName(s string) error {
+	if s == "" {
+		return errors.New("must not be empty")
+	}
+	if len(s) > maxName || !nameRE.MatchString(s) {
+		return fmt.Errorf("%q is not a valid name: use at most %d lower-case letters, digits, '-' and '.', starting and ending with a letter or digit", s, maxName)
+	}
+	return nil
+}
+
+func (d *decoder) metadata(path string, m map[string]any) Metadata {
+	var md Metadata
+	d.fields(path, m, "name")
+	v, present := m["name"]
+	if !present {
+		d.fail(join(path, "name"), "is required")
+		return md
+	}
+	if s, ok := d.str(join(path, "name"), v); ok {
+		if err := ValidName(s); err != nil {
+			d.fail(join(path, "name"), err.Error())
+		}
+		md.Name = s
+	}
+	return md
+}
+
+func (d *decoder) selectorField(path string, v any) string {
+	s, ok := d.str(path, v)
+	if !ok {
+		return ""
+	}
+	if _, err := selector.Parse(s); err != nil {
+		var se *selector.Error
+		if errors.As(err, &se) {
+			d.fail(path, fmt.Sprintf("invalid selector %q: at position %d: %s", s, se.Pos, se.Msg))
+		} else {
+			d.fail(path, err.Error())
+		}
+	}
+	return s
+}
+
+func (d *decoder) spec(path string, m map[string]any) PolicySpec {
+	var s PolicySpec
+	d.fields(path, m, "order", "selector", "types", "ingress", "egress")
+	if v, present := m["order"]; present && v != nil {
+		if f, ok := d.number(join(path, "order"), v); ok {
+			s.Order = &f
+		}
+	}
+	if v, present := m["selector"]; present {
+		s.Selector = d.selectorField(join(path, "selector"), v)
+	}
+	if v, present := m["types"]; present && v != nil {
+		tp := join(path, "types")
+		for i, t := range d.list(tp, v) {
+			ts, ok := d.str(index(tp, i), t)
+			if !ok {
+				continue
+			}
+			pt := PolicyType(ts)
+			if pt != Ingress && pt != Egress {
+				d.fail(index(tp, i), fmt.Sprintf("%q: use Ingress or Egress", ts))
+				continue
+			}
+			if slices.Contains(typesStrings(s.Types), ts) {
+				d.fail(index(tp, i), fmt.Sprintf("%q is given twice", ts))
+				continue
+			}
+			s.Types = append(s.Types, pt)
+		}
+	}
+	for _, dir := range []struct {
+		field string
+		rules *[]Rule
+	}{{"ingress", &s.Ingress}, {"egress", &s.Egress}} {
+		v, present := m[dir.field]
+		if !present || v == nil {
+			continue
+		}
+		rp := join(path, dir.field)
+		for i, r := range d.list(rp, v) {
+			if rm, ok := d.object(index(rp, i), r); ok {
+				*dir.rules = append(*dir.rules, d.rule(index(rp, i), rm))
+			}
+		}
+	}
+	if _, given := m["types"]; given {
+		if len(s.Ingress) > 0 && !slices.Contains(typesStrings(s.Types), string(Ingress)) {
+			d.fail(join(path, "ingress"), "ingress rules are given but spec.types does not include Ingress")
+		}
+		if len(s.Egress) > 0 && !slices.Contains(typesStrings(s.Types), string(Egress)) {
+			d.fail(join(path, "egress"), "egress rules are given but spec.types does not include Egress")
+		}
+	}
+	return s
+}
+
+func typesStrings(ts []PolicyType) []string {
+	out := make([]string, len(ts))
+	for i, t := range ts {
+		out[i] = string(t)
+	}
+	return out
+}
+
+func (d *decoder) rule(path string, m map[string]any) Rule {
+	var r Rule
+	d.fields(path, m, "action", "ipVersion", "protocol", "notProtocol", "icmp", "source", "destination")
+	if v, present := m["action"]; !present {
+		d.fail(join(path, "action"), "is required: Allow, Deny, Log or Pass")
+	} else if s, ok := d.str(join(path, "action"), v); ok {
+		switch a := Action(s); a {
+		case Allow, Deny, Log, Pass:
+			r.Action = a
+		default:
+			d.fail(join(path, "action"), fmt.Sprintf("%q: use Allow, Deny, Log or Pass", s))
+		}
+	}
+	if v, present := m["ipVersion"]; present && v != nil {
+		if n, ok := d.integer(join(path, "ipVersion"), v); ok {
+			if n != 4 && n != 6 {
+				d.fail(join(path, "ipVersion"), fmt.Sprintf("%d: use 4 or 6", n))
+			} else {
+				iv := int(n)
+				r.IPVersion = &iv
+			}
+		}
+	}
+	if v, present := m["protocol"]; present && v != nil {
+		r.Protocol = d.protocol(join(path, "protocol"), v)
+	}
+	if v, present := m["notProtocol"]; present && v != nil {
+		r.NotProtocol = d.protocol(join(path, "notProtocol"), v)
+	}
+	if v, present := m["icmp"]; present && v != nil {
+		r.ICMP = d.icmp(join(path, "icmp"), v, r)
+	}
+	for _, e := range []struct {
+		field string
+		to    *EntityRule
+	}{{"source", &r.Source}, {"destination", &r.Destination}} {
+		v, present := m[e.field]
+		if !present || v == nil {
+			continue
+		}
+		if em, ok := d.object(join(path, e.field), v); ok {
+			*e.to = d.entity(join(path, e.field), em, r)
+		}
+	}
+	return r
+}
+
+func (d *decoder) protocol(path string, v any) *Protocol {
+	if s, ok := v.(string); ok {
+		if p, ok := ProtocolFromName(s); ok {
+			return &p
+		}
+		if n, err := strconv.Atoi(s); err == nil && n >= 1 && n <= 255 {
+			p := ProtocolFromNumber(uint8(n))
+			return &p
+		}
+		d.fail(path, fmt.Sprintf("%q: use TCP, UDP, ICMP, ICMPv6, SCTP, UDPLite or a number 1-255", s))
+		return nil
+	}
+	n, ok := d.integer(path, v)
+	if !ok {
+		return nil
+	}
+	if n < 1 || n > 255 {
+		d.fail(path, fmt.Sprintf("%d: protocol numbers are 1-255", n))
+		return nil
+	}
+	p := ProtocolFromNumber(uint8(n))
+	return &p
+}
+
+func (d *decoder) icmp(path string, v any, r Rule) *ICMPFields {
+	m, ok := d.object(path, v)
+	if !ok {
+		return nil
+	}
+	d.fields(path, m, "type", "code")
+	if r.Protocol == nil || (r.Protocol.Num != 1 && r.Protocol.Num != 58) {
+		d.fail(path, "needs protocol ICMP or ICMPv6")
+	}
+	var f ICMPFields
+	field := func(name string, max int64) *int {
+		v, present := m[name]
+		if !present || v == nil {
+			return nil
+		}
+		n, ok := d.integer(join(path, name), v)
+		if !ok {
+			return nil
+		}
+		if n < 0 || n > max {
+			d.fail(join(path, name), fmt.Sprintf("%d: use 0-%d", n, max))
+			return nil
+		}
+		i := int(n)
+		return &i
+	}
+	// Type 255 is reserved (Calico refuses it too).
+	f.Type = field("type", 254)
+	f.Code = field("code", 255)
+	if _, hasCode := m["code"]; hasCode {
+		if _, hasType := m["type"]; !hasType {
+			d.fail(join(path, "code"), "needs icmp.type")
+		}
+	}
+	return &f
+}
+
+func (d *decoder) entity(path string, m map[string]any, r Rule) EntityRule {
+	var e EntityRule
+	d.fields(path, m, "nets", "notNets", "selector", "notSelector", "ports", "notPorts")
+	nets := func(field string) []string {
+		v, present := m[field]
+		if !present || v == nil {
+			return nil
+		}
+		var out []string
+		for i, n := range d.list(join(path, field), v) {
+			p := index(join(path, field), i)
+			s, ok := d.str(p, n)
+			if !ok {
+				continue
+			}
+			pfx, err := ParseNet(s)
+			if err != nil {
+				d.fail(p, err.Error())
+				continue
+			}
+			if r.IPVersion != nil && (*r.IPVersion == 4) != pfx.Addr().Is4() {
+				d.fail(p, fmt.Sprintf("%s is not an IPv%d network (the rule's ipVersion)", s, *r.IPVersion))
+			}
+			out = append(out, pfx.String())
+		}
+		return out
+	}
+	e.Nets = nets("nets")
+	e.NotNets = nets("notNets")
+	if v, present := m["selector"]; present {
+		e.Selector = d.selectorField(join(path, "selector"), v)
+	}
+	if v, present := m["notSelector"]; present {
+		e.NotSelector = d.selectorField(join(path, "notSelector"), v)
+	}
+	ports := func(field string) []Port {
+		v, present := m[field]
+		if !present || v == nil {
+			return nil
+		}
+		if r.Protocol == nil || !r.Protocol.HasPorts() {
+			d.fail(join(path, field), "needs protocol TCP, UDP, SCTP or UDPLite")
+		}
+		var out []Port
+		for i, pv := range d.list(join(path, field), v) {
+			if p, ok := d.port(index(join(path, field), i), pv); ok {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	e.Ports = ports("ports")
+	e.NotPorts = ports("notPorts")
+	return e
+}
+
+// ParseNet accepts a CIDR or a single address, and returns it masked.
+func ParseNet(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked(), nil
+	}
+	if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" {
+		a = a.Unmap()
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	return netip.Prefix{}, fmt.Errorf("%q is not a CIDR (e.g. 10.0.0.0/8) or an address", s)
+}
+
+func (d *decoder) port(path string, v any) (Port, bool) {
+	if s, ok := v.(string); ok {
+		lo, hi, isRange := strings.Cut(s, ":")
+		a, err1 := strconv.Atoi(lo)
+		b := a
+		var err2 error
+		if isRange {
+			b, err2 = strconv.Atoi(hi)
+		}
+		if err1 != nil || err2 != nil {
+			d.fail(path, fmt.Sprintf("%q: use a port number or a range \"first:last\" (named ports are not supported)", s))
+			return Port{}, false
+		}
+		return d.portRange(path, int64(a), int64(b))
+	}
+	n, ok := d.integer(path, v)
+	if !ok {
+		return Port{}, false
+	}
+	return d.portRange(path, n, n)
+}
+
+func (d *decoder) portRange(path string, a, b int64) (Port, bool) {
+	for _, n := range []int64{a, b} {
+		if n < 1 || n > 65535 {
+			d.fail(path, fmt.Sprintf("%d is not a port: ports are 1-65535", n))
+			return Port{}, false
+		}
+	}
+	if a > b {
+		d.fail(path, fmt.Sprintf("range %d:%d: the first port is above the last", a, b))
+		return Port{}, false
+	}
+	return Port{Min: uint16(a), Max: uint16(b)}, true
+}

@@ -1,0 +1,63 @@
+package policy
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/policy/api"
+)
+
+// scaleState: 1000 joined local endpoints (labels role=r0..r9) and
+// policies selecting all of them, each with three rules.
+func scaleState(b *testing.B, policies int) State {
+	st := baseState()
+	st.Endpoints = nil
+	for i := 0; i < 1000; i++ {
+		id := fmt.Sprintf("%064x", i+1)
+		e := datastore.Endpoint{ID: id, Network: net1ID, Node: "h1", IPv4: fmt.Sprintf("192.168.%d.%d/32", i/250, i%250+1), HostIfName: "cali" + id[53:], Joined: true,
+			Labels: map[string]string{"role": fmt.Sprintf("r%d", i%10)}}
+		st.Endpoints = append(st.Endpoints, e)
+	}
+	for p := 0; p < policies; p++ {
+		ps, err := api.Decode(strings.NewReader(fmt.Sprintf(`apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: p%d}
+spec:
+  order: %d
+  selector: has(role)
+  ingress:
+  - {action: Allow, protocol: TCP, source: {selector: "role == 'r%d'"}, destination: {ports: [%d]}}
+  - {action: Log}
+  - {action: Pass, source: {nets: [10.%d.0.0/16]}}
+`, p, p, p%10, 1000+p, p)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		st.Policies = append(st.Policies, ps...)
+	}
+	return st
+}
+
+// BenchmarkDesiredJoin is the computation a Join waits for at 1000 local
+// endpoints: the desired tables and the plan from the previous ones (one
+// endpoint more), without and with 50 policies selecting every endpoint.
+func BenchmarkDesiredJoin(b *testing.B) {
+	for _, n := range []int{0, 50} {
+		b.Run(fmt.Sprintf("policies=%d", n), func(b *testing.B) {
+			st := scaleState(b, n)
+			before := st
+			before.Endpoints = st.Endpoints[:len(st.Endpoints)-1]
+			cur, _ := Desired(before)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				want, _ := Desired(st)
+				_ = want.Render()
+				if ops := Diff(cur, want); len(ops) == 0 {
+					b.Fatal("no change")
+				}
+			}
+		})
+	}
+}

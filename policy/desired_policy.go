@@ -1,0 +1,492 @@
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/policy/api"
+	"github.com/calico-cnm/calico-cnm/policy/selector"
+)
+
+// Packet mark bits a policy chain sets to tell the endpoint's chain what
+// it decided: allowed, or pass (to the network's own rules). They are
+// cleared before the packet leaves the endpoint's chain. Felix uses bits
+// of the same upper half (0xffff0000) for the same purpose.
+const (
+	markAccept uint32 = 0x00010000
+	markPass   uint32 = 0x00020000
+	markBits          = markAccept | markPass
+)
+
+// Chain and set name prefixes of the policy program.
+const (
+	toEndpointPrefix   = "to-"   // per policy list: ingress dispatch
+	fromEndpointPrefix = "from-" // per policy list: egress dispatch
+	policyInPrefix     = "pi-"   // per policy: its ingress rules
+	policyOutPrefix    = "po-"   // per policy: its egress rules
+	selSetPrefix       = "sel-"  // addresses selected by a rule selector
+	notSelSetPrefix    = "nsel-" // addresses a notSelector excludes
+	netsSetPrefix      = "nets-" // a rule's nets or notNets
+
+	// LogPrefix starts the kernel log lines of Log rules; the policy's
+	// name follows.
+	LogPrefix = "calico-cnm "
+	// maxLogPrefix is what the kernel keeps of a log prefix
+	// (NF_LOG_PREFIXLEN 128 with the NUL).
+	maxLogPrefix = 127
+)
+
+// dispatchChainName is the chain that runs an ordered list of policies
+// for one direction and then decides (allow, pass to profile, deny). It
+// is shared by every local endpoint with the same list and profile: an
+// endpoint costs one jump rule per direction, however many policies
+// select it.
+func dispatchChainName(dir api.PolicyType, key string) string {
+	if dir == api.Egress {
+		return fromEndpointPrefix + hashName(key)
+	}
+	return toEndpointPrefix + hashName(key)
+}
+
+// PolicyChainName is the chain of a policy's rules for one direction.
+func PolicyChainName(name string, dir api.PolicyType) string {
+	if dir == api.Egress {
+		return policyOutPrefix + hashName(name)
+	}
+	return policyInPrefix + hashName(name)
+}
+
+// compiledPolicy is a policy with its selectors parsed.
+type compiledPolicy struct {
+	api.GlobalNetworkPolicy
+	sel selector.Selector
+}
+
+// compilePolicies parses the selectors; a policy whose selectors do not
+// parse (the record was validated, so only a newer or foreign writer) is
+// left out with a warning.
+func compilePolicies(ps []api.GlobalNetworkPolicy) ([]compiledPolicy, []string) {
+	ps = slices.Clone(ps)
+	api.Sort(ps)
+	var out []compiledPolicy
+	var warnings []string
+	for _, p := range ps {
+		sel, err := selector.Parse(p.Spec.Selector)
+		if err == nil {
+			err = checkRuleSelectors(p)
+		}
+		if err != nil {
+			warnings = append(warnings, fmt.Sprintf("policy %s: %v; not enforced", p.Metadata.Name, err))
+			continue
+		}
+		out = append(out, compiledPolicy{GlobalNetworkPolicy: p, sel: sel})
+	}
+	return out, warnings
+}
+
+func checkRuleSelectors(p api.GlobalNetworkPolicy) error {
+	for _, r := range append(slices.Clone(p.Spec.Ingress), p.Spec.Egress...) {
+		for _, s := range []string{r.Source.Selector, r.Source.NotSelector, r.Destination.Selector, r.Destination.NotSelector} {
+			if _, err := selector.Parse(s); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// SelectingPolicies are the names of the policies that select an endpoint
+// with these labels for dir, in evaluation order.
+func SelectingPolicies(ps []api.GlobalNetworkPolicy, labels map[string]string, dir api.PolicyType) []string {
+	cps, _ := compilePolicies(ps)
+	var out []string
+	for _, p := range cps {
+		if p.AppliesTo(dir) && p.sel.Evaluate(labels) {
+			out = append(out, p.Metadata.Name)
+		}
+	}
+	return out
+}
+
+// policyPlan is the family-independent part of the policy program.
+type policyPlan struct {
+	policies []compiledPolicy
+	// byEndpoint: local endpoint id -> direction -> indexes of the
+	// selecting policies, in order. Absent: no policy selects it
+	// (the network's own rules apply).
+	byEndpoint map[string]map[api.PolicyType][]int
+	// failClosed: local endpoints whose labels are unknown while policies
+	// exist for a direction: that direction drops everything.
+	failClosed map[string]map[api.PolicyType]bool
+	// joined are the cluster's joined endpoints: rule selectors pick
+	// their addresses.
+	joined []datastore.Endpoint
+}
+
+func planPolicies(st State, locals []localEndpoint) (policyPlan, []string) {
+	cps, warnings := compilePolicies(st.Policies)
+	plan := policyPlan{policies: cps, byEndpoint: map[string]map[api.PolicyType][]int{}, failClosed: map[string]map[api.PolicyType]bool{}}
+	if len(cps) == 0 {
+		return plan, warnings
+	}
+	for _, ep := range st.Endpoints {
+		if ep.Joined {
+			plan.joined = append(plan.joined, ep)
+		}
+	}
+	// Endpoints with the same labels (replicas) are selected alike:
+	// evaluate each label set once.
+	memo := map[string]map[api.PolicyType][]int{}
+	for _, l := range locals {
+		if l.ep.LabelsUnknown {
+			for _, dir := range []api.PolicyType{api.Ingress, api.Egress} {
+				if slices.ContainsFunc(cps, func(p compiledPolicy) bool { return p.AppliesTo(dir) }) {
+					if plan.failClosed[l.ep.ID] == nil {
+						plan.failClosed[l.ep.ID] = map[api.PolicyType]bool{}
+					}
+					plan.failClosed[l.ep.ID][dir] = true
+				}
+			}
+			continue
+		}
+		key := labelsKey(l.ep.Labels)
+		sel, done := memo[key]
+		if !done {
+			sel = map[api.PolicyType][]int{}
+			for i, p := range cps {
+				for _, dir := range []api.PolicyType{api.Ingress, api.Egress} {
+					if p.AppliesTo(dir) && p.sel.Evaluate(l.ep.Labels) {
+						sel[dir] = append(sel[dir], i)
+					}
+				}
+			}
+			memo[key] = sel
+		}
+		if len(sel) > 0 {
+			plan.byEndpoint[l.ep.ID] = sel
+		}
+	}
+	return plan, warnings
+}
+
+// labelsKey is a canonical text of a label set.
+func labelsKey(l map[string]string) string {
+	keys := make([]string, 0, len(l))
+	for k := range l {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		b.WriteString(k)
+		b.WriteByte(0)
+		b.WriteString(l[k])
+		b.WriteByte(0)
+	}
+	return b.String()
+}
+
+// policyTable adds what the plan needs to one family's table: per local
+// endpoint the dispatch chains, per used policy its chain, and the sets
+// its rules look up. It returns the forward rules that send an endpoint's
+// traffic to its policy chains (they replace the network jumps).
+type policyTable struct {
+	f      Family
+	plan   policyPlan
+	sets   map[string]Set
+	chains map[string]Chain
+	// dispatch memoises the dispatch chain of a (direction, profile,
+	// policy list).
+	dispatch map[string]string
+}
+
+func newPolicyTable(f Family, plan policyPlan) *policyTable {
+	return &policyTable{f: f, plan: plan, sets: map[string]Set{}, chains: map[string]Chain{}, dispatch: map[string]string{}}
+}
+
+// endpointJump is the forward rule for a local endpoint and direction, or
+// false when the network's own chains apply. profile is the network's
+// chain for the direction ("" when it has none: everything returns).
+func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile string) (Rule, bool) {
+	match, what := Match{Kind: MatchIfname, Value: l.ep.HostIfName}, "to"
+	if dir == api.Egress {
+		match, what = Match{Kind: MatchIfname, In: true, Value: l.ep.HostIfName}, "from"
+	}
+	jump := Rule{Matches: []Match{match}, Verdict: Jump, Comment: fmt.Sprintf("%s endpoint %s: policies", what, shortID(l.ep.ID))}
+	if pt.plan.failClosed[l.ep.ID][dir] {
+		jump.Target = dispatchChainName(dir, "fail-closed")
+		pt.chains[jump.Target] = Chain{Name: jump.Target, Rules: []Rule{{Verdict: Drop, Comment: "endpoint labels unknown: fail closed while policies exist"}}}
+		return jump, true
+	}
+	idx := pt.plan.byEndpoint[l.ep.ID][dir]
+	if len(idx) == 0 {
+		return Rule{}, false
+	}
+	memoKey := fmt.Sprint(dir, profile, idx)
+	if target, done := pt.dispatch[memoKey]; done {
+		jump.Target = target
+		return jump, true
+	}
+	var names []string
+	for _, i := range idx {
+		names = append(names, pt.plan.policies[i].Metadata.Name)
+	}
+	jump.Target = dispatchChainName(dir, profile+"|"+strings.Join(names, ","))
+	pt.dispatch[memoKey] = jump.Target
+	c := Chain{Name: jump.Target}
+	c.Rules = append(c.Rules, Rule{ClearMark: markBits, Verdict: Continue, Comment: clipComment("policies " + strings.Join(names, ", "))})
+	for n, i := range idx {
+		p := pt.plan.policies[i]
+		r := Rule{Verdict: Jump, Target: pt.policyChain(p, dir), Comment: "policy " + p.Metadata.Name}
+		if n > 0 {
+			r.Matches = []Match{{Kind: MatchMark, Mark: markBits, Negate: true}}
+		}
+		c.Rules = append(c.Rules, r)
+	}
+	c.Rules = append(c.Rules, Rule{Matches: []Match{{Kind: MatchMark, Mark: markAccept}}, ClearMark: markBits, Verdict: Return, Comment: "allowed by a policy"})
+	pass := Rule{Matches: []Match{{Kind: MatchMark, Mark: markPass}}, ClearMark: markBits, Verdict: Return, Comment: "pass: the network's rules"}
+	if profile != "" {
+		pass.Verdict, pass.Target = Goto, profile
+	}
+	c.Rules = append(c.Rules, pass, Rule{Verdict: Drop, Comment: "no policy allowed it (default deny)"})
+	pt.chains[jump.Target] = c
+	return jump, true
+}
+
+// policyChain builds (once) the chain of p's rules for dir.
+func (pt *policyTable) policyChain(p compiledPolicy, dir api.PolicyType) string {
+	name := PolicyChainName(p.Metadata.Name, dir)
+	if _, done := pt.chains[name]; done {
+		return name
+	}
+	rules := p.Spec.Ingress
+	if dir == api.Egress {
+		rules = p.Spec.Egress
+	}
+	c := Chain{Name: name}
+	for i, r := range rules {
+		c.Rules = append(c.Rules, pt.rules(p.Metadata.Name, dir, i, r)...)
+	}
+	pt.chains[name] = c
+	return name
+}
+
+// rules turns one policy rule into this family's nftables rules: none if
+// it cannot match here (another IP version), several when its port lists
+// are ORs.
+func (pt *policyTable) rules(policy string, dir api.PolicyType, i int, r api.Rule) []Rule {
+	if r.IPVersion != nil && (*r.IPVersion == 4) != (pt.f == IPv4) {
+		return nil
+	}
+	var ms []Match
+	if r.Protocol != nil {
+		if (r.Protocol.Num == 1 && pt.f == IPv6) || (r.Protocol.Num == 58 && pt.f == IPv4) {
+			return nil
+		}
+		ms = append(ms, Match{Kind: MatchL4Proto, Proto: r.Protocol.Num})
+	}
+	if r.NotProtocol != nil {
+		ms = append(ms, Match{Kind: MatchL4Proto, Proto: r.NotProtocol.Num, Negate: true})
+	}
+	if r.ICMP != nil && r.ICMP.Type != nil {
+		ms = append(ms, Match{Kind: MatchICMPType, Proto: uint8(*r.ICMP.Type)})
+		if r.ICMP.Code != nil {
+			ms = append(ms, Match{Kind: MatchICMPCode, Proto: uint8(*r.ICMP.Code)})
+		}
+	}
+	for _, e := range []struct {
+		src bool
+		er  api.EntityRule
+	}{{true, r.Source}, {false, r.Destination}} {
+		em, ok := pt.entityMatches(e.src, e.er)
+		if !ok {
+			return nil
+		}
+		ms = append(ms, em...)
+	}
+	base := Rule{Matches: ms, Comment: ruleComment(policy, dir, i, r.Action)}
+	switch r.Action {
+	case api.Allow:
+		base.SetMark, base.Verdict = markAccept, Return
+	case api.Pass:
+		base.SetMark, base.Verdict = markPass, Return
+	case api.Deny:
+		base.Verdict = Drop
+	case api.Log:
+		base.LogPrefix, base.Verdict = clipLogPrefix(LogPrefix+policy+" "), Continue
+	}
+	out := []Rule{base}
+	for _, pm := range []struct {
+		src   bool
+		ports []api.Port
+	}{{true, r.Source.Ports}, {false, r.Destination.Ports}} {
+		if len(pm.ports) == 0 {
+			continue
+		}
+		var expanded []Rule
+		for _, rng := range mergePorts(pm.ports) {
+			for _, o := range out {
+				o.Matches = append(slices.Clone(o.Matches), Match{Kind: MatchPort, In: pm.src, Min: rng.Min, Max: rng.Max})
+				expanded = append(expanded, o)
+			}
+		}
+		out = expanded
+	}
+	return out
+}
+
+// entityMatches are the address and port exclusions of one side; false
+// when nets are given but none is of this family (the rule cannot match).
+func (pt *policyTable) entityMatches(src bool, e api.EntityRule) ([]Match, bool) {
+	var ms []Match
+	if len(e.Nets) > 0 {
+		name, ok := pt.netsSet(e.Nets)
+		if !ok {
+			return nil, false
+		}
+		ms = append(ms, Match{Kind: MatchAddrSet, In: src, Value: name})
+	}
+	if len(e.NotNets) > 0 {
+		if name, ok := pt.netsSet(e.NotNets); ok {
+			ms = append(ms, Match{Kind: MatchAddrSet, In: src, Value: name, Negate: true})
+		}
+	}
+	if e.Selector != "" {
+		ms = append(ms, Match{Kind: MatchAddrSet, In: src, Value: pt.selectorSet(e.Selector, false)})
+	}
+	if e.NotSelector != "" {
+		ms = append(ms, Match{Kind: MatchAddrSet, In: src, Value: pt.selectorSet(e.NotSelector, true), Negate: true})
+	}
+	for _, p := range e.NotPorts {
+		ms = append(ms, Match{Kind: MatchPort, In: src, Min: p.Min, Max: p.Max, Negate: true})
+	}
+	return ms, true
+}
+
+func (pt *policyTable) netsSet(nets []string) (string, bool) {
+	var ps []netip.Prefix
+	for _, n := range nets {
+		p, err := api.ParseNet(n)
+		if err == nil && familyOf(p.Addr()) == pt.f {
+			ps = append(ps, p)
+		}
+	}
+	if len(ps) == 0 {
+		return "", false
+	}
+	elems := intervalElements(ps)
+	name := netsSetPrefix + hashName(strings.Join(elems, ","))
+	pt.sets[name] = Set{Name: name, Type: SetAddr, Interval: true, Elements: elems, Comment: "nets " + strings.Join(elems, ",")}
+	return name, true
+}
+
+// selectorSet holds the addresses of the cluster's joined endpoints the
+// selector picks. For a notSelector (exclude) it also holds those whose
+// labels are unknown: they match no selector, not even a negated one.
+func (pt *policyTable) selectorSet(sel string, exclude bool) string {
+	s := selector.MustParse(sel) // checked by compilePolicies
+	prefix := selSetPrefix
+	if exclude {
+		prefix = notSelSetPrefix
+	}
+	name := prefix + hashName(s.String())
+	if _, done := pt.sets[name]; done {
+		return name
+	}
+	var addrs []netip.Addr
+	for _, ep := range pt.plan.joined {
+		if ep.LabelsUnknown && !exclude || !ep.LabelsUnknown && !s.Evaluate(ep.Labels) {
+			continue
+		}
+		for _, a := range []string{ep.IPv4, ep.IPv6} {
+			if addr, ok := endpointAddr(a); ok && familyOf(addr) == pt.f {
+				addrs = append(addrs, addr)
+			}
+		}
+	}
+	pt.sets[name] = Set{Name: name, Type: SetAddr, Elements: addrElements(addrs), Comment: clipComment("selector " + s.String())}
+	return name
+}
+
+// mergePorts merges overlapping and adjacent ranges, so that a packet
+// matches at most one of the expanded rules (a Log rule logs once).
+func mergePorts(ps []api.Port) []api.Port {
+	ps = slices.Clone(ps)
+	slices.SortFunc(ps, func(a, b api.Port) int { return int(a.Min) - int(b.Min) })
+	var out []api.Port
+	for _, p := range ps {
+		if n := len(out); n > 0 && int(p.Min) <= int(out[n-1].Max)+1 {
+			out[n-1].Max = max(out[n-1].Max, p.Max)
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func clipLogPrefix(s string) string {
+	if len(s) <= maxLogPrefix {
+		return s
+	}
+	return s[:maxLogPrefix]
+}
+
+// finish adds the chains and sets to t, sorted by name.
+func (pt *policyTable) finish(t *Table) {
+	for _, k := range sortedKeys(pt.sets) {
+		t.Sets = append(t.Sets, pt.sets[k])
+	}
+	for _, k := range sortedKeys(pt.chains) {
+		t.Chains = append(t.Chains, pt.chains[k])
+	}
+}
+
+// RuleCounter is the packet count of one policy rule on this host (the sum
+// over its nftables rules, when its port lists expanded it).
+type RuleCounter struct {
+	Policy    string
+	Direction api.PolicyType
+	Index     int
+	Action    api.Action
+	Packets   uint64
+	Bytes     uint64
+}
+
+// PolicyCounters reads the per-rule counters of the policy chains from a
+// dump of the tables, both families added up.
+func PolicyCounters(rs Ruleset, ps []api.GlobalNetworkPolicy) []RuleCounter {
+	var out []RuleCounter
+	for _, p := range ps {
+		for _, dir := range []api.PolicyType{api.Ingress, api.Egress} {
+			rules := p.Spec.Ingress
+			if dir == api.Egress {
+				rules = p.Spec.Egress
+			}
+			for i, r := range rules {
+				rc := RuleCounter{Policy: p.Metadata.Name, Direction: dir, Index: i, Action: r.Action}
+				want := ruleComment(p.Metadata.Name, dir, i, r.Action)
+				for _, t := range rs.Tables {
+					c, ok := t.Chain(PolicyChainName(p.Metadata.Name, dir))
+					if !ok {
+						continue
+					}
+					for _, kr := range append(slices.Clone(c.Rules), c.Unordered...) {
+						if kr.Comment == want {
+							rc.Packets += kr.Packets
+							rc.Bytes += kr.Bytes
+						}
+					}
+				}
+				out = append(out, rc)
+			}
+		}
+	}
+	return out
+}
+
+func ruleComment(policy string, dir api.PolicyType, i int, a api.Action) string {
+	return clipComment(fmt.Sprintf("%s %s rule %d: %s", policy, strings.ToLower(string(dir)), i, a))
+}
