@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -16,7 +17,8 @@ import (
 // one host needs no external datastore, yet everything above uses the same
 // client code as with a real cluster.
 type embeddedMember struct {
-	etcd *embed.Etcd
+	etcd     *embed.Etcd
+	stopping *atomic.Bool
 }
 
 func startEmbedded(ctx context.Context, cfg Config, log logrus.FieldLogger) (*embeddedMember, error) {
@@ -42,12 +44,13 @@ func startEmbedded(ctx context.Context, cfg Config, log logrus.FieldLogger) (*em
 	ec.ListenPeerUrls = []url.URL{*peerURL}
 	ec.AdvertisePeerUrls = []url.URL{*peerURL}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
-	ec.LogLevel = cfg.EmbeddedLogLevel
-	if ec.LogLevel == "" {
-		ec.LogLevel = "error"
+	stopping := &atomic.Bool{}
+	zl, err := newEtcdLogger(log, cfg.EmbeddedLogLevel, stopping)
+	if err != nil {
+		return nil, fmt.Errorf("embedded etcd log level %q: %w", cfg.EmbeddedLogLevel, err)
 	}
 	ec.Logger = "zap"
-	ec.LogOutputs = []string{"stderr"}
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zl)
 	// Restarting on an existing data dir must rejoin, not bootstrap anew.
 	if _, err := os.Stat(filepath.Join(ec.Dir, "member")); err == nil {
 		ec.ClusterState = embed.ClusterStateFlagExisting
@@ -59,16 +62,19 @@ func startEmbedded(ctx context.Context, cfg Config, log logrus.FieldLogger) (*em
 	select {
 	case <-e.Server.ReadyNotify():
 	case <-time.After(60 * time.Second):
+		stopping.Store(true)
 		e.Close()
 		return nil, fmt.Errorf("embedded etcd in %s did not become ready within 60s", ec.Dir)
 	case <-ctx.Done():
+		stopping.Store(true)
 		e.Close()
 		return nil, ctx.Err()
 	}
 	log.WithFields(logrus.Fields{"dir": ec.Dir, "client": clientURL.String()}).Info("embedded etcd member ready")
-	return &embeddedMember{etcd: e}, nil
+	return &embeddedMember{etcd: e, stopping: stopping}, nil
 }
 
 func (m *embeddedMember) close() {
+	m.stopping.Store(true)
 	m.etcd.Close()
 }

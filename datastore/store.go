@@ -62,8 +62,9 @@ type Config struct {
 	EmbeddedName      string
 	EmbeddedClientURL string
 	EmbeddedPeerURL   string
-	// EmbeddedLogLevel is the embedded member's own (zap) log level;
-	// default "error".
+	// EmbeddedLogLevel is the embedded member's own (zap) log level; its
+	// lines go through the daemon's logrus logger either way. Default:
+	// "info" when that logger is at debug, else "warn".
 	EmbeddedLogLevel string
 }
 
