@@ -2,7 +2,9 @@ package datastore
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -12,6 +14,51 @@ import (
 	"github.com/sirupsen/logrus"
 	"go.etcd.io/etcd/server/v3/embed"
 )
+
+// EmbeddedClientSocket is the embedded member's client socket in the state
+// dir: the daemon's and the CLI's default endpoint. A unix socket of mode
+// 0600 lets root in and nobody else; the member has no TLS or auth of its
+// own, so a TCP port would let every local user rewrite pools and network
+// options or read BGP passwords.
+const EmbeddedClientSocket = "etcd.sock"
+
+// LoopbackClientURL is where daemons before the socket served the embedded
+// member (and where `--etcd-listen-client http://127.0.0.1:2379` still
+// does): the CLI's fallback.
+const LoopbackClientURL = "http://127.0.0.1:2379"
+
+// EmbeddedClientURL is the default client URL of the member whose state dir
+// is stateDir.
+func EmbeddedClientURL(stateDir string) string {
+	return "unix://" + filepath.Join(stateDir, EmbeddedClientSocket)
+}
+
+// LocalEndpoint is the endpoint of this host's embedded member: its socket
+// in stateDir when that exists, else the loopback port older daemons used.
+func LocalEndpoint(stateDir string) string {
+	if st, err := os.Stat(filepath.Join(stateDir, EmbeddedClientSocket)); err == nil && st.Mode()&os.ModeSocket != 0 {
+		return EmbeddedClientURL(stateDir)
+	}
+	return LoopbackClientURL
+}
+
+// ErrExposedListener: an embedded member's listener other hosts could reach.
+var ErrExposedListener = errors.New("the embedded etcd member has no TLS or authentication, so it listens only on a unix socket or a loopback address; several hosts need an etcd cluster with TLS (ETCD_ENDPOINTS)")
+
+// checkLocalListen refuses an embedded member URL that is neither a unix
+// socket nor plain loopback.
+func checkLocalListen(flag string, u *url.URL) error {
+	switch u.Scheme {
+	case "unix":
+		return nil
+	case "http":
+		host := u.Hostname()
+		if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s %s: %w", flag, u, ErrExposedListener)
+}
 
 // embeddedMember is a single-member etcd cluster running inside the daemon:
 // one host needs no external datastore, yet everything above uses the same
@@ -36,11 +83,22 @@ func startEmbedded(ctx context.Context, cfg Config, log logrus.FieldLogger) (*em
 	if err != nil {
 		return nil, fmt.Errorf("embedded etcd peer URL %q: %w", cfg.EmbeddedPeerURL, err)
 	}
+	if err := checkLocalListen("--etcd-listen-client", clientURL); err != nil {
+		return nil, err
+	}
+	if err := checkLocalListen("--etcd-listen-peer", peerURL); err != nil {
+		return nil, err
+	}
 	ec := embed.NewConfig()
 	ec.Name = cfg.EmbeddedName
 	ec.Dir = filepath.Clean(cfg.DataDir)
 	ec.ListenClientUrls = []url.URL{*clientURL}
 	ec.AdvertiseClientUrls = []url.URL{*clientURL}
+	if clientURL.Scheme == "unix" {
+		// etcd wants host:port in advertised URLs, and nobody reads a lone
+		// member's: its clients are configured with the socket's path.
+		ec.AdvertiseClientUrls = []url.URL{{Scheme: "unix", Host: "localhost:0"}}
+	}
 	ec.ListenPeerUrls = []url.URL{*peerURL}
 	ec.AdvertisePeerUrls = []url.URL{*peerURL}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
@@ -69,6 +127,14 @@ func startEmbedded(ctx context.Context, cfg Config, log logrus.FieldLogger) (*em
 		stopping.Store(true)
 		e.Close()
 		return nil, ctx.Err()
+	}
+	if clientURL.Scheme == "unix" {
+		// etcd creates it under the umask; only root may connect.
+		if err := os.Chmod(clientURL.Host+clientURL.Path, 0o600); err != nil {
+			stopping.Store(true)
+			e.Close()
+			return nil, fmt.Errorf("restricting the embedded etcd socket to root: %w", err)
+		}
 	}
 	log.WithFields(logrus.Fields{"dir": ec.Dir, "client": clientURL.String()}).Info("embedded etcd member ready")
 	return &embeddedMember{etcd: e, stopping: stopping}, nil

@@ -32,14 +32,15 @@ type clientFlags struct {
 	output    string
 	timeout   time.Duration
 	cfg       datastore.Config
+	stateDir  string // where the local daemon's etcd socket is
 }
 
 func (c *cli) newFlagSet(name string) (*flag.FlagSet, *clientFlags) {
 	base := plugin.DefaultConfig(c.getenv).Datastore
-	cf := &clientFlags{cfg: base}
+	cf := &clientFlags{cfg: base, stateDir: plugin.DefaultConfig(c.getenv).StateDir}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(c.stderr)
-	fs.StringVar(&cf.endpoints, "etcd-endpoints", strings.Join(base.Endpoints, ","), "etcd URLs (env ETCD_ENDPOINTS; default: the local daemon's embedded member "+datastore.DefaultEmbeddedClientURL+")")
+	fs.StringVar(&cf.endpoints, "etcd-endpoints", strings.Join(base.Endpoints, ","), "etcd URLs (env ETCD_ENDPOINTS; default: the local daemon's embedded member, unix://<state-dir>/"+datastore.EmbeddedClientSocket+" (env CALICO_CNM_STATE_DIR), else "+datastore.LoopbackClientURL+")")
 	fs.StringVar(&cf.output, "o", "table", "output format: table or json")
 	fs.DurationVar(&cf.timeout, "timeout", 10*time.Second, "datastore timeout")
 	return fs, cf
@@ -69,7 +70,7 @@ func (cf *clientFlags) open(ctx context.Context) (*datastore.Store, error) {
 	cfg := cf.cfg
 	cfg.Endpoints = plugin.SplitEndpoints(cf.endpoints)
 	if len(cfg.Endpoints) == 0 {
-		cfg.Endpoints = []string{datastore.DefaultEmbeddedClientURL}
+		cfg.Endpoints = []string{datastore.LocalEndpoint(cf.stateDir)}
 	}
 	cfg.RequestTimeout = cf.timeout
 	cfg.Embedded = false

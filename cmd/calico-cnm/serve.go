@@ -18,7 +18,7 @@ func (c *cli) serve(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Datastore.KeyFile, "etcd-key-file", cfg.Datastore.KeyFile, "client key for etcd TLS (env ETCD_KEY_FILE)")
 	fs.StringVar(&cfg.Datastore.Prefix, "etcd-prefix", cfg.Datastore.Prefix, "key prefix in etcd (env ETCD_PREFIX)")
 	fs.DurationVar(&cfg.Datastore.RequestTimeout, "etcd-timeout", 0, "timeout of each datastore call (default 10s)")
-	fs.StringVar(&cfg.Datastore.EmbeddedClientURL, "etcd-listen-client", "", "embedded etcd client URL (default http://127.0.0.1:2379)")
+	fs.StringVar(&cfg.Datastore.EmbeddedClientURL, "etcd-listen-client", "", "embedded etcd client URL: unix://<path> or a loopback http:// URL (default unix://<state-dir>/etcd.sock, root only)")
 	fs.StringVar(&cfg.Datastore.EmbeddedPeerURL, "etcd-listen-peer", "", "embedded etcd peer URL (default http://127.0.0.1:2380)")
 	fs.StringVar(&cfg.NodeName, "nodename", cfg.NodeName, "this host's name in the datastore (env NODENAME; default: hostname)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error (env LOG_LEVEL)")

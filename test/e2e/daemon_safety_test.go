@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"context"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/calico-cnm/calico-cnm/test/e2e/harness"
 )
@@ -45,5 +49,67 @@ func TestCleanStopLogsNoErrors(t *testing.T) {
 	}
 	if etcdLines == 0 {
 		t.Errorf("no etcd log line went through logrus (component=etcd) at --log-level debug")
+	}
+}
+
+// TestEmbeddedEtcdRootOnly: by default the embedded etcd member serves
+// clients on a unix socket in the state dir that only root may open, and
+// nothing on TCP; root's CLI finds it with no flags; an unprivileged local
+// user reaches it neither way; a non-loopback TCP listener is refused
+// (issue 12 item 8).
+func TestEmbeddedEtcdRootOnly(t *testing.T) {
+	harness.RequireFile(t, "/usr/bin/setpriv", "package util-linux")
+	harness.RequireFile(t, "/usr/bin/etcdctl", "package etcd-client")
+	bin := harness.BuildBinary(t)
+	h := harness.NewHost(t, "rootonly", harness.HostOptions{NoDockerd: true})
+	// Only the socket's own mode may keep other users out: open the
+	// directories on the way (the harness makes them 0700).
+	for _, d := range []string{h.Dir, h.StateDir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.StartPlugin(t, bin, nil, "serve", "--socket-dir", h.PluginDir, "--state-dir", h.StateDir,
+		"--nodename", h.Name, "--log-level", "debug")
+
+	sock := filepath.Join(h.StateDir, "etcd.sock")
+	st, err := os.Stat(sock)
+	if err != nil {
+		t.Fatalf("embedded etcd socket: %v", err)
+	}
+	if st.Mode()&os.ModeSocket == 0 || st.Mode().Perm() != 0o600 {
+		t.Errorf("%s: mode %v, want a socket with mode 0600", sock, st.Mode())
+	}
+	// Root's CLI, no flags: the state dir comes from the environment, as
+	// for the daemon.
+	out, err := h.Exec(t, "env", "CALICO_CNM_STATE_DIR="+h.StateDir, bin, "pool", "add", "10.77.0.0/16")
+	if err != nil {
+		t.Fatalf("root's CLI without flags: %v\n%s", err, out)
+	}
+	if out, err := h.Exec(t, "env", "CALICO_CNM_STATE_DIR="+h.StateDir, bin, "pool", "list"); err != nil || !strings.Contains(out, "10.77.0.0/16") {
+		t.Fatalf("root's CLI without flags: pool list: %v\n%s", err, out)
+	}
+	// The same read as root works, so a failure as nobody is the
+	// permission, not the command.
+	get := []string{"etcdctl", "--dial-timeout", "2s", "--command-timeout", "3s", "get", "--prefix", "--keys-only", "/calico-cnm/"}
+	if out, err := h.Exec(t, append([]string{"etcdctl", "--endpoints", "unix://" + sock}, get[1:]...)...); err != nil || !strings.Contains(out, "pools") {
+		t.Fatalf("root's etcdctl on %s: %v\n%s", sock, err, out)
+	}
+	nobody := []string{"setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"}
+	for _, ep := range []string{"unix://" + sock, "http://127.0.0.1:2379", "http://127.0.0.1:2380"} {
+		argv := append(append(append([]string(nil), nobody...), "etcdctl", "--endpoints", ep), get[1:]...)
+		if out, err := h.Exec(t, argv...); err == nil {
+			t.Errorf("user nobody read the datastore at %s:\n%s", ep, out)
+		}
+	}
+
+	// A listener other hosts could reach is refused before anything starts.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	bad := filepath.Join(h.Dir, "bad-state")
+	out, err = h.ExecCtx(ctx, bin, "serve", "--socket-dir", filepath.Join(h.Dir, "bad-plugins"), "--state-dir", bad,
+		"--nodename", "bad", "--etcd-listen-client", "http://0.0.0.0:23799", "--etcd-listen-peer", "http://127.0.0.1:23800")
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "--etcd-listen-client http://0.0.0.0:23799") {
+		t.Errorf("serve --etcd-listen-client http://0.0.0.0:23799: want a quick refusal naming the flag, got %v\n%s", err, out)
 	}
 }
