@@ -25,26 +25,105 @@ const DefaultAliveTTL = 15 * time.Second
 
 // Alive is the value of a liveness key: which process holds it.
 type Alive struct {
-	Node     string    `json:"node"`
-	Hostname string    `json:"hostname"`
+	Node     string `json:"node"`
+	Hostname string `json:"hostname"`
+	// EngineID is the Docker engine ID (docker info's ID) of the host:
+	// unlike the hostname (cloned VMs share it) it tells hosts apart. Empty
+	// when Docker did not answer at startup.
+	EngineID string    `json:"engineID,omitempty"`
 	PID      int       `json:"pid"`
 	Since    time.Time `json:"since"`
+}
+
+// String names the holder for error messages.
+func (a Alive) String() string {
+	engine := a.EngineID
+	if engine == "" {
+		engine = "unknown"
+	}
+	return fmt.Sprintf("pid %d on host %s (Docker engine %s), running since %s", a.PID, a.Hostname, engine, a.Since.Format(time.RFC3339))
+}
+
+// previousRunOf: a was written by an earlier daemon on the same host as b
+// (same Docker engine and hostname), which can only be dead or dying: its
+// key may be taken over at once instead of after its TTL.
+func (a Alive) previousRunOf(b Alive) bool {
+	return a.EngineID != "" && a.EngineID == b.EngineID && a.Hostname == b.Hostname && (a.PID != b.PID || !a.Since.Equal(b.Since))
 }
 
 // ErrAliveElsewhere: the node's liveness key is held by another lease - a
 // previous run that died less than a TTL ago, or a second daemon running
 // with the same node name.
-var ErrAliveElsewhere = errors.New("node is already marked alive by another daemon")
+var ErrAliveElsewhere = errors.New("node name is held by another live daemon")
+
+// HeldError is ErrAliveElsewhere with the holder.
+type HeldError struct {
+	Node   string
+	Holder Alive
+	TTL    time.Duration
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("node name %q is held by another live daemon: %s. Two hosts with one node name would remove each other's endpoints and free each other's addresses; give each host its own NODENAME (--nodename). A daemon that died keeps the name for up to %s",
+		e.Node, e.Holder, e.TTL)
+}
+
+func (e *HeldError) Unwrap() error { return ErrAliveElsewhere }
+
+// ClaimAlive marks the node alive and returns the lease, waiting while
+// another live daemon holds the node name (logged as an error that names
+// it) or the datastore is unreachable. It returns only with the mark held
+// or with ctx's error.
+func (s *Store) ClaimAlive(ctx context.Context, a Alive, ttl time.Duration, log logrus.FieldLogger) (clientv3.LeaseID, error) {
+	ttl = max(ttl, 2*time.Second)
+	log = log.WithField("node", a.Node)
+	warned := ""
+	for {
+		lease, err := s.markAlive(ctx, a, ttl)
+		if err == nil {
+			if warned != "" {
+				log.Info("node marked alive; serving")
+			}
+			return lease, nil
+		}
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		if err.Error() != warned {
+			if errors.Is(err, ErrAliveElsewhere) {
+				log.WithError(err).Error("refusing to serve until the other daemon's lease is gone; retrying")
+			} else {
+				log.WithError(err).Warn("could not mark the node alive; retrying")
+			}
+			warned = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(ttl / 3):
+		}
+	}
+}
 
 // KeepAlive marks a node alive until ctx ends, then revokes the mark. A
 // mark held by somebody else, a lost lease or an unreachable datastore are
 // logged and retried every ttl/3; KeepAlive only returns when ctx is done.
 func (s *Store) KeepAlive(ctx context.Context, a Alive, ttl time.Duration, log logrus.FieldLogger) {
-	if ttl < 2*time.Second {
-		ttl = 2 * time.Second
-	}
+	s.KeepAliveFrom(ctx, a, 0, ttl, log)
+}
+
+// KeepAliveFrom is KeepAlive starting with lease (from ClaimAlive; 0 =
+// none yet).
+func (s *Store) KeepAliveFrom(ctx context.Context, a Alive, lease clientv3.LeaseID, ttl time.Duration, log logrus.FieldLogger) {
+	ttl = max(ttl, 2*time.Second)
 	log = log.WithField("node", a.Node)
-	retry := ttl / 3
+	if lease != 0 {
+		s.holdLease(ctx, lease)
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("lost the node's liveness lease (datastore unreachable for longer than its TTL?); marking it again")
+	}
 	warned := ""
 	for {
 		lease, err := s.markAlive(ctx, a, ttl)
@@ -65,12 +144,13 @@ func (s *Store) KeepAlive(ctx context.Context, a Alive, ttl time.Duration, log l
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(retry):
+		case <-time.After(ttl / 3):
 		}
 	}
 }
 
-// markAlive creates the key with a fresh lease, only if nobody holds it.
+// markAlive creates the key with a fresh lease, only if nobody holds it or
+// its holder is this host's previous run.
 func (s *Store) markAlive(ctx context.Context, a Alive, ttl time.Duration) (clientv3.LeaseID, error) {
 	value, err := json.Marshal(a)
 	if err != nil {
@@ -83,27 +163,42 @@ func (s *Store) markAlive(ctx context.Context, a Alive, ttl time.Duration) (clie
 		return 0, s.wrap(err)
 	}
 	k := s.abs(NodeAliveKey(a.Node))
+	put := clientv3.OpPut(k, string(value), clientv3.WithLease(grant.ID))
 	// Guarded by absence: a key under somebody else's lease is theirs until
 	// it expires; overwriting it would hide a second daemon with our name.
 	s.txns.Add(1)
 	resp, err := s.client.Txn(tctx).
 		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-		Then(clientv3.OpPut(k, string(value), clientv3.WithLease(grant.ID))).
+		Then(put).
 		Else(clientv3.OpGet(k)).
 		Commit()
 	if err == nil && resp.Succeeded {
 		return grant.ID, nil
 	}
+	if err != nil {
+		s.revoke(grant.ID)
+		return 0, s.wrap(err)
+	}
+	var holder Alive
+	var rev int64
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
+		_ = json.Unmarshal(kvs[0].Value, &holder)
+		rev = kvs[0].ModRevision
+	}
+	if rev != 0 && holder.previousRunOf(a) {
+		// Our own earlier run (killed, restarting): same engine, same
+		// host. Take the key over, guarded by the revision we read.
+		s.txns.Add(1)
+		resp, err = s.client.Txn(tctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).Then(put).Commit()
+		if err == nil && resp.Succeeded {
+			return grant.ID, nil
+		}
+	}
 	s.revoke(grant.ID)
 	if err != nil {
 		return 0, s.wrap(err)
 	}
-	var holder Alive
-	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
-		_ = json.Unmarshal(kvs[0].Value, &holder)
-	}
-	return 0, fmt.Errorf("%w (pid %d on %s since %s): a previous run that died less than %s ago, or a second daemon with the same node name",
-		ErrAliveElsewhere, holder.PID, holder.Hostname, holder.Since.Format(time.RFC3339), ttl)
+	return 0, &HeldError{Node: a.Node, Holder: holder, TTL: ttl}
 }
 
 // holdLease keeps the lease alive until ctx ends (then revokes it) or the

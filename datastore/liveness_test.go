@@ -79,7 +79,7 @@ func TestKeepAlive(t *testing.T) {
 	stopSecond := run(datastore.Alive{Node: "n1", Hostname: "h2", PID: 202, Since: time.Now().UTC()}, second)
 	defer stopSecond()
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(logs.String(), "already marked alive by another daemon (pid 101 on h1") {
+	for !strings.Contains(logs.String(), "is held by another live daemon: pid 101 on host h1") {
 		if time.Now().After(deadline) {
 			t.Fatalf("the second daemon did not report the first one; its log:\n%s", logs.String())
 		}
@@ -139,5 +139,91 @@ func TestKeepAliveExpiresWithDeadDaemon(t *testing.T) {
 	}
 	if took := time.Since(died); took < time.Second {
 		t.Errorf("the key went after %s: it should last about its TTL (2s) when nobody revokes it", took)
+	}
+}
+
+// TestClaimAlive: a daemon whose node name another host's live daemon holds
+// (another Docker engine, same hostname as cloned VMs have) waits, with an
+// error that names the holder, until that lease is gone; this host's own
+// previous run (same engine and hostname, killed) is taken over at once.
+func TestClaimAlive(t *testing.T) {
+	m := etcdtest.Start(t)
+	ctx := context.Background()
+	quiet := logrus.New()
+	quiet.SetOutput(&syncBuffer{})
+	holder := datastore.Alive{Node: "n1", Hostname: "clone", EngineID: "ENGINE-A", PID: 101, Since: time.Now().UTC()}
+	hctx, stopHolder := context.WithCancel(ctx)
+	holderDone := make(chan struct{})
+	go func() {
+		defer close(holderDone)
+		m.Store.KeepAlive(hctx, holder, 3*time.Second, quiet)
+	}()
+	defer func() { stopHolder(); <-holderDone }()
+	eventually(t, 10*time.Second, "holder marked alive", func() bool {
+		a, err := m.Store.AliveNodes(ctx)
+		return err == nil && a["n1"].PID == 101
+	})
+
+	// Another host, same node name and hostname, another engine: waits.
+	var logs syncBuffer
+	second := logrus.New()
+	second.SetOutput(&logs)
+	type claimed struct {
+		lease int64
+		err   error
+	}
+	got := make(chan claimed, 1)
+	go func() {
+		lease, err := m.Store.ClaimAlive(ctx, datastore.Alive{Node: "n1", Hostname: "clone", EngineID: "ENGINE-B", PID: 202, Since: time.Now().UTC()}, 3*time.Second, second)
+		got <- claimed{int64(lease), err}
+	}()
+	want := "node name \\\"n1\\\" is held by another live daemon: pid 101 on host clone (Docker engine ENGINE-A)"
+	eventually(t, 10*time.Second, "the waiting daemon names the holder", func() bool {
+		return strings.Contains(logs.String(), want) && strings.Contains(logs.String(), "level=error")
+	})
+	select {
+	case c := <-got:
+		t.Fatalf("ClaimAlive returned while another engine holds the name: %+v", c)
+	default:
+	}
+	if a, _ := m.Store.AliveNodes(ctx); a["n1"].EngineID != "ENGINE-A" {
+		t.Fatalf("the waiting daemon took the key: %+v", a["n1"])
+	}
+	// The holder stops cleanly: the waiting daemon gets the name.
+	stopHolder()
+	<-holderDone
+	select {
+	case c := <-got:
+		if c.err != nil || c.lease == 0 {
+			t.Fatalf("ClaimAlive after the holder stopped: %+v", c)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("ClaimAlive did not return after the holder stopped; log:\n%s", logs.String())
+	}
+	if a, _ := m.Store.AliveNodes(ctx); a["n1"].EngineID != "ENGINE-B" {
+		t.Fatalf("key after the takeover: %+v", a["n1"])
+	}
+
+	// ENGINE-B's daemon is SIGKILLed (its lease stays until the TTL) and
+	// restarts on the same host: it takes its own key over at once.
+	restarted := datastore.Alive{Node: "n1", Hostname: "clone", EngineID: "ENGINE-B", PID: 303, Since: time.Now().UTC()}
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second) // below the 3 s TTL
+	defer cancel()
+	if _, err := m.Store.ClaimAlive(cctx, restarted, 3*time.Second, quiet); err != nil {
+		t.Fatalf("restart on the same engine: %v", err)
+	}
+	if a, _ := m.Store.AliveNodes(ctx); a["n1"].PID != 303 {
+		t.Fatalf("key after the restart: %+v", a["n1"])
+	}
+}
+
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s", what, within)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -71,6 +71,9 @@ type Endpoint struct {
 	Container  string   `json:"container,omitempty"` // sandbox key, set at Join
 	Joined     bool     `json:"joined,omitempty"`
 	Labels     []string `json:"labels,omitempty"`
+	// EngineID is the Docker engine ID of the host that wrote the record
+	// (empty: unknown, or written before engine IDs were recorded).
+	EngineID string `json:"engineID,omitempty"`
 }
 
 // Node is one host running the daemon.

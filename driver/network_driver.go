@@ -41,6 +41,10 @@ type Options struct {
 	// IPAM, when set, lets CreateNetwork record which calico pool holds each
 	// --subnet (Network.Pools). Without it Pools records the subnets.
 	IPAM IPAM
+	// EngineID, when set, gives the host's Docker engine ID for endpoint
+	// records ("" while unknown), so reconcile on a host that shares this
+	// node name leaves them alone.
+	EngineID func() string
 }
 
 // NetworkDriver is the "calico" libnetwork network driver.
@@ -52,6 +56,8 @@ type NetworkDriver struct {
 	log   logrus.FieldLogger
 	scope string
 	mtu   int
+	// engineID: see Options.EngineID.
+	engineID func() string
 }
 
 // NewNetworkDriver records networks and endpoints in store and plumbs
@@ -70,7 +76,7 @@ func NewNetworkDriver(store *datastore.Store, dp Dataplane, host string, log log
 		log.Warnf("unknown driver scope %q: using %q", scope, ScopeLocal)
 		scope = ScopeLocal
 	}
-	return &NetworkDriver{store: store, dp: dp, ipam: opts.IPAM, host: host, log: log, scope: scope, mtu: opts.MTU}
+	return &NetworkDriver{store: store, dp: dp, ipam: opts.IPAM, host: host, log: log, scope: scope, mtu: opts.MTU, engineID: opts.EngineID}
 }
 
 // GetCapabilities reports the scope; connectivity has the same scope.
@@ -436,6 +442,9 @@ func (d *NetworkDriver) CreateEndpoint(ctx context.Context, req *network.CreateE
 		Node:       d.host,
 		MAC:        mac,
 		HostIfName: dataplane.HostIfName(req.EndpointID),
+	}
+	if d.engineID != nil {
+		ep.EngineID = d.engineID()
 	}
 	if v4 != nil {
 		ep.IPv4 = v4.String()

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -111,5 +112,72 @@ func TestEmbeddedEtcdRootOnly(t *testing.T) {
 		"--nodename", "bad", "--etcd-listen-client", "http://0.0.0.0:23799", "--etcd-listen-peer", "http://127.0.0.1:23800")
 	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "--etcd-listen-client http://0.0.0.0:23799") {
 		t.Errorf("serve --etcd-listen-client http://0.0.0.0:23799: want a quick refusal naming the flag, got %v\n%s", err, out)
+	}
+}
+
+// TestDuplicateNodeNameRefused: two hosts (two dockerds, one etcd) with one
+// NODENAME, as cloned VMs get. The second daemon does not serve: it logs an
+// error naming the first (its Docker engine ID) and waits; once the first
+// stops it takes the name and serves, and its endpoint records carry its
+// own engine ID (issue 12 item 2).
+func TestDuplicateNodeNameRefused(t *testing.T) {
+	bin := harness.BuildBinary(t)
+	fab := harness.NewFabric(t, "")
+	etcd := fab.StartEtcd(t)
+	a := fab.AddHost(t, "twin-a", harness.HostOptions{})
+	b := fab.AddHost(t, "twin-b", harness.HostOptions{})
+	env := []string{"ETCD_ENDPOINTS=" + etcd}
+	pa := a.StartPlugin(t, bin, env, append(a.ServeArgs(env), "--nodename", "twin")...)
+	engineA := strings.TrimSpace(a.MustDocker(t, "info", "-f", "{{.ID}}"))
+	engineB := strings.TrimSpace(b.MustDocker(t, "info", "-f", "{{.ID}}"))
+	if engineA == "" || engineA == engineB {
+		t.Fatalf("engine IDs %q and %q: want two distinct ones", engineA, engineB)
+	}
+
+	pb := b.StartProcess(t, "plugin-twin", env, nil, append([]string{bin}, append(b.ServeArgs(env), "--nodename", "twin")...)...)
+	refusal := `node name \"twin\" is held by another live daemon: pid ` + fmt.Sprint(pa.Pid())
+	harness.Eventually(t, 30*time.Second, time.Second, "the second daemon refuses, naming the first", func() error {
+		log := pb.Log()
+		if !strings.Contains(log, refusal) || !strings.Contains(log, "(Docker engine "+engineA+")") {
+			return fmt.Errorf("no refusal naming pid %d and engine %s in its log:\n%s", pa.Pid(), engineA, pb.LogTail(10))
+		}
+		return nil
+	})
+	// It logged the refusal before serving anything: no socket answers.
+	for _, s := range []string{harness.NetworkSocket, harness.IpamSocket} {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		_, err := harness.PluginActivate(ctx, filepath.Join(b.PluginDir, s))
+		cancel()
+		if err == nil {
+			t.Errorf("the refused daemon serves %s", s)
+		}
+	}
+	if !pb.Running() {
+		t.Fatalf("the refused daemon exited: %v", pb.ExitErr())
+	}
+
+	// The first stops (cleanly: its lease goes at once); the second serves.
+	if err := pa.Stop(t); err != nil {
+		t.Fatalf("stopping the first daemon: %v", err)
+	}
+	harness.Eventually(t, 30*time.Second, 200*time.Millisecond, "the second daemon serves once the name is free", func() error {
+		for _, s := range []string{harness.NetworkSocket, harness.IpamSocket} {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, err := harness.PluginActivate(ctx, filepath.Join(b.PluginDir, s))
+			cancel()
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+
+	// Its endpoint records name its engine.
+	b.ImportBusybox(t)
+	b.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.0.0/16", "net1")
+	b.MustDocker(t, "run", "-d", "--name", "c1", "--net", "net1", harness.Image, "sleep", "3600")
+	out, err := b.Exec(t, "etcdctl", "--endpoints", etcd, "get", "--prefix", "--print-value-only", "/calico-cnm/v1/endpoints/twin/")
+	if err != nil || !strings.Contains(out, `"engineID":"`+engineB+`"`) {
+		t.Errorf("endpoint record of c1 on twin-b: want engineID %s, got %v\n%s", engineB, err, out)
 	}
 }
