@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -27,12 +30,27 @@ const DefaultAliveTTL = 15 * time.Second
 type Alive struct {
 	Node     string `json:"node"`
 	Hostname string `json:"hostname"`
-	// EngineID is the Docker engine ID (docker info's ID) of the host:
-	// unlike the hostname (cloned VMs share it) it tells hosts apart. Empty
-	// when Docker did not answer at startup.
+	// EngineID is the Docker engine ID (docker info's ID) of the host,
+	// empty when Docker did not answer at startup. It names the holder; it
+	// does not prove two hosts apart: clones of a VM on which Docker had
+	// run share it (it lives in /etc/docker/key.json, or in the data root
+	// for Docker 23+).
 	EngineID string    `json:"engineID,omitempty"`
 	PID      int       `json:"pid"`
 	Since    time.Time `json:"since"`
+	// BootID (the kernel's random boot id) and PIDNamespace tell whether
+	// PID can be checked from here: same kernel, same pid namespace.
+	BootID       string `json:"bootID,omitempty"`
+	PIDNamespace string `json:"pidNamespace,omitempty"`
+}
+
+// LocalAlive describes this process as holder of node's liveness key.
+func LocalAlive(node, engineID string) Alive {
+	hostname, _ := os.Hostname()
+	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	pidns, _ := os.Readlink("/proc/self/ns/pid")
+	return Alive{Node: node, Hostname: hostname, EngineID: engineID, PID: os.Getpid(), Since: time.Now().UTC(),
+		BootID: strings.TrimSpace(string(boot)), PIDNamespace: pidns}
 }
 
 // String names the holder for error messages.
@@ -44,11 +62,16 @@ func (a Alive) String() string {
 	return fmt.Sprintf("pid %d on host %s (Docker engine %s), running since %s", a.PID, a.Hostname, engine, a.Since.Format(time.RFC3339))
 }
 
-// previousRunOf: a was written by an earlier daemon on the same host as b
-// (same Docker engine and hostname), which can only be dead or dying: its
-// key may be taken over at once instead of after its TTL.
-func (a Alive) previousRunOf(b Alive) bool {
-	return a.EngineID != "" && a.EngineID == b.EngineID && a.Hostname == b.Hostname && (a.PID != b.PID || !a.Since.Equal(b.Since))
+// provablyDead: the holder ran on this kernel in this pid namespace and its
+// process is gone - this host's previous run, killed before it could revoke
+// its lease. Its key may be taken over at once instead of after its TTL.
+// Anything else (another kernel, another pid namespace, a live pid) might
+// be a live daemon and is waited out.
+func (a Alive) provablyDead(self Alive) bool {
+	if a.BootID == "" || a.BootID != self.BootID || a.PIDNamespace == "" || a.PIDNamespace != self.PIDNamespace || a.PID <= 0 || a.PID == self.PID {
+		return false
+	}
+	return errors.Is(syscall.Kill(a.PID, 0), syscall.ESRCH)
 }
 
 // ErrAliveElsewhere: the node's liveness key is held by another lease - a
@@ -150,7 +173,7 @@ func (s *Store) KeepAliveFrom(ctx context.Context, a Alive, lease clientv3.Lease
 }
 
 // markAlive creates the key with a fresh lease, only if nobody holds it or
-// its holder is this host's previous run.
+// its holder is provably dead.
 func (s *Store) markAlive(ctx context.Context, a Alive, ttl time.Duration) (clientv3.LeaseID, error) {
 	value, err := json.Marshal(a)
 	if err != nil {
@@ -185,9 +208,9 @@ func (s *Store) markAlive(ctx context.Context, a Alive, ttl time.Duration) (clie
 		_ = json.Unmarshal(kvs[0].Value, &holder)
 		rev = kvs[0].ModRevision
 	}
-	if rev != 0 && holder.previousRunOf(a) {
-		// Our own earlier run (killed, restarting): same engine, same
-		// host. Take the key over, guarded by the revision we read.
+	if rev != 0 && holder.provablyDead(a) {
+		// This host's earlier run, killed: take the key over, guarded by
+		// the revision we read.
 		s.txns.Add(1)
 		resp, err = s.client.Txn(tctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).Then(put).Commit()
 		if err == nil && resp.Succeeded {

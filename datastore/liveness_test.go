@@ -3,12 +3,14 @@ package datastore_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/sirupsen/logrus"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
@@ -142,16 +144,22 @@ func TestKeepAliveExpiresWithDeadDaemon(t *testing.T) {
 	}
 }
 
-// TestClaimAlive: a daemon whose node name another host's live daemon holds
-// (another Docker engine, same hostname as cloned VMs have) waits, with an
-// error that names the holder, until that lease is gone; this host's own
-// previous run (same engine and hostname, killed) is taken over at once.
+// TestClaimAlive: a daemon whose node name another live daemon holds (a
+// cloned host: same hostname, same Docker engine ID) waits, with an error
+// that names the holder, until that lease is gone; this host's own previous
+// run (same kernel and pid namespace, process gone) is taken over at once.
 func TestClaimAlive(t *testing.T) {
 	m := etcdtest.Start(t)
 	ctx := context.Background()
 	quiet := logrus.New()
 	quiet.SetOutput(&syncBuffer{})
-	holder := datastore.Alive{Node: "n1", Hostname: "clone", EngineID: "ENGINE-A", PID: 101, Since: time.Now().UTC()}
+	self := datastore.LocalAlive("n1", "ENGINE-A")
+	if self.BootID == "" || self.PIDNamespace == "" {
+		t.Fatalf("LocalAlive found no boot id or pid namespace: %+v", self)
+	}
+	// The holder: a live process (this one) on "another" host.
+	holder := self
+	holder.Hostname, holder.BootID = "clone", "another-kernel"
 	hctx, stopHolder := context.WithCancel(ctx)
 	holderDone := make(chan struct{})
 	go func() {
@@ -161,10 +169,9 @@ func TestClaimAlive(t *testing.T) {
 	defer func() { stopHolder(); <-holderDone }()
 	eventually(t, 10*time.Second, "holder marked alive", func() bool {
 		a, err := m.Store.AliveNodes(ctx)
-		return err == nil && a["n1"].PID == 101
+		return err == nil && a["n1"].BootID == "another-kernel"
 	})
 
-	// Another host, same node name and hostname, another engine: waits.
 	var logs syncBuffer
 	second := logrus.New()
 	second.SetOutput(&logs)
@@ -173,20 +180,22 @@ func TestClaimAlive(t *testing.T) {
 		err   error
 	}
 	got := make(chan claimed, 1)
+	clone := self
+	clone.Hostname, clone.PID = "clone", self.PID+1
 	go func() {
-		lease, err := m.Store.ClaimAlive(ctx, datastore.Alive{Node: "n1", Hostname: "clone", EngineID: "ENGINE-B", PID: 202, Since: time.Now().UTC()}, 3*time.Second, second)
+		lease, err := m.Store.ClaimAlive(ctx, clone, 3*time.Second, second)
 		got <- claimed{int64(lease), err}
 	}()
-	want := "node name \\\"n1\\\" is held by another live daemon: pid 101 on host clone (Docker engine ENGINE-A)"
+	want := fmt.Sprintf("node name \\\"n1\\\" is held by another live daemon: pid %d on host clone (Docker engine ENGINE-A)", holder.PID)
 	eventually(t, 10*time.Second, "the waiting daemon names the holder", func() bool {
 		return strings.Contains(logs.String(), want) && strings.Contains(logs.String(), "level=error")
 	})
 	select {
 	case c := <-got:
-		t.Fatalf("ClaimAlive returned while another engine holds the name: %+v", c)
+		t.Fatalf("ClaimAlive returned while another daemon holds the name: %+v", c)
 	default:
 	}
-	if a, _ := m.Store.AliveNodes(ctx); a["n1"].EngineID != "ENGINE-A" {
+	if a, _ := m.Store.AliveNodes(ctx); a["n1"].BootID != "another-kernel" {
 		t.Fatalf("the waiting daemon took the key: %+v", a["n1"])
 	}
 	// The holder stops cleanly: the waiting daemon gets the name.
@@ -200,19 +209,22 @@ func TestClaimAlive(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("ClaimAlive did not return after the holder stopped; log:\n%s", logs.String())
 	}
-	if a, _ := m.Store.AliveNodes(ctx); a["n1"].EngineID != "ENGINE-B" {
+	if a, _ := m.Store.AliveNodes(ctx); a["n1"].PID != clone.PID {
 		t.Fatalf("key after the takeover: %+v", a["n1"])
 	}
 
-	// ENGINE-B's daemon is SIGKILLed (its lease stays until the TTL) and
-	// restarts on the same host: it takes its own key over at once.
-	restarted := datastore.Alive{Node: "n1", Hostname: "clone", EngineID: "ENGINE-B", PID: 303, Since: time.Now().UTC()}
+	// That daemon was SIGKILLed (its lease stays until the TTL; its pid,
+	// on this kernel, is gone) and restarts: it takes its own key over at
+	// once. A pid that no process has: beyond pid_max.
+	dead := clone
+	dead.PID = 1 << 30
+	putAlive(t, m.Store, dead)
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second) // below the 3 s TTL
 	defer cancel()
-	if _, err := m.Store.ClaimAlive(cctx, restarted, 3*time.Second, quiet); err != nil {
-		t.Fatalf("restart on the same engine: %v", err)
+	if _, err := m.Store.ClaimAlive(cctx, self, 3*time.Second, quiet); err != nil {
+		t.Fatalf("restart on the same host: %v", err)
 	}
-	if a, _ := m.Store.AliveNodes(ctx); a["n1"].PID != 303 {
+	if a, _ := m.Store.AliveNodes(ctx); a["n1"].PID != self.PID {
 		t.Fatalf("key after the restart: %+v", a["n1"])
 	}
 }
@@ -225,5 +237,20 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 			t.Fatalf("%s: not within %s", what, within)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// putAlive leaves a liveness key under a fresh 3 s lease that nobody keeps
+// alive: what a SIGKILLed daemon leaves behind.
+func putAlive(t *testing.T, s *datastore.Store, a datastore.Alive) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	lease, err := s.Client().Grant(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Client().Put(ctx, s.Prefix()+datastore.NodeAliveKey(a.Node), string(datastore.MustJSON(a)), clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -176,18 +176,16 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 }
 
 // claimNodeName marks the node alive, waiting while another live daemon
-// holds its name (ClaimAlive logs who). The engine ID, when Docker answers
-// now, tells this host's previous run (whose key is taken over at once)
-// from another host.
+// holds its name (ClaimAlive logs who). The holder's Docker engine ID, when
+// Docker answers now, names this host in that message.
 func claimNodeName(ctx context.Context, cfg Config, store *datastore.Store, ident *EngineIdentity, log logrus.FieldLogger) (datastore.Alive, clientv3.LeaseID, error) {
-	hostname, _ := os.Hostname()
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	engineID, err := ident.Lookup(lctx)
 	cancel()
 	if err != nil {
-		log.WithError(err).Warn("Docker engine ID unknown at startup: a liveness key this host's previous run left is waited out, not taken over")
+		log.WithError(err).Info("Docker engine ID unknown at startup")
 	}
-	a := datastore.Alive{Node: cfg.NodeName, Hostname: hostname, EngineID: engineID, PID: os.Getpid(), Since: time.Now().UTC()}
+	a := datastore.LocalAlive(cfg.NodeName, engineID)
 	lease, err := store.ClaimAlive(ctx, a, datastore.DefaultAliveTTL, log)
 	return a, lease, err
 }

@@ -252,7 +252,7 @@ func TestPlanReconcile(t *testing.T) {
 			docker:    onEngineView("engine-a", view()),
 			firstSeen: seenAt(epKey(host, "b1", 5), epKey(host, "a1", 6), epKey(host, "a2", 7), "address/10.0.0.5/h5"),
 			orphans:   true,
-			want: planSummary{Remove: []string{"a1 veth=true release=10.0.0.1:h1 kept=0", "a2 veth=true release=10.0.0.2:h2 kept=0"}},
+			want:      planSummary{Remove: []string{"a1 veth=true release=10.0.0.1:h1 kept=0", "a2 veth=true release=10.0.0.2:h2 kept=0"}},
 		},
 		{
 			name: "orphaned address: first pending, then released by handle; in-use, foreign and unattributed ones stay",

@@ -117,9 +117,9 @@ func TestEmbeddedEtcdRootOnly(t *testing.T) {
 
 // TestDuplicateNodeNameRefused: two hosts (two dockerds, one etcd) with one
 // NODENAME, as cloned VMs get. The second daemon does not serve: it logs an
-// error naming the first (its Docker engine ID) and waits; once the first
-// stops it takes the name and serves, and its endpoint records carry its
-// own engine ID (issue 12 item 2).
+// error naming the first (pid and Docker engine ID) and waits; once the
+// first stops it takes the name and serves, and its endpoint records carry
+// its engine ID (issue 12 item 2).
 func TestDuplicateNodeNameRefused(t *testing.T) {
 	bin := harness.BuildBinary(t)
 	fab := harness.NewFabric(t, "")
@@ -130,8 +130,10 @@ func TestDuplicateNodeNameRefused(t *testing.T) {
 	pa := a.StartPlugin(t, bin, env, append(a.ServeArgs(env), "--nodename", "twin")...)
 	engineA := strings.TrimSpace(a.MustDocker(t, "info", "-f", "{{.ID}}"))
 	engineB := strings.TrimSpace(b.MustDocker(t, "info", "-f", "{{.ID}}"))
-	if engineA == "" || engineA == engineB {
-		t.Fatalf("engine IDs %q and %q: want two distinct ones", engineA, engineB)
+	// The harness's dockerds share /etc/docker/key.json, hence their engine
+	// ID, as clones of one VM image would: the refusal must not rely on it.
+	if engineA == "" || engineB == "" {
+		t.Fatalf("engine IDs %q and %q", engineA, engineB)
 	}
 
 	pb := b.StartProcess(t, "plugin-twin", env, nil, append([]string{bin}, append(b.ServeArgs(env), "--nodename", "twin")...)...)
