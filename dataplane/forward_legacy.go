@@ -74,7 +74,7 @@ func legacyForwardChain(ctx context.Context, b legacyBackend) (tool, chain strin
 	}
 	tool, err = exec.LookPath(b.tool)
 	if err != nil {
-		return "", "", fmt.Errorf("this host's FORWARD filter (Docker's, with policy DROP) is in the iptables-legacy table, and %s, needed to let cali+ traffic through it, is %w", b.tool, ErrLegacyToolMissing)
+		return "", "", fmt.Errorf("this host's FORWARD filter (Docker's) is in the iptables-legacy table, and %s, needed to let cali+ traffic through it, is %w", b.tool, ErrLegacyToolMissing)
 	}
 	if exec.CommandContext(ctx, tool, "-w", "-S", "DOCKER-USER").Run() == nil {
 		return tool, "DOCKER-USER", nil
