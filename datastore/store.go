@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -404,6 +405,16 @@ func (s *Store) wrap(err error) error {
 		switch st.Code() {
 		case codes.Unavailable, codes.DeadlineExceeded:
 			return fmt.Errorf("%w: %s%s", ErrUnavailable, st.Message(), why)
+		}
+	}
+	// The client turns the server's own errors (a member that lost its
+	// leader, "etcdserver: request timed out" during an election) into
+	// EtcdError, which carries its gRPC code but no status.
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		switch ee.Code() {
+		case codes.Unavailable, codes.DeadlineExceeded:
+			return fmt.Errorf("%w: %s%s", ErrUnavailable, ee.Error(), why)
 		}
 	}
 	return fmt.Errorf("etcd: %w", err)
