@@ -35,7 +35,9 @@ const (
 	NetworksPrefix  = "networks/"
 	EndpointsPrefix = "endpoints/"
 	NodesPrefix     = "nodes/"
-	BGPPeersPrefix  = "bgp/peers/"
+	// BGPPrefix holds the BGP records (BGPConfigKey, BGPPeersPrefix).
+	BGPPrefix      = "bgp/"
+	BGPPeersPrefix = BGPPrefix + "peers/"
 )
 
 // NetworkKey is the record of one Docker network.
@@ -74,6 +76,11 @@ type Endpoint struct {
 	// EngineID is the Docker engine ID of the host that wrote the record
 	// (empty: unknown, or written before engine IDs were recorded).
 	EngineID string `json:"engineID,omitempty"`
+	// Handles are the IPAM handles holding the endpoint's addresses, as
+	// CreateEndpoint found them: releases go by handle, so a stale record
+	// can never free an address that was re-assigned since. Empty on
+	// records written before handles were recorded.
+	Handles []string `json:"handles,omitempty"`
 }
 
 // Node is one host running the daemon.
@@ -101,7 +108,7 @@ func EndpointNodeAndID(key string) (node, id string, ok bool) {
 // BGP records (routing/ and the `bgp` CLI). Additive: older daemons ignore them.
 
 // BGPConfigKey holds the cluster-wide BGP settings (BGPConfig).
-const BGPConfigKey = "bgp/config"
+const BGPConfigKey = BGPPrefix + "config"
 
 // BGPPeerKey is the record of one explicit BGP peer (a ToR router, an
 // external reflector).
