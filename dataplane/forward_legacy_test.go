@@ -2,7 +2,6 @@ package dataplane
 
 import (
 	"context"
-	"net"
 	"os/exec"
 	"strings"
 	"testing"
@@ -34,36 +33,11 @@ func TestLegacyForwardDrop(t *testing.T) {
 		legacy(bin, "-A", "DOCKER-USER", "-j", "RETURN")
 		legacy(bin, "-I", "FORWARD", "-j", "DOCKER-USER")
 	}
-	hostIP := func(args ...string) { run(t, append([]string{"ip", "-n", host.name}, args...)...) }
-	host.addUplink(t)
-	hostIP("addr", "add", "192.0.2.1/24", "dev", "uplink0")
-	hostIP("route", "add", "default", "via", "192.0.2.254", "dev", "uplink0")
-
-	ws := []Workload{
-		{EndpointID: newEndpointID(), IPv4: mustCIDR(t, "198.51.100.1/32"), IPv6: mustCIDR(t, "fd00:c0de::1/128")},
-		{EndpointID: newEndpointID(), IPv4: mustCIDR(t, "198.51.100.2/32"), IPv6: mustCIDR(t, "fd00:c0de::2/128")},
-	}
-	ctrs := []*testNS{newTestNS(t), newTestNS(t)}
-	for i, w := range ws {
-		if err := l.AddWorkload(ctx, w); err != nil {
-			t.Fatal(err)
-		}
-		moveToContainer(t, host, ctrs[i], w)
-	}
+	ws, ctrs := twoWorkloadsThroughHost(t, l, host)
 	if err := l.EnsureForwardAccept(ctx); err != nil { // once more: idempotent
 		t.Fatal(err)
 	}
-	for _, tc := range []struct {
-		from int
-		to   net.IP
-	}{
-		{0, ws[1].IPv4.IP}, {1, ws[0].IPv4.IP},
-		{0, ws[1].IPv6.IP}, {1, ws[0].IPv6.IP},
-	} {
-		if err := ping(t, pingCmd, ctrs[tc.from], tc.to); err != nil {
-			t.Errorf("container %d cannot reach %s through a host whose legacy FORWARD policy is DROP: %v", tc.from, tc.to, err)
-		}
-	}
+	pingAcross(t, pingCmd, ws, ctrs, " (legacy FORWARD policy DROP)")
 	for _, bin := range []string{"iptables-legacy", "ip6tables-legacy"} {
 		out := legacy(bin, "-S", "DOCKER-USER")
 		if n := strings.Count(out, forwardRuleComment); n != 2 {

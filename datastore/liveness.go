@@ -140,22 +140,19 @@ func (s *Store) KeepAlive(ctx context.Context, a Alive, ttl time.Duration, log l
 func (s *Store) KeepAliveFrom(ctx context.Context, a Alive, lease clientv3.LeaseID, ttl time.Duration, log logrus.FieldLogger) {
 	ttl = max(ttl, 2*time.Second)
 	log = log.WithField("node", a.Node)
-	if lease != 0 {
-		s.holdLease(ctx, lease)
-		if ctx.Err() != nil {
-			return
-		}
-		log.Warn("lost the node's liveness lease (datastore unreachable for longer than its TTL?); marking it again")
-	}
 	warned := ""
 	for {
-		lease, err := s.markAlive(ctx, a, ttl)
+		var err error
+		if lease == 0 {
+			lease, err = s.markAlive(ctx, a, ttl)
+		}
 		if err == nil {
 			if warned != "" {
 				log.Info("node marked alive")
 				warned = ""
 			}
 			s.holdLease(ctx, lease)
+			lease = 0
 			if ctx.Err() != nil {
 				return
 			}
