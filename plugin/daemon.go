@@ -176,10 +176,11 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 }
 
 // claimNodeName marks the node alive, waiting while another live daemon
-// holds its name (ClaimAlive logs who). The holder's Docker engine ID, when
-// Docker answers now, names this host in that message.
+// holds its name (ClaimAlive logs who). The Docker engine ID, when Docker
+// answers at once, names this host in that message; the wait for it is
+// short, as a dockerd starting its managed plugins may not answer yet.
 func claimNodeName(ctx context.Context, cfg Config, store *datastore.Store, ident *EngineIdentity, log logrus.FieldLogger) (datastore.Alive, clientv3.LeaseID, error) {
-	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	engineID, err := ident.Lookup(lctx)
 	cancel()
 	if err != nil {
