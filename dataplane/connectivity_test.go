@@ -89,38 +89,8 @@ func TestTwoWorkloadsPingThroughHost(t *testing.T) {
 	l, host := newTestLinux(t)
 	ctx := context.Background()
 
-	// A real host has an uplink and a default route. Proxy ARP needs the
-	// latter: the host answers for 169.254.1.1 only because it has a route
-	// to it through another interface. The uplink's address also gives the
-	// host a source address for its ARP requests to the containers.
-	hostIP := func(args ...string) { run(t, append([]string{"ip", "-n", host.name}, args...)...) }
-	host.addUplink(t)
-	hostIP("addr", "add", "192.0.2.1/24", "dev", "uplink0")
-	hostIP("route", "add", "default", "via", "192.0.2.254", "dev", "uplink0")
-
-	ws := []Workload{
-		{EndpointID: newEndpointID(), IPv4: mustCIDR(t, "198.51.100.1/32"), IPv6: mustCIDR(t, "fd00:c0de::1/128")},
-		{EndpointID: newEndpointID(), IPv4: mustCIDR(t, "198.51.100.2/32"), IPv6: mustCIDR(t, "fd00:c0de::2/128")},
-	}
-	ctrs := []*testNS{newTestNS(t), newTestNS(t)}
-	for i, w := range ws {
-		if err := l.AddWorkload(ctx, w); err != nil {
-			t.Fatal(err)
-		}
-		moveToContainer(t, host, ctrs[i], w)
-	}
-
-	for _, tc := range []struct {
-		from int
-		to   net.IP
-	}{
-		{0, ws[1].IPv4.IP}, {1, ws[0].IPv4.IP},
-		{0, ws[1].IPv6.IP}, {1, ws[0].IPv6.IP},
-	} {
-		if err := ping(t, pingCmd, ctrs[tc.from], tc.to); err != nil {
-			t.Errorf("container %d cannot reach %s through the host: %v", tc.from, tc.to, err)
-		}
-	}
+	ws, ctrs := twoWorkloadsThroughHost(t, l, host)
+	pingAcross(t, pingCmd, ws, ctrs, "")
 
 	// The gateway's MAC, as the container learnt it, is the host side's:
 	// proof that it was the host that answered, by proxy ARP.
@@ -193,5 +163,49 @@ func TestTwoWorkloadsPingThroughHost(t *testing.T) {
 	args = append(args, "-c1", "-W1", ws[1].IPv4.IP.String())
 	if out, err := exec.Command("ip", args...).CombinedOutput(); err == nil {
 		t.Errorf("ping to a removed workload succeeded:\n%s", strings.TrimSpace(string(out)))
+	}
+}
+
+// twoWorkloadsThroughHost adds two dual-stack workloads on host, each moved
+// into a container namespace of its own, so that traffic between them is
+// routed (forwarded) by host.
+func twoWorkloadsThroughHost(t *testing.T, l *Linux, host *testNS) ([]Workload, []*testNS) {
+	t.Helper()
+	// A real host has an uplink and a default route. Proxy ARP needs the
+	// latter: the host answers for 169.254.1.1 only because it has a route
+	// to it through another interface. The uplink's address also gives the
+	// host a source address for its ARP requests to the containers.
+	hostIP := func(args ...string) { run(t, append([]string{"ip", "-n", host.name}, args...)...) }
+	host.addUplink(t)
+	hostIP("addr", "add", "192.0.2.1/24", "dev", "uplink0")
+	hostIP("route", "add", "default", "via", "192.0.2.254", "dev", "uplink0")
+
+	ws := []Workload{
+		{EndpointID: newEndpointID(), IPv4: mustCIDR(t, "198.51.100.1/32"), IPv6: mustCIDR(t, "fd00:c0de::1/128")},
+		{EndpointID: newEndpointID(), IPv4: mustCIDR(t, "198.51.100.2/32"), IPv6: mustCIDR(t, "fd00:c0de::2/128")},
+	}
+	ctrs := []*testNS{newTestNS(t), newTestNS(t)}
+	for i, w := range ws {
+		if err := l.AddWorkload(context.Background(), w); err != nil {
+			t.Fatal(err)
+		}
+		moveToContainer(t, host, ctrs[i], w)
+	}
+	return ws, ctrs
+}
+
+// pingAcross pings each workload from the other, in both families.
+func pingAcross(t *testing.T, pingCmd []string, ws []Workload, ctrs []*testNS, context string) {
+	t.Helper()
+	for _, tc := range []struct {
+		from int
+		to   net.IP
+	}{
+		{0, ws[1].IPv4.IP}, {1, ws[0].IPv4.IP},
+		{0, ws[1].IPv6.IP}, {1, ws[0].IPv6.IP},
+	} {
+		if err := ping(t, pingCmd, ctrs[tc.from], tc.to); err != nil {
+			t.Errorf("container %d cannot reach %s through the host%s: %v", tc.from, tc.to, context, err)
+		}
 	}
 }

@@ -25,9 +25,14 @@ var workloadIfPrefix = []byte("cali")
 // each family's iptables-nft "filter" table, insert `-i cali+ -j ACCEPT` and
 // `-o cali+ -j ACCEPT` at the top of DOCKER-USER (or FORWARD when Docker has
 // not made DOCKER-USER), once. Nothing happens where no such table exists:
-// then nothing filters forwarded traffic.
+// then nothing filters forwarded traffic. A Docker on the iptables-legacy
+// backend keeps its filter in x_tables instead, which nftables does not
+// show: ensureLegacyForwardAccept covers that.
 func (l *Linux) EnsureForwardAccept(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := l.ensureLegacyForwardAccept(ctx); err != nil {
 		return err
 	}
 	conn, err := nftables.New(nftables.WithNetNSFd(int(l.ns)))
@@ -102,6 +107,9 @@ func hasForwardRules(rules []*nftables.Rule) bool {
 // removeForwardRules deletes the rules EnsureForwardAccept added; tests use
 // it to leave a namespace as they found it.
 func (l *Linux) removeForwardRules() error {
+	if err := l.removeLegacyForwardRules(context.Background()); err != nil {
+		return err
+	}
 	conn, err := nftables.New(nftables.WithNetNSFd(int(l.ns)))
 	if err != nil {
 		return err

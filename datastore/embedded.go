@@ -2,21 +2,70 @@ package datastore
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
+// EmbeddedClientSocket is the embedded member's client socket in the state
+// dir: the daemon's and the CLI's default endpoint. A unix socket of mode
+// 0600 lets root in and nobody else; the member has no TLS or auth of its
+// own, so a TCP port would let every local user rewrite pools and network
+// options or read BGP passwords.
+const EmbeddedClientSocket = "etcd.sock"
+
+// LoopbackClientURL is where daemons before the socket served the embedded
+// member (and where `--etcd-listen-client http://127.0.0.1:2379` still
+// does): the CLI's fallback.
+const LoopbackClientURL = "http://127.0.0.1:2379"
+
+// EmbeddedClientURL is the default client URL of the member whose state dir
+// is stateDir.
+func EmbeddedClientURL(stateDir string) string {
+	return "unix://" + filepath.Join(stateDir, EmbeddedClientSocket)
+}
+
+// LocalEndpoint is the endpoint of this host's embedded member: its socket
+// in stateDir when that exists, else the loopback port older daemons used.
+func LocalEndpoint(stateDir string) string {
+	if st, err := os.Stat(filepath.Join(stateDir, EmbeddedClientSocket)); err == nil && st.Mode()&os.ModeSocket != 0 {
+		return EmbeddedClientURL(stateDir)
+	}
+	return LoopbackClientURL
+}
+
+// ErrExposedListener: an embedded member's listener other hosts could reach.
+var ErrExposedListener = errors.New("the embedded etcd member has no TLS or authentication, so it listens only on a unix socket or a loopback address; several hosts need an etcd cluster with TLS (ETCD_ENDPOINTS)")
+
+// checkLocalListen refuses an embedded member URL that is neither a unix
+// socket nor plain loopback.
+func checkLocalListen(flag string, u *url.URL) error {
+	switch u.Scheme {
+	case "unix":
+		return nil
+	case "http":
+		host := u.Hostname()
+		if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s %s: %w", flag, u, ErrExposedListener)
+}
+
 // embeddedMember is a single-member etcd cluster running inside the daemon:
 // one host needs no external datastore, yet everything above uses the same
 // client code as with a real cluster.
 type embeddedMember struct {
-	etcd *embed.Etcd
+	etcd     *embed.Etcd
+	stopping *atomic.Bool
 }
 
 func startEmbedded(ctx context.Context, cfg Config, log logrus.FieldLogger) (*embeddedMember, error) {
@@ -34,20 +83,32 @@ func startEmbedded(ctx context.Context, cfg Config, log logrus.FieldLogger) (*em
 	if err != nil {
 		return nil, fmt.Errorf("embedded etcd peer URL %q: %w", cfg.EmbeddedPeerURL, err)
 	}
+	if err := checkLocalListen("--etcd-listen-client", clientURL); err != nil {
+		return nil, err
+	}
+	if err := checkLocalListen("--etcd-listen-peer", peerURL); err != nil {
+		return nil, err
+	}
 	ec := embed.NewConfig()
 	ec.Name = cfg.EmbeddedName
 	ec.Dir = filepath.Clean(cfg.DataDir)
 	ec.ListenClientUrls = []url.URL{*clientURL}
 	ec.AdvertiseClientUrls = []url.URL{*clientURL}
+	if clientURL.Scheme == "unix" {
+		// etcd wants host:port in advertised URLs, and nobody reads a lone
+		// member's: its clients are configured with the socket's path.
+		ec.AdvertiseClientUrls = []url.URL{{Scheme: "unix", Host: "localhost:0"}}
+	}
 	ec.ListenPeerUrls = []url.URL{*peerURL}
 	ec.AdvertisePeerUrls = []url.URL{*peerURL}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
-	ec.LogLevel = cfg.EmbeddedLogLevel
-	if ec.LogLevel == "" {
-		ec.LogLevel = "error"
+	stopping := &atomic.Bool{}
+	zl, err := newEtcdLogger(log, cfg.EmbeddedLogLevel, stopping)
+	if err != nil {
+		return nil, fmt.Errorf("embedded etcd log level %q: %w", cfg.EmbeddedLogLevel, err)
 	}
 	ec.Logger = "zap"
-	ec.LogOutputs = []string{"stderr"}
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zl)
 	// Restarting on an existing data dir must rejoin, not bootstrap anew.
 	if _, err := os.Stat(filepath.Join(ec.Dir, "member")); err == nil {
 		ec.ClusterState = embed.ClusterStateFlagExisting
@@ -59,16 +120,27 @@ func startEmbedded(ctx context.Context, cfg Config, log logrus.FieldLogger) (*em
 	select {
 	case <-e.Server.ReadyNotify():
 	case <-time.After(60 * time.Second):
+		stopping.Store(true)
 		e.Close()
 		return nil, fmt.Errorf("embedded etcd in %s did not become ready within 60s", ec.Dir)
 	case <-ctx.Done():
+		stopping.Store(true)
 		e.Close()
 		return nil, ctx.Err()
 	}
+	if clientURL.Scheme == "unix" {
+		// etcd creates it under the umask; only root may connect.
+		if err := os.Chmod(clientURL.Host+clientURL.Path, 0o600); err != nil {
+			stopping.Store(true)
+			e.Close()
+			return nil, fmt.Errorf("restricting the embedded etcd socket to root: %w", err)
+		}
+	}
 	log.WithFields(logrus.Fields{"dir": ec.Dir, "client": clientURL.String()}).Info("embedded etcd member ready")
-	return &embeddedMember{etcd: e}, nil
+	return &embeddedMember{etcd: e, stopping: stopping}, nil
 }
 
 func (m *embeddedMember) close() {
+	m.stopping.Store(true)
 	m.etcd.Close()
 }

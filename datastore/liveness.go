@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -25,35 +28,131 @@ const DefaultAliveTTL = 15 * time.Second
 
 // Alive is the value of a liveness key: which process holds it.
 type Alive struct {
-	Node     string    `json:"node"`
-	Hostname string    `json:"hostname"`
+	Node     string `json:"node"`
+	Hostname string `json:"hostname"`
+	// EngineID is the Docker engine ID (docker info's ID) of the host,
+	// empty when Docker did not answer at startup. It names the holder; it
+	// does not prove two hosts apart: clones of a VM on which Docker had
+	// run share it (it lives in /etc/docker/key.json, or in the data root
+	// for Docker 23+).
+	EngineID string    `json:"engineID,omitempty"`
 	PID      int       `json:"pid"`
 	Since    time.Time `json:"since"`
+	// BootID (the kernel's random boot id) and PIDNamespace tell whether
+	// PID can be checked from here: same kernel, same pid namespace.
+	BootID       string `json:"bootID,omitempty"`
+	PIDNamespace string `json:"pidNamespace,omitempty"`
+}
+
+// LocalAlive describes this process as holder of node's liveness key.
+func LocalAlive(node, engineID string) Alive {
+	hostname, _ := os.Hostname()
+	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	pidns, _ := os.Readlink("/proc/self/ns/pid")
+	return Alive{Node: node, Hostname: hostname, EngineID: engineID, PID: os.Getpid(), Since: time.Now().UTC(),
+		BootID: strings.TrimSpace(string(boot)), PIDNamespace: pidns}
+}
+
+// String names the holder for error messages.
+func (a Alive) String() string {
+	engine := a.EngineID
+	if engine == "" {
+		engine = "unknown"
+	}
+	return fmt.Sprintf("pid %d on host %s (Docker engine %s), running since %s", a.PID, a.Hostname, engine, a.Since.Format(time.RFC3339))
+}
+
+// provablyDead: the holder ran on this kernel in this pid namespace and its
+// process is gone - this host's previous run, killed before it could revoke
+// its lease. Its key may be taken over at once instead of after its TTL.
+// Anything else (another kernel, another pid namespace, a live pid) might
+// be a live daemon and is waited out.
+func (a Alive) provablyDead(self Alive) bool {
+	if a.BootID == "" || a.BootID != self.BootID || a.PIDNamespace == "" || a.PIDNamespace != self.PIDNamespace || a.PID <= 0 || a.PID == self.PID {
+		return false
+	}
+	return errors.Is(syscall.Kill(a.PID, 0), syscall.ESRCH)
 }
 
 // ErrAliveElsewhere: the node's liveness key is held by another lease - a
 // previous run that died less than a TTL ago, or a second daemon running
 // with the same node name.
-var ErrAliveElsewhere = errors.New("node is already marked alive by another daemon")
+var ErrAliveElsewhere = errors.New("node name is held by another live daemon")
+
+// HeldError is ErrAliveElsewhere with the holder.
+type HeldError struct {
+	Node   string
+	Holder Alive
+	TTL    time.Duration
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("node name %q is held by another live daemon: %s. Two hosts with one node name would remove each other's endpoints and free each other's addresses; give each host its own NODENAME (--nodename). A daemon that died keeps the name for up to %s",
+		e.Node, e.Holder, e.TTL)
+}
+
+func (e *HeldError) Unwrap() error { return ErrAliveElsewhere }
+
+// ClaimAlive marks the node alive and returns the lease, waiting while
+// another live daemon holds the node name (logged as an error that names
+// it) or the datastore is unreachable. It returns only with the mark held
+// or with ctx's error.
+func (s *Store) ClaimAlive(ctx context.Context, a Alive, ttl time.Duration, log logrus.FieldLogger) (clientv3.LeaseID, error) {
+	ttl = max(ttl, 2*time.Second)
+	log = log.WithField("node", a.Node)
+	warned := ""
+	for {
+		lease, err := s.markAlive(ctx, a, ttl)
+		if err == nil {
+			if warned != "" {
+				log.Info("node marked alive; serving")
+			}
+			return lease, nil
+		}
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		if err.Error() != warned {
+			if errors.Is(err, ErrAliveElsewhere) {
+				log.WithError(err).Error("refusing to serve until the other daemon's lease is gone; retrying")
+			} else {
+				log.WithError(err).Warn("could not mark the node alive; retrying")
+			}
+			warned = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(ttl / 3):
+		}
+	}
+}
 
 // KeepAlive marks a node alive until ctx ends, then revokes the mark. A
 // mark held by somebody else, a lost lease or an unreachable datastore are
 // logged and retried every ttl/3; KeepAlive only returns when ctx is done.
 func (s *Store) KeepAlive(ctx context.Context, a Alive, ttl time.Duration, log logrus.FieldLogger) {
-	if ttl < 2*time.Second {
-		ttl = 2 * time.Second
-	}
+	s.KeepAliveFrom(ctx, a, 0, ttl, log)
+}
+
+// KeepAliveFrom is KeepAlive starting with lease (from ClaimAlive; 0 =
+// none yet).
+func (s *Store) KeepAliveFrom(ctx context.Context, a Alive, lease clientv3.LeaseID, ttl time.Duration, log logrus.FieldLogger) {
+	ttl = max(ttl, 2*time.Second)
 	log = log.WithField("node", a.Node)
-	retry := ttl / 3
 	warned := ""
 	for {
-		lease, err := s.markAlive(ctx, a, ttl)
+		var err error
+		if lease == 0 {
+			lease, err = s.markAlive(ctx, a, ttl)
+		}
 		if err == nil {
 			if warned != "" {
 				log.Info("node marked alive")
 				warned = ""
 			}
 			s.holdLease(ctx, lease)
+			lease = 0
 			if ctx.Err() != nil {
 				return
 			}
@@ -65,12 +164,13 @@ func (s *Store) KeepAlive(ctx context.Context, a Alive, ttl time.Duration, log l
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(retry):
+		case <-time.After(ttl / 3):
 		}
 	}
 }
 
-// markAlive creates the key with a fresh lease, only if nobody holds it.
+// markAlive creates the key with a fresh lease, only if nobody holds it or
+// its holder is provably dead.
 func (s *Store) markAlive(ctx context.Context, a Alive, ttl time.Duration) (clientv3.LeaseID, error) {
 	value, err := json.Marshal(a)
 	if err != nil {
@@ -83,27 +183,42 @@ func (s *Store) markAlive(ctx context.Context, a Alive, ttl time.Duration) (clie
 		return 0, s.wrap(err)
 	}
 	k := s.abs(NodeAliveKey(a.Node))
+	put := clientv3.OpPut(k, string(value), clientv3.WithLease(grant.ID))
 	// Guarded by absence: a key under somebody else's lease is theirs until
 	// it expires; overwriting it would hide a second daemon with our name.
 	s.txns.Add(1)
 	resp, err := s.client.Txn(tctx).
 		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-		Then(clientv3.OpPut(k, string(value), clientv3.WithLease(grant.ID))).
+		Then(put).
 		Else(clientv3.OpGet(k)).
 		Commit()
 	if err == nil && resp.Succeeded {
 		return grant.ID, nil
 	}
+	if err != nil {
+		s.revoke(grant.ID)
+		return 0, s.wrap(err)
+	}
+	var holder Alive
+	var rev int64
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
+		_ = json.Unmarshal(kvs[0].Value, &holder)
+		rev = kvs[0].ModRevision
+	}
+	if rev != 0 && holder.provablyDead(a) {
+		// This host's earlier run, killed: take the key over, guarded by
+		// the revision we read.
+		s.txns.Add(1)
+		resp, err = s.client.Txn(tctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).Then(put).Commit()
+		if err == nil && resp.Succeeded {
+			return grant.ID, nil
+		}
+	}
 	s.revoke(grant.ID)
 	if err != nil {
 		return 0, s.wrap(err)
 	}
-	var holder Alive
-	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
-		_ = json.Unmarshal(kvs[0].Value, &holder)
-	}
-	return 0, fmt.Errorf("%w (pid %d on %s since %s): a previous run that died less than %s ago, or a second daemon with the same node name",
-		ErrAliveElsewhere, holder.PID, holder.Hostname, holder.Since.Format(time.RFC3339), ttl)
+	return 0, &HeldError{Node: a.Node, Holder: holder, TTL: ttl}
 }
 
 // holdLease keeps the lease alive until ctx ends (then revokes it) or the

@@ -72,6 +72,9 @@ type Endpoint struct {
 	HostIfName string `json:"hostIfName"`
 	Container  string `json:"container,omitempty"` // sandbox key, set at Join
 	Joined     bool   `json:"joined,omitempty"`
+	// EngineID is the Docker engine ID of the host that wrote the record
+	// (empty: unknown, or written before engine IDs were recorded).
+	EngineID string `json:"engineID,omitempty"`
 	// Handles are the IPAM handles holding the endpoint's addresses, as
 	// CreateEndpoint found them: releases go by handle, so a stale record
 	// can never free an address that was re-assigned since. Empty on

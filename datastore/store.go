@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -64,8 +65,9 @@ type Config struct {
 	EmbeddedName      string
 	EmbeddedClientURL string
 	EmbeddedPeerURL   string
-	// EmbeddedLogLevel is the embedded member's own (zap) log level;
-	// default "error".
+	// EmbeddedLogLevel is the embedded member's own (zap) log level; its
+	// lines go through the daemon's logrus logger either way. Default:
+	// "info" when that logger is at debug, else "warn".
 	EmbeddedLogLevel string
 }
 
@@ -408,6 +410,16 @@ func (s *Store) wrap(err error) error {
 		switch st.Code() {
 		case codes.Unavailable, codes.DeadlineExceeded:
 			return fmt.Errorf("%w: %s%s", ErrUnavailable, st.Message(), why)
+		}
+	}
+	// The client turns the server's own errors (a member that lost its
+	// leader, "etcdserver: request timed out" during an election) into
+	// EtcdError, which carries its gRPC code but no status.
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		switch ee.Code() {
+		case codes.Unavailable, codes.DeadlineExceeded:
+			return fmt.Errorf("%w: %s%s", ErrUnavailable, ee.Error(), why)
 		}
 	}
 	return fmt.Errorf("etcd: %w", err)

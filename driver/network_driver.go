@@ -50,6 +50,10 @@ type Options struct {
 	// meets its policy.
 	Policy     PolicyWaiter
 	PolicyWait time.Duration
+	// EngineID, when set, gives the host's Docker engine ID for endpoint
+	// records ("" while unknown), so reconcile on a host that shares this
+	// node name leaves them alone.
+	EngineID func() string
 }
 
 // Labeller learns the policy labels of the container joining an endpoint.
@@ -81,6 +85,8 @@ type NetworkDriver struct {
 	log   logrus.FieldLogger
 	scope string
 	mtu   int
+	// engineID: see Options.EngineID.
+	engineID func() string
 }
 
 // NewNetworkDriver records networks and endpoints in store and plumbs
@@ -102,7 +108,7 @@ func NewNetworkDriver(store *datastore.Store, dp Dataplane, host string, log log
 	if opts.PolicyWait <= 0 {
 		opts.PolicyWait = defaultPolicyWait
 	}
-	return &NetworkDriver{store: store, dp: dp, ipam: opts.IPAM, opts: opts, host: host, log: log, scope: scope, mtu: opts.MTU}
+	return &NetworkDriver{store: store, dp: dp, ipam: opts.IPAM, opts: opts, host: host, log: log, scope: scope, mtu: opts.MTU, engineID: opts.EngineID}
 }
 
 // GetCapabilities reports the scope; connectivity has the same scope.
@@ -468,6 +474,9 @@ func (d *NetworkDriver) CreateEndpoint(ctx context.Context, req *network.CreateE
 		Node:       d.host,
 		MAC:        mac,
 		HostIfName: dataplane.HostIfName(req.EndpointID),
+	}
+	if d.engineID != nil {
+		ep.EngineID = d.engineID()
 	}
 	if v4 != nil {
 		ep.IPv4 = v4.String()

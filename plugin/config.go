@@ -126,6 +126,9 @@ func (c *Config) Finish() error {
 	if c.Datastore.DataDir == "" {
 		c.Datastore.DataDir = filepath.Join(c.StateDir, "etcd")
 	}
+	if c.Datastore.EmbeddedClientURL == "" {
+		c.Datastore.EmbeddedClientURL = datastore.EmbeddedClientURL(c.StateDir)
+	}
 	if c.Datastore.EmbeddedName == "" {
 		c.Datastore.EmbeddedName = c.NodeName
 	}

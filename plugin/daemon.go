@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
@@ -43,6 +44,22 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	}
 	defer store.Close()
 
+	// Serve only while holding the node name: a second daemon with our
+	// name (a cloned host) would remove this host's endpoints and free its
+	// addresses, and we its.
+	ident, err := NewEngineIdentity(cfg.DockerHost)
+	if err != nil {
+		return err
+	}
+	alive, lease, err := claimNodeName(ctx, cfg, store, ident, entry)
+	if err != nil {
+		if ctx.Err() != nil {
+			entry.Info("stopped while waiting for the node name")
+			return nil
+		}
+		return err
+	}
+
 	engine := ipam.New(store, ipam.Options{ReleaseGracePeriod: cfg.ReleaseGracePeriod, Log: entry})
 	dp, err := dataplane.NewLinux("", entry, dataplane.WithProcSys(cfg.ProcSys))
 	if err != nil {
@@ -60,7 +77,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 			pol.close()
 		}
 	}()
-	nd := driver.NewNetworkDriver(store, dp, cfg.NodeName, entry, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: engine, Labels: pol.labels, Policy: pol.syncer})
+	nd := driver.NewNetworkDriver(store, dp, cfg.NodeName, entry, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: engine, Labels: pol.labels, Policy: pol.syncer, EngineID: ident.ID})
 	id := driver.NewIPAMDriver(engine, cfg.NodeName, entry)
 	srv := NewServer(nd, id, entry)
 	metrics := NewMetrics(engine, entry)
@@ -131,11 +148,14 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 
 	// The liveness lease tells `node list`/`node delete` this node is in
 	// use; cancelling ctx revokes it before the datastore closes.
-	hostname, _ := os.Hostname()
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		store.KeepAlive(ctx, datastore.Alive{Node: cfg.NodeName, Hostname: hostname, PID: os.Getpid(), Since: time.Now().UTC()}, datastore.DefaultAliveTTL, entry)
+		store.KeepAliveFrom(ctx, alive, lease, datastore.DefaultAliveTTL, entry)
+	}()
+	go func() {
+		defer wg.Done()
+		ident.Follow(ctx, 5*time.Second, entry.WithField("component", "docker"))
 	}()
 
 	stopRouting, err := startRouting(ctx, cfg, store, engine, metrics.Routing, health, entry)
@@ -159,6 +179,22 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	cancel()
 	wg.Wait()
 	return runErr
+}
+
+// claimNodeName marks the node alive, waiting while another live daemon
+// holds its name (ClaimAlive logs who). The Docker engine ID, when Docker
+// answers at once, names this host in that message; the wait for it is
+// short, as a dockerd starting its managed plugins may not answer yet.
+func claimNodeName(ctx context.Context, cfg Config, store *datastore.Store, ident *EngineIdentity, log logrus.FieldLogger) (datastore.Alive, clientv3.LeaseID, error) {
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	engineID, err := ident.Lookup(lctx)
+	cancel()
+	if err != nil {
+		log.WithError(err).Info("Docker engine ID unknown at startup")
+	}
+	a := datastore.LocalAlive(cfg.NodeName, engineID)
+	lease, err := store.ClaimAlive(ctx, a, datastore.DefaultAliveTTL, log)
+	return a, lease, err
 }
 
 // blockRouter is the part of the dataplane that follows this host's blocks.

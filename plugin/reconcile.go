@@ -36,6 +36,8 @@ type DockerEndpoint struct {
 // (calico-ipam can serve a network of another driver).
 type DockerView struct {
 	Endpoints map[string]DockerEndpoint // by endpoint id
+	// EngineID is this Docker's engine ID ("" = unknown).
+	EngineID string
 }
 
 // StoredEndpoint is an endpoint record with the revision a delete must
@@ -250,7 +252,7 @@ func PlanReconcile(in ReconcileInput) Plan {
 
 	for _, se := range in.Endpoints {
 		ep := se.Endpoint
-		if ep.Node != in.Node {
+		if ep.Node != in.Node || otherEngine(ep, in.Docker) {
 			continue
 		}
 		if _, live := in.Docker.Endpoints[ep.ID]; live {
@@ -326,6 +328,13 @@ func PlanReconcile(in ReconcileInput) Plan {
 	sort.Strings(plan.Unknown)
 	plan.NextDue = nextDue(plan.Pending, in.Grace)
 	return plan
+}
+
+// otherEngine: the record was written by the daemon of another Docker
+// engine that uses this node name too (a cloned host): this Docker's view
+// says nothing about it, so reconcile leaves it alone.
+func otherEngine(ep datastore.Endpoint, docker *DockerView) bool {
+	return ep.EngineID != "" && docker.EngineID != "" && ep.EngineID != docker.EngineID
 }
 
 // ownsAssignment tells whether assignment a, which holds one of ep's

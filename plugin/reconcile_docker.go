@@ -32,8 +32,9 @@ const dockerCallTimeout = 15 * time.Second
 
 // dockerClient is DockerSource over the Docker Engine API.
 type dockerClient struct {
-	cli *client.Client
-	log logrus.FieldLogger
+	cli    *client.Client
+	log    logrus.FieldLogger
+	engine *EngineIdentity
 }
 
 // NewDockerSource is the Docker view reconcile compares with (see
@@ -43,7 +44,7 @@ func NewDockerSource(host string, log logrus.FieldLogger) (DockerSource, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &dockerClient{cli: cli, log: log}, nil
+	return &dockerClient{cli: cli, log: log, engine: &EngineIdentity{cli: cli}}, nil
 }
 
 // View inspects every network but host and null (which have no addresses).
@@ -56,6 +57,12 @@ func (d *dockerClient) View(ctx context.Context) (DockerView, error) {
 		return DockerView{}, fmt.Errorf("listing Docker networks at %s: %w", d.cli.DaemonHost(), err)
 	}
 	view := DockerView{Endpoints: map[string]DockerEndpoint{}}
+	// Without it reconcile cannot tell other hosts' records from ours and
+	// treats all records of this node name as its own (as before engine
+	// IDs were recorded).
+	if view.EngineID, err = d.engine.Lookup(ctx); err != nil {
+		d.log.WithError(err).Warn("Docker engine ID unknown")
+	}
 	for _, n := range nets {
 		if n.Driver == "host" || n.Driver == "null" {
 			continue

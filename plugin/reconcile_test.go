@@ -39,6 +39,16 @@ func stored(node, tag, ip string, joined bool, rev int64) plugin.StoredEndpoint 
 	}}
 }
 
+func onEngine(engine string, se plugin.StoredEndpoint) plugin.StoredEndpoint {
+	se.Endpoint.EngineID = engine
+	return se
+}
+
+func onEngineView(engine string, v *plugin.DockerView) *plugin.DockerView {
+	v.EngineID = engine
+	return v
+}
+
 func alloc(ip, handle, node string) ipam.Allocation {
 	a := ipam.Allocation{IP: net.ParseIP(ip).To4(), HandleID: handle, Block: "10.0.0.0/26", Host: host}
 	if node != "" {
@@ -278,6 +288,17 @@ func TestPlanReconcile(t *testing.T) {
 			firstSeen: seenAt(epKey("host-b", "b1", 5)),
 			orphans:   true,
 			want:      planSummary{},
+		},
+		{
+			// A cloned host running with our node name: its Docker is not
+			// ours, so our Docker's view says nothing about its records.
+			name:      "another Docker engine's endpoints under this node name are never touched; ours and unmarked ones are",
+			eps:       []plugin.StoredEndpoint{onEngine("engine-b", stored(host, "b1", "10.0.0.5", true, 5)), onEngine("engine-a", stored(host, "a1", "10.0.0.1", true, 6)), stored(host, "a2", "10.0.0.2", true, 7)},
+			allocs:    []ipam.Allocation{alloc("10.0.0.5", "h5", host), alloc("10.0.0.1", "h1", host), alloc("10.0.0.2", "h2", host)},
+			docker:    onEngineView("engine-a", view()),
+			firstSeen: seenAt(epKey(host, "b1", 5), epKey(host, "a1", 6), epKey(host, "a2", 7), "address/10.0.0.5/h5"),
+			orphans:   true,
+			want:      planSummary{Remove: []string{"a1 veth=true release=10.0.0.1:h1 kept=0", "a2 veth=true release=10.0.0.2:h2 kept=0"}},
 		},
 		{
 			name: "orphaned address: first pending, then released by handle; in-use, foreign and unattributed ones stay",

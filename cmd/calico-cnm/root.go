@@ -92,7 +92,7 @@ func (a *app) addGlobalFlags(fs *pflag.FlagSet) {
 	g := &a.global
 	g.ds = base.Datastore
 	fs.StringVar(&g.endpoints, "etcd-endpoints", strings.Join(base.Datastore.Endpoints, ","),
-		"comma-separated etcd URLs (env "+plugin.EnvEtcdEndpoints+"); empty: serve runs an embedded member, the other commands use the local one at "+datastore.DefaultEmbeddedClientURL)
+		"comma-separated etcd URLs (env "+plugin.EnvEtcdEndpoints+"); empty: serve runs an embedded member, the other commands use the local one through <state-dir>/"+datastore.EmbeddedClientSocket+" (env "+plugin.EnvStateDir+"; root only), else at "+datastore.LoopbackClientURL)
 	fs.StringVar(&g.ds.CACertFile, "etcd-ca-cert-file", g.ds.CACertFile, "CA certificate for etcd TLS (env "+plugin.EnvEtcdCA+")")
 	fs.StringVar(&g.ds.CertFile, "etcd-cert-file", g.ds.CertFile, "client certificate for etcd TLS (env "+plugin.EnvEtcdCert+")")
 	fs.StringVar(&g.ds.KeyFile, "etcd-key-file", g.ds.KeyFile, "client key for etcd TLS (env "+plugin.EnvEtcdKey+")")
@@ -107,7 +107,7 @@ func (a *app) openStore(ctx context.Context) (*datastore.Store, error) {
 	cfg := a.global.ds
 	cfg.Endpoints = plugin.SplitEndpoints(a.global.endpoints)
 	if len(cfg.Endpoints) == 0 {
-		cfg.Endpoints = []string{datastore.DefaultEmbeddedClientURL}
+		cfg.Endpoints = []string{datastore.LocalEndpoint(plugin.DefaultConfig(a.getenv).StateDir)}
 	}
 	cfg.Embedded = false
 	return datastore.Open(ctx, cfg, nil)
