@@ -22,6 +22,9 @@ type Pool struct {
 	NATOutgoing bool   `json:"natOutgoing"`
 	Disabled    bool   `json:"disabled"`
 	IPIPMode    string `json:"ipipMode,omitempty"`
+	// VXLANMode says when traffic between hosts to this pool's addresses
+	// is encapsulated (see the VXLANMode constants); "" means Never.
+	VXLANMode string `json:"vxlanMode,omitempty"`
 }
 
 // DefaultPoolIPv4 is created by EnsureDefaultPool when there is no IPv4 pool.
@@ -37,8 +40,6 @@ const (
 	minBlockSizeIPv6     = 116
 )
 
-// IPIP modes accepted on a pool.
-var ipipModes = []string{"", "Never", "Always", "CrossSubnet"}
 
 // Ranges a pool may not touch: workloads there would be unreachable or would
 // shadow the 169.254.1.1 gateway every container uses.
@@ -110,8 +111,8 @@ func normalizePool(p Pool) (Pool, netip.Prefix, error) {
 	if p.BlockSize < pfx.Bits() {
 		return Pool{}, netip.Prefix{}, newError(ErrInvalidCIDR, "pool %s is smaller than its block size /%d: use a block size of at least /%d or a larger pool", pfx, p.BlockSize, pfx.Bits())
 	}
-	if !slices.Contains(ipipModes, p.IPIPMode) {
-		return Pool{}, netip.Prefix{}, newError(ErrInvalidCIDR, "pool %s: unknown ipipMode %q (use Never, Always or CrossSubnet)", pfx, p.IPIPMode)
+	if err := validateEncap(&p, pfx); err != nil {
+		return Pool{}, netip.Prefix{}, err
 	}
 	return p, pfx, nil
 }

@@ -106,13 +106,15 @@ func (c *cli) table(header string, rows [][]string) error {
 
 func (c *cli) pool(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return usagef("pool needs a subcommand: add, list, delete, disable or enable")
+		return usagef("pool needs a subcommand: add, list, set, delete, disable or enable")
 	}
 	sub := args[0]
 	fs, cf := c.newFlagSet("pool " + sub)
 	blockSize := fs.Int("block-size", 0, "block prefix length (default 26 for IPv4, 122 for IPv6)")
 	nat := fs.Bool("nat-outgoing", false, "masquerade traffic leaving the pools")
 	disabled := fs.Bool("disabled", false, "create the pool disabled")
+	vxlanMode := fs.String("vxlan-mode", "", "when to encapsulate in VXLAN: Never (default), Always or CrossSubnet")
+	ipipMode := fs.String("ipip-mode", "", "Never (IP-in-IP is not supported)")
 	pos, err := parse(fs, args[1:])
 	if err != nil {
 		return err
@@ -127,16 +129,19 @@ func (c *cli) pool(ctx context.Context, args []string) error {
 		return pos[0], nil
 	}
 	switch sub {
-	case "add", "delete", "disable", "enable":
+	case "add", "delete", "disable", "enable", "set":
 		if _, err := needCIDR(); err != nil {
 			return err
+		}
+		if sub == "set" && *vxlanMode == "" {
+			return usagef("pool set needs --vxlan-mode Never, Always or CrossSubnet")
 		}
 	case "list":
 		if len(pos) != 0 {
 			return usagef("pool list takes no arguments")
 		}
 	default:
-		return usagef("unknown pool subcommand %q: use add, list, delete, disable or enable", sub)
+		return usagef("unknown pool subcommand %q: use add, list, set, delete, disable or enable", sub)
 	}
 	store, err := cf.open(ctx)
 	if err != nil {
@@ -146,8 +151,8 @@ func (c *cli) pool(ctx context.Context, args []string) error {
 	eng := ipam.New(store, ipam.Options{Log: c.log()})
 	switch sub {
 	case "add":
-		p, err := eng.AddPool(ctx, ipam.Pool{CIDR: pos[0], BlockSize: *blockSize, NATOutgoing: *nat, Disabled: *disabled})
-		if errors.Is(err, ipam.ErrInvalidCIDR) {
+		p, err := eng.AddPool(ctx, ipam.Pool{CIDR: pos[0], BlockSize: *blockSize, NATOutgoing: *nat, Disabled: *disabled, VXLANMode: *vxlanMode, IPIPMode: *ipipMode})
+		if errors.Is(err, ipam.ErrInvalidCIDR) || errors.Is(err, ipam.ErrInvalidArgument) {
 			// A block size out of range or host bits set: the command
 			// line is wrong, not the datastore.
 			return usageError{err.Error()}
@@ -158,8 +163,14 @@ func (c *cli) pool(ctx context.Context, args []string) error {
 		if cf.output == "json" {
 			return c.printJSON(p)
 		}
+		if p.Encapsulates() {
+			fmt.Fprintf(c.stdout, "pool %s added (block size /%d, vxlanMode %s)\n", p.CIDR, p.BlockSize, p.VXLAN())
+			return nil
+		}
 		fmt.Fprintf(c.stdout, "pool %s added (block size /%d)\n", p.CIDR, p.BlockSize)
 		return nil
+	case "set":
+		return c.poolSet(ctx, eng, cf, pos[0], *vxlanMode)
 	case "delete":
 		if err := eng.DeletePool(ctx, pos[0]); err != nil {
 			return err
@@ -185,9 +196,9 @@ func (c *cli) pool(ctx context.Context, args []string) error {
 	}
 	var rows [][]string
 	for _, p := range pools {
-		rows = append(rows, []string{p.CIDR, "/" + strconv.Itoa(p.BlockSize), strconv.FormatBool(p.NATOutgoing), strconv.FormatBool(p.Disabled)})
+		rows = append(rows, []string{p.CIDR, "/" + strconv.Itoa(p.BlockSize), strconv.FormatBool(p.NATOutgoing), strconv.FormatBool(p.Disabled), p.VXLAN()})
 	}
-	return c.table("CIDR\tBLOCK SIZE\tNAT OUTGOING\tDISABLED", rows)
+	return c.table("CIDR\tBLOCK SIZE\tNAT OUTGOING\tDISABLED\tVXLAN MODE", rows)
 }
 
 func (c *cli) ipam(ctx context.Context, args []string) error {
