@@ -40,7 +40,6 @@ const (
 	minBlockSizeIPv6     = 116
 )
 
-
 // Ranges a pool may not touch: workloads there would be unreachable or would
 // shadow the 169.254.1.1 gateway every container uses.
 var reservedRanges = []struct {
