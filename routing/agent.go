@@ -51,6 +51,10 @@ type Deps struct {
 	DetectIPv6 func(v4 netip.Addr) (netip.Addr, bool, error)
 	// ResyncInterval re-checks everything even without events (default 10s).
 	ResyncInterval time.Duration
+	// VXLAN, when set, routes some pools' blocks itself: learned routes to
+	// destinations it owns are not installed (VXLAN takes precedence), and
+	// its status is part of the agent's.
+	VXLAN VXLANRouter
 }
 
 // Agent registers the node, runs the speaker's sessions and exports, and
@@ -120,23 +124,7 @@ func NewAgent(d Deps) (*Agent, error) {
 // survive a datastore that is not up yet or a port still held by a dying
 // predecessor, without blocking the plugin.
 func (a *Agent) retry(ctx context.Context, what string, fn func(ctx context.Context) error) error {
-	backoff := 200 * time.Millisecond
-	for {
-		err := fn(ctx)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		a.log.WithError(err).Warnf("%s failed, retrying in %s", what, backoff)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 10*time.Second)
-	}
+	return retryUntil(ctx, a.log, what, fn)
 }
 
 // Run works until ctx ends. It returns nil then; other errors only for
@@ -275,28 +263,7 @@ func (a *Agent) Run(ctx context.Context) error {
 // follow signals dirty with prefix for every change under it, re-watching
 // after a break (and signalling then, since changes may have been missed).
 func (a *Agent) follow(ctx context.Context, prefix string, dirty chan<- string) {
-	for ctx.Err() == nil {
-		for ev := range a.d.Store.Watch(ctx, prefix, 0) {
-			if ev.Err != nil {
-				break
-			}
-			select {
-			case dirty <- prefix:
-			case <-ctx.Done():
-				return
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Second):
-		}
-		select {
-		case dirty <- prefix:
-		case <-ctx.Done():
-			return
-		}
-	}
+	followPrefix(ctx, a.d.Store, prefix, dirty)
 }
 
 // ipv6NextHop is the configured or detected IPv6 next hop; invalid when
@@ -601,6 +568,7 @@ func (a *Agent) syncRoutes(ctx context.Context) {
 	}
 	pol := ImportPolicy{Self: a.self, Pools: a.pools, Nodes: nodes, NodeIPv6: nodeIPv6, Peers: a.sessions, Exports: a.advertised}
 	sel := Select(paths, pol)
+	leaveToVXLAN(sel.Routes, a.d.VXLAN)
 	states, err := a.d.Speaker.Peers(ctx)
 	if err != nil {
 		a.log.WithError(err).Warn("reading BGP sessions")
@@ -705,5 +673,6 @@ func (a *Agent) Status(context.Context) Status {
 			st.Peers[i].Uptime = FormatUptime(time.Since(st.Peers[i].Since))
 		}
 	}
+	st.VXLAN = vxlanStatus(a.d.VXLAN)
 	return st
 }

@@ -28,6 +28,7 @@ type Status struct {
 	Advertised     []string       `json:"advertised"`
 	Routes         []RouteStatus  `json:"routes"`
 	Rejected       map[string]int `json:"rejected"`
+	VXLAN          *VXLANStatus   `json:"vxlan,omitempty"`
 }
 
 // PeerStatus is one session.
