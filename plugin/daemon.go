@@ -127,7 +127,15 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 		store.KeepAlive(ctx, datastore.Alive{Node: cfg.NodeName, Hostname: hostname, PID: os.Getpid(), Since: time.Now().UTC()}, datastore.DefaultAliveTTL, entry)
 	}()
 
-	stopRouting, err := startRouting(ctx, cfg, store, engine, metrics.Routing, entry)
+	vxlan, stopVXLAN, err := startVXLAN(ctx, cfg, store, engine, entry)
+	if err != nil {
+		cancel()
+		wg.Wait()
+		return fmt.Errorf("starting VXLAN: %w", err)
+	}
+	defer stopVXLAN()
+
+	stopRouting, err := startRouting(ctx, cfg, store, engine, vxlan, metrics.Routing, entry)
 	if err != nil {
 		cancel()
 		wg.Wait()

@@ -29,6 +29,8 @@ type Status struct {
 	Routes         []RouteStatus  `json:"routes"`
 	Rejected       map[string]int `json:"rejected"`
 	VXLAN          *VXLANStatus   `json:"vxlan,omitempty"`
+	// BGPOff: the daemon runs without a speaker (the status is VXLAN's).
+	BGPOff bool `json:"bgpOff,omitempty"`
 }
 
 // PeerStatus is one session.
@@ -92,7 +94,7 @@ func FetchStatus(ctx context.Context, socket string) (Status, error) {
 	}
 	res, err := client.Do(req)
 	if err != nil {
-		return Status{}, fmt.Errorf("no BGP status from the daemon at %s (is `calico-cnm serve --bgp` running on this host?): %w", socket, err)
+		return Status{}, fmt.Errorf("no status from the daemon at %s (is `calico-cnm serve` running on this host, with --bgp or a VXLAN pool?): %w", socket, err)
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {

@@ -51,6 +51,9 @@ type VXLANManager struct {
 
 	addr   netip.Addr
 	uplink Uplink
+	// clean: the last pass found no VXLAN pool and removed everything;
+	// passes stay read-only until a pool uses VXLAN again.
+	clean bool
 
 	mu      sync.Mutex
 	desired VXLANDesired
@@ -87,26 +90,6 @@ func (m *VXLANManager) Owns(dst netip.Prefix) bool {
 
 // Run works until ctx ends.
 func (m *VXLANManager) Run(ctx context.Context) error {
-	if err := retryUntil(ctx, m.log, "detecting the node address", func(context.Context) error {
-		if m.d.Config.NodeIP != "" {
-			a, err := netip.ParseAddr(m.d.Config.NodeIP)
-			m.addr = a
-			return err
-		}
-		var err error
-		m.addr, err = m.d.DetectAddress(m.d.Config.AutodetectMethod)
-		return err
-	}); err != nil {
-		return nil
-	}
-	if err := retryUntil(ctx, m.log, "finding the uplink", func(context.Context) error {
-		var err error
-		m.uplink, err = m.d.Kernel.Uplink(m.addr)
-		return err
-	}); err != nil {
-		return nil
-	}
-	m.log = m.log.WithFields(logrus.Fields{"address": m.addr.String(), "uplink": m.uplink.Name})
 	dirty := make(chan string, 8)
 	for _, prefix := range []string{datastore.NodesPrefix, ipam.PoolsWatchPrefix, ipam.AffinityWatchPrefix} {
 		go followPrefix(ctx, m.d.Store, prefix, dirty)
@@ -133,6 +116,30 @@ func (m *VXLANManager) Run(ctx context.Context) error {
 	}
 }
 
+// locate finds this node's underlay address and its interface, once: only
+// a node that needs VXLAN needs them.
+func (m *VXLANManager) locate() error {
+	if m.uplink.Index != 0 {
+		return nil
+	}
+	addr, err := netip.Addr{}, error(nil)
+	if m.d.Config.NodeIP != "" {
+		addr, err = netip.ParseAddr(m.d.Config.NodeIP)
+	} else {
+		addr, err = m.d.DetectAddress(m.d.Config.AutodetectMethod)
+	}
+	if err != nil {
+		return fmt.Errorf("detecting the node address: %w", err)
+	}
+	up, err := m.d.Kernel.Uplink(addr)
+	if err != nil {
+		return err
+	}
+	m.addr, m.uplink = addr, up
+	m.log = m.log.WithFields(logrus.Fields{"address": addr.String(), "uplink": up.Name})
+	return nil
+}
+
 // Sync reads the datastore and makes the kernel match it: one pass.
 func (m *VXLANManager) Sync(ctx context.Context) error {
 	pools, err := m.d.Blocks.ListPools(ctx)
@@ -147,30 +154,38 @@ func (m *VXLANManager) Sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	in := VXLANInput{Self: m.d.NodeName, SelfIP: m.addr, SelfSubnet: m.uplink.Subnet, BGP: m.d.Config.Enabled, Nodes: nodes, Pools: pools, Owners: owners}
+	in := VXLANInput{Self: m.d.NodeName, BGP: m.d.Config.Enabled, Nodes: nodes, Pools: pools, Owners: owners}
+	if !DesiredVXLAN(in).Needed {
+		if m.clean {
+			m.publish(VXLANDesired{}, netip.Addr{})
+			return nil
+		}
+		err := errors.Join(m.syncRoutes(VXLANDesired{}, true), m.teardown(ctx))
+		m.clean = err == nil
+		m.publish(VXLANDesired{}, netip.Addr{})
+		return err
+	}
+	m.clean = false
+	if err := m.locate(); err != nil {
+		return err
+	}
+	in.SelfIP, in.SelfSubnet = m.addr, m.uplink.Subnet
 	want := DesiredVXLAN(in)
-	var vtep netip.Addr
-	if want.Needed {
-		if vtep, err = m.d.Blocks.EnsureTunnelAddress(ctx, m.d.NodeName, want.Pools); err != nil {
-			return err
-		}
-		if err := m.register(ctx, vtep); err != nil {
-			return err
-		}
-		spec := VXLANDeviceSpec{Local: m.addr, Parent: m.uplink.Index, MAC: VTEPMAC(m.d.NodeName), MTU: m.uplink.MTU - VXLANOverhead, Addr: vtep}
-		if err := m.d.Kernel.EnsureDevice(spec); err != nil {
-			return err
-		}
+	vtep, err := m.d.Blocks.EnsureTunnelAddress(ctx, m.d.NodeName, want.Pools)
+	if err != nil {
+		return err
+	}
+	if err := m.register(ctx, vtep); err != nil {
+		return err
+	}
+	spec := VXLANDeviceSpec{Local: m.addr, Parent: m.uplink.Index, MAC: VTEPMAC(m.d.NodeName), MTU: m.uplink.MTU - VXLANOverhead, Addr: vtep}
+	if err := m.d.Kernel.EnsureDevice(spec); err != nil {
+		return err
 	}
 	// Routes go before the entries they use, and come after them.
-	errs := []error{m.syncRoutes(want, true)}
-	if want.Needed {
-		errs = append(errs, m.syncNeighbors(want), m.syncFDB(want), m.syncRoutes(want, false))
-	} else {
-		errs = append(errs, m.teardown(ctx))
-	}
+	err = errors.Join(m.syncRoutes(want, true), m.syncNeighbors(want), m.syncFDB(want), m.syncRoutes(want, false))
 	m.publish(want, vtep)
-	return errors.Join(errs...)
+	return err
 }
 
 // teardown removes what VXLAN left: the device (with its neighbours and

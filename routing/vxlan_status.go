@@ -1,9 +1,12 @@
 package routing
 
 import (
+	"context"
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/sirupsen/logrus"
 )
 
 // VXLANStatus is the VXLAN part of `node status`.
@@ -101,4 +104,13 @@ func vxlanStatus(v VXLANRouter) *VXLANStatus {
 	}
 	st := v.Status()
 	return &st
+}
+
+// ServeVXLANStatus serves `node status` on the status socket when BGP is
+// off (with BGP on the agent serves it, VXLAN included).
+func ServeVXLANStatus(ctx context.Context, path, node string, m *VXLANManager, log logrus.FieldLogger) error {
+	return serveStatus(ctx, path, func(context.Context) Status {
+		st := m.Status()
+		return Status{Node: node, BGPOff: true, Peers: []PeerStatus{}, Advertised: []string{}, Routes: []RouteStatus{}, VXLAN: &st}
+	}, log)
 }

@@ -368,6 +368,12 @@ func liveHandles(ctx context.Context, store *datastore.Store, eng *ipam.Engine) 
 		if inUse[a.IP.String()] || a.Attrs[driver.AttrSwarm] == "true" {
 			live[a.HandleID] = true
 		}
+		// A VTEP address lives as long as its node's record.
+		if node, ok := ipam.TunnelHandleNode(a.HandleID); ok {
+			if _, err := store.Get(ctx, datastore.NodeKey(node)); err == nil {
+				live[a.HandleID] = true
+			}
+		}
 	}
 	return live, nil
 }

@@ -562,7 +562,7 @@ func TestCLINode(t *testing.T) {
 	m, ep := startEtcd(t)
 	store := m.Client(t)
 	ctx := context.Background()
-	header := "NAME  DAEMON  BGP ADDRESS  ASN  BLOCKS  ADDRESSES  ENDPOINTS\n"
+	header := "NAME  DAEMON  BGP ADDRESS  ASN  BLOCKS  ADDRESSES  ENDPOINTS  VTEP  ROUTES\n"
 	runSteps(t, nil, []step{
 		{name: "empty", args: withEtcd(ep, "node", "list"), stdout: header},
 		{name: "empty json", args: withEtcd(ep, "node", "list", "-o", "json"), stdout: "[]\n"},
@@ -576,7 +576,7 @@ func TestCLINode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range []datastore.Node{{Name: "h1", IPv4: "172.20.0.1", ASN: 64512}, {Name: "h2", IPv4: "172.20.0.2", ASN: 64512}} {
+	for _, n := range []datastore.Node{{Name: "h1", IPv4: "172.20.0.1", ASN: 64512}, {Name: "h2", IPv4: "172.20.0.2", ASN: 64512, VXLANTunnelAddr: "10.9.0.1"}} {
 		if err := store.Txn(ctx, datastore.Create(datastore.NodeKey(n.Name), datastore.MustJSON(n))); err != nil {
 			t.Fatal(err)
 		}
@@ -599,10 +599,10 @@ func TestCLINode(t *testing.T) {
 	}
 
 	runSteps(t, nil, []step{
-		{name: "list", args: withEtcd(ep, "node", "list"),
-			stdout: "NAME  DAEMON                         BGP ADDRESS  ASN    BLOCKS  ADDRESSES  ENDPOINTS\n" +
-				"h1    up since 2026-01-02T03:04:05Z  172.20.0.1   64512  0       0          0\n" +
-				"h2    down                           172.20.0.2   64512  1       1          1\n"},
+		{name: "list", args: withEtcd(ep, "node", "list", "--state-dir", t.TempDir()),
+			stdout: "NAME  DAEMON                         BGP ADDRESS  ASN    BLOCKS  ADDRESSES  ENDPOINTS  VTEP      ROUTES\n" +
+				"h1    up since 2026-01-02T03:04:05Z  172.20.0.1   64512  0       0          0          -         -\n" +
+				"h2    down                           172.20.0.2   64512  1       1          1          10.9.0.1  -\n"},
 		{name: "delete a running node", args: withEtcd(ep, "node", "delete", "h1"), code: exitFailed,
 			stderr: "node h1's daemon (pid 4242 on host-one, up since 2026-01-02T03:04:05Z) holds its liveness lease; stop it first"},
 		{name: "delete an unknown node", args: withEtcd(ep, "node", "delete", "h3"), code: exitFailed,

@@ -35,6 +35,7 @@ func (c *cli) node(ctx context.Context, args []string) error {
 // is running (holds its liveness lease) and what it holds.
 func (c *cli) nodeList(ctx context.Context, args []string) error {
 	fs, cf := c.newFlagSet("node list")
+	stateDir := fs.String("state-dir", plugin.DefaultConfig(c.getenv).StateDir, "the local daemon's state dir: its status says how it routes to each node (env CALICO_CNM_STATE_DIR)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -51,6 +52,7 @@ func (c *cli) nodeList(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	addRouteKinds(ctx, list, filepath.Join(*stateDir, routing.StatusSocketName))
 	if cf.output == "json" {
 		if list == nil {
 			list = []nodes.Info{}
@@ -68,9 +70,9 @@ func (c *cli) nodeList(ctx context.Context, args []string) error {
 			asn = strconv.FormatUint(uint64(n.ASN), 10)
 		}
 		rows = append(rows, []string{n.Name, state, orDash(n.BGPAddress), asn,
-			strconv.Itoa(n.Blocks), strconv.Itoa(n.Addresses), strconv.Itoa(n.Endpoints)})
+			strconv.Itoa(n.Blocks), strconv.Itoa(n.Addresses), strconv.Itoa(n.Endpoints), orDash(n.VTEP), orDash(n.Routes)})
 	}
-	return c.table("NAME\tDAEMON\tBGP ADDRESS\tASN\tBLOCKS\tADDRESSES\tENDPOINTS", rows)
+	return c.table("NAME\tDAEMON\tBGP ADDRESS\tASN\tBLOCKS\tADDRESSES\tENDPOINTS\tVTEP\tROUTES", rows)
 }
 
 // nodeDelete removes what a decommissioned node left in the datastore.
@@ -134,6 +136,10 @@ func (c *cli) nodeStatus(ctx context.Context, args []string) error {
 	if *output == "json" {
 		return c.printJSON(st)
 	}
+	if st.BGPOff {
+		fmt.Fprintf(c.stdout, "calico-cnm is running on node %s, without BGP\n", st.Node)
+		return c.printVXLANStatus(st.VXLAN)
+	}
 	role := "node-to-node mesh"
 	if !st.Mesh {
 		role = "mesh off"
@@ -157,7 +163,7 @@ func (c *cli) nodeStatus(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintf(c.stdout, "\nadvertised: %s\n", orDash(strings.Join(st.Advertised, " ")))
 	fmt.Fprintf(c.stdout, "learned routes: %d\n", len(st.Routes))
-	if len(st.Rejected) > 0 {
+	if len(st.Rejected) > 0 && !st.BGPOff {
 		var reasons []string
 		for r, n := range st.Rejected {
 			reasons = append(reasons, fmt.Sprintf("%d %s", n, r))
@@ -165,5 +171,5 @@ func (c *cli) nodeStatus(ctx context.Context, args []string) error {
 		sort.Strings(reasons)
 		fmt.Fprintf(c.stdout, "rejected paths: %s\n", strings.Join(reasons, "; "))
 	}
-	return nil
+	return c.printVXLANStatus(st.VXLAN)
 }

@@ -1,0 +1,68 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/routing"
+)
+
+// startVXLAN starts the VXLAN manager: it follows the pools, and while one
+// of them uses VXLAN it keeps vxlan.calico and the routes to the other
+// hosts' blocks, with or without BGP. Like startRouting it only validates
+// and spawns. Without BGP it also serves `node status` (the BGP agent does
+// otherwise, VXLAN included).
+func startVXLAN(ctx context.Context, cfg Config, store *datastore.Store, engine *ipam.Engine, log logrus.FieldLogger) (*routing.VXLANManager, func(), error) {
+	rc := cfg.BGP
+	if err := rc.Finish(); err != nil {
+		return nil, nil, err
+	}
+	kernel, err := routing.NewNetlinkVXLAN()
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening netlink for VXLAN: %w", err)
+	}
+	mgr, err := routing.NewVXLANManager(routing.VXLANDeps{
+		Store: store, Blocks: engine, Kernel: kernel, NodeName: cfg.NodeName,
+		Config: rc, Log: log, ResyncInterval: cfg.ResyncInterval,
+	})
+	if err != nil {
+		kernel.Close()
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{}, 2)
+	go func() {
+		defer func() { done <- struct{}{} }()
+		if err := mgr.Run(ctx); err != nil {
+			log.WithError(err).Error("VXLAN stopped")
+		}
+	}()
+	waits := 1
+	if !rc.Enabled {
+		waits++
+		path := rc.StatusSocket
+		if path == "" {
+			path = filepath.Join(cfg.StateDir, routing.StatusSocketName)
+		}
+		go func() {
+			defer func() { done <- struct{}{} }()
+			if err := routing.ServeVXLANStatus(ctx, path, cfg.NodeName, mgr, log); err != nil {
+				log.WithError(err).Warn("status socket failed; `node status` will not work")
+			}
+		}()
+	}
+	return mgr, func() {
+		cancel()
+		for range waits {
+			<-done
+		}
+		// The device and routes stay: containers keep talking while the
+		// daemon restarts, and the next start diffs against them.
+		kernel.Close()
+	}, nil
+}
