@@ -153,7 +153,7 @@ func (m Match) render(f Family) string {
 	case MatchAddrSet:
 		return fmt.Sprintf("%s %s %s@%s", f, dir(m.In, "saddr", "daddr"), neg, m.Value)
 	}
-	return fmt.Sprintf("<unknown match %d>", m.Kind)
+	return renderExtraMatch(m)
 }
 
 // Render is the rule in nft syntax, comment included: what `nft list`
