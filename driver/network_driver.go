@@ -41,6 +41,10 @@ type Options struct {
 	// IPAM, when set, lets CreateNetwork record which calico pool holds each
 	// --subnet (Network.Pools). Without it Pools records the subnets.
 	IPAM IPAM
+	// WorkloadMTU, when set and MTU is 0, picks the MTU of an endpoint from
+	// its IPv4 address (0: the dataplane's default): room for the VXLAN
+	// header on pools that may encapsulate.
+	WorkloadMTU func(ctx context.Context, ip net.IP) (int, error)
 }
 
 // NetworkDriver is the "calico" libnetwork network driver.
@@ -52,6 +56,8 @@ type NetworkDriver struct {
 	log   logrus.FieldLogger
 	scope string
 	mtu   int
+	// mtuFor: see Options.WorkloadMTU.
+	mtuFor func(ctx context.Context, ip net.IP) (int, error)
 }
 
 // NewNetworkDriver records networks and endpoints in store and plumbs
@@ -70,7 +76,7 @@ func NewNetworkDriver(store *datastore.Store, dp Dataplane, host string, log log
 		log.Warnf("unknown driver scope %q: using %q", scope, ScopeLocal)
 		scope = ScopeLocal
 	}
-	return &NetworkDriver{store: store, dp: dp, ipam: opts.IPAM, host: host, log: log, scope: scope, mtu: opts.MTU}
+	return &NetworkDriver{store: store, dp: dp, ipam: opts.IPAM, host: host, log: log, scope: scope, mtu: opts.MTU, mtuFor: opts.WorkloadMTU}
 }
 
 // GetCapabilities reports the scope; connectivity has the same scope.
@@ -591,6 +597,11 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 		IPv4:       v4,
 		IPv6:       v6,
 		MTU:        d.mtu,
+	}
+	if w.MTU == 0 && d.mtuFor != nil && v4 != nil {
+		if w.MTU, err = d.mtuFor(ctx, v4.IP); err != nil {
+			return nil, fmt.Errorf("choosing the MTU of endpoint %s: %w", short(req.EndpointID), err)
+		}
 	}
 	if err := d.dp.AddWorkload(ctx, w); err != nil {
 		return nil, fmt.Errorf("setting up the veth %s of endpoint %s failed: %w", w.HostIfName, short(req.EndpointID), err)

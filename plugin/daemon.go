@@ -50,7 +50,11 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	}
 	defer dp.Close()
 
-	nd := driver.NewNetworkDriver(store, dp, cfg.NodeName, entry, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: engine})
+	vx, err := newVXLAN(cfg, store, engine, entry)
+	if err != nil {
+		return fmt.Errorf("starting VXLAN: %w", err)
+	}
+	nd := driver.NewNetworkDriver(store, dp, cfg.NodeName, entry, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: engine, WorkloadMTU: vx.mgr.WorkloadMTU})
 	id := driver.NewIPAMDriver(engine, cfg.NodeName, entry)
 	srv := NewServer(nd, id, entry)
 	metrics := NewMetrics(engine, entry)
@@ -127,15 +131,9 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 		store.KeepAlive(ctx, datastore.Alive{Node: cfg.NodeName, Hostname: hostname, PID: os.Getpid(), Since: time.Now().UTC()}, datastore.DefaultAliveTTL, entry)
 	}()
 
-	vxlan, stopVXLAN, err := startVXLAN(ctx, cfg, store, engine, entry)
-	if err != nil {
-		cancel()
-		wg.Wait()
-		return fmt.Errorf("starting VXLAN: %w", err)
-	}
-	defer stopVXLAN()
+	defer startVXLAN(ctx, cfg, vx, entry)()
 
-	stopRouting, err := startRouting(ctx, cfg, store, engine, vxlan, metrics.Routing, entry)
+	stopRouting, err := startRouting(ctx, cfg, store, engine, vx.mgr, metrics.Routing, entry)
 	if err != nil {
 		cancel()
 		wg.Wait()

@@ -12,19 +12,25 @@ import (
 	"github.com/calico-cnm/calico-cnm/routing"
 )
 
-// startVXLAN starts the VXLAN manager: it follows the pools, and while one
-// of them uses VXLAN it keeps vxlan.calico and the routes to the other
-// hosts' blocks, with or without BGP. Like startRouting it only validates
-// and spawns. Without BGP it also serves `node status` (the BGP agent does
-// otherwise, VXLAN included).
-func startVXLAN(ctx context.Context, cfg Config, store *datastore.Store, engine *ipam.Engine, log logrus.FieldLogger) (*routing.VXLANManager, func(), error) {
+// vxlanRunner is the VXLAN manager with its netlink handle, made early (the
+// network driver asks it for MTUs) and started with startVXLAN.
+type vxlanRunner struct {
+	mgr    *routing.VXLANManager
+	kernel *routing.NetlinkVXLAN
+	bgp    routing.Config
+}
+
+// newVXLAN makes the VXLAN manager: it follows the pools, and while one of
+// them uses VXLAN it keeps vxlan.calico and the routes to the other hosts'
+// blocks, with or without BGP.
+func newVXLAN(cfg Config, store *datastore.Store, engine *ipam.Engine, log logrus.FieldLogger) (*vxlanRunner, error) {
 	rc := cfg.BGP
 	if err := rc.Finish(); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	kernel, err := routing.NewNetlinkVXLAN()
 	if err != nil {
-		return nil, nil, fmt.Errorf("opening netlink for VXLAN: %w", err)
+		return nil, fmt.Errorf("opening netlink for VXLAN: %w", err)
 	}
 	mgr, err := routing.NewVXLANManager(routing.VXLANDeps{
 		Store: store, Blocks: engine, Kernel: kernel, NodeName: cfg.NodeName,
@@ -32,8 +38,16 @@ func startVXLAN(ctx context.Context, cfg Config, store *datastore.Store, engine 
 	})
 	if err != nil {
 		kernel.Close()
-		return nil, nil, err
+		return nil, err
 	}
+	return &vxlanRunner{mgr: mgr, kernel: kernel, bgp: rc}, nil
+}
+
+// startVXLAN runs the manager until the returned stop is called. Like
+// startRouting it only spawns. Without BGP it also serves `node status`
+// (the BGP agent does otherwise, VXLAN included).
+func startVXLAN(ctx context.Context, cfg Config, v *vxlanRunner, log logrus.FieldLogger) func() {
+	mgr, kernel, rc := v.mgr, v.kernel, v.bgp
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{}, 2)
 	go func() {
@@ -56,7 +70,7 @@ func startVXLAN(ctx context.Context, cfg Config, store *datastore.Store, engine 
 			}
 		}()
 	}
-	return mgr, func() {
+	return func() {
 		cancel()
 		for range waits {
 			<-done
@@ -64,5 +78,5 @@ func startVXLAN(ctx context.Context, cfg Config, store *datastore.Store, engine 
 		// The device and routes stay: containers keep talking while the
 		// daemon restarts, and the next start diffs against them.
 		kernel.Close()
-	}, nil
+	}
 }

@@ -55,9 +55,10 @@ type VXLANManager struct {
 	// passes stay read-only until a pool uses VXLAN again.
 	clean bool
 
-	mu      sync.Mutex
-	desired VXLANDesired
-	status  VXLANStatus
+	mu        sync.Mutex
+	uplinkMTU int // for WorkloadMTU; 0 until located
+	desired   VXLANDesired
+	status    VXLANStatus
 }
 
 // NewVXLANManager checks deps.
@@ -136,6 +137,9 @@ func (m *VXLANManager) locate() error {
 		return err
 	}
 	m.addr, m.uplink = addr, up
+	m.mu.Lock()
+	m.uplinkMTU = up.MTU
+	m.mu.Unlock()
 	m.log = m.log.WithFields(logrus.Fields{"address": addr.String(), "uplink": up.Name})
 	return nil
 }

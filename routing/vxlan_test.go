@@ -192,7 +192,15 @@ func TestVXLANManagerSync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.addr, m.uplink = netip.MustParseAddr("172.16.1.2"), k.uplink
+	m.addr, m.uplink, m.uplinkMTU = netip.MustParseAddr("172.16.1.2"), k.uplink, k.uplink.MTU
+	mtu := func(ip string) int {
+		t.Helper()
+		n, err := m.WorkloadMTU(ctx, net.ParseIP(ip))
+		if err != nil {
+			t.Fatalf("WorkloadMTU(%s): %v", ip, err)
+		}
+		return n
+	}
 	sync := func() {
 		t.Helper()
 		if err := m.Sync(ctx); err != nil {
@@ -206,8 +214,14 @@ func TestVXLANManagerSync(t *testing.T) {
 	if k.dev != nil || len(k.routes) != 0 {
 		t.Fatalf("no VXLAN pool, yet device %+v routes %v", k.dev, k.routes)
 	}
+	if got := mtu("10.0.0.5"); got != 0 {
+		t.Fatalf("MTU in a pool without VXLAN = %d, want the default (0)", got)
+	}
 	if _, err := eng.SetPoolVXLANMode(ctx, "10.0.0.0/16", "Always"); err != nil {
 		t.Fatal(err)
+	}
+	if got, other := mtu("10.0.0.5"), mtu("10.200.0.5"); got != 1450 || other != 0 {
+		t.Fatalf("MTU in a VXLAN pool = %d (want 1500-50), outside every pool = %d (want 0)", got, other)
 	}
 	// Node b: its record with VTEP, and a block of its own.
 	bVTEP, err := eng.EnsureTunnelAddress(ctx, "b", []netip.Prefix{netip.MustParsePrefix("10.0.0.0/16")})
