@@ -82,10 +82,16 @@ func (c *bgpCluster) addHost(t *testing.T, name string) *bgpHost {
 // to the daemon's (a later flag wins).
 func (c *bgpCluster) addHostTB(tb testing.TB, name string, extra ...string) *bgpHost {
 	tb.Helper()
-	h := &bgpHost{Host: c.fabric.AddHost(tb, name, harness.HostOptions{}), c: c}
+	return c.addHostOn(tb, c.fabric, name, append([]string{"--bgp"}, extra...)...)
+}
+
+// addHostOn is addHostTB on any fabric, BGP off unless extra has --bgp.
+func (c *bgpCluster) addHostOn(tb testing.TB, f *harness.Fabric, name string, extra ...string) *bgpHost {
+	tb.Helper()
+	h := &bgpHost{Host: f.AddHost(tb, name, harness.HostOptions{}), c: c}
 	h.ImportBusybox(tb)
 	env := []string{"ETCD_ENDPOINTS=" + c.etcd}
-	args := append(h.ServeArgs(env), "--bgp", "--block-release-grace", "1s", "--resync-interval", "2s", "--bgp-sync-timeout", "20s")
+	args := append(h.ServeArgs(env), "--block-release-grace", "1s", "--resync-interval", "2s", "--bgp-sync-timeout", "20s")
 	h.plugin = h.StartPlugin(tb, c.bin, env, append(args, extra...)...)
 	tb.Cleanup(func() {
 		if tb.Failed() {
