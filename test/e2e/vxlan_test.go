@@ -216,7 +216,11 @@ func TestVXLANAcrossRouter(t *testing.T) {
 		return nil
 	})
 
-	// node delete b: its neighbour, FDB entry and route go from a.
+	// node delete b: its neighbour, FDB entry and route go from a. The
+	// container goes first (dockerd cannot remove it without the plugin);
+	// b's VTEP address keeps its block, and a's route to it.
+	b.MustDocker(t, "rm", "-f", "cb")
+	waitIPRoute(t, a, "VXLAN route to the block of b's VTEP", vxlanRoute(blockOf26(net.ParseIP(vtepB)), vtepB))
 	if err := b.plugin.Stop(t); err != nil {
 		t.Fatal(err)
 	}
