@@ -87,6 +87,3 @@ func (e *Engine) EnsureTunnelAddress(ctx context.Context, node string, pools []n
 func (e *Engine) ReleaseTunnelAddress(ctx context.Context, node string) error {
 	return e.ReleaseByHandle(ctx, VXLANTunnelHandle(node))
 }
-
-// PoolsWatchPrefix is the key prefix of the pool records, for watchers.
-const PoolsWatchPrefix = poolsPrefix

@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/retry"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -124,7 +125,9 @@ func NewAgent(d Deps) (*Agent, error) {
 // survive a datastore that is not up yet or a port still held by a dying
 // predecessor, without blocking the plugin.
 func (a *Agent) retry(ctx context.Context, what string, fn func(ctx context.Context) error) error {
-	return retryUntil(ctx, a.log, what, fn)
+	return retry.Until(ctx, retry.Standard(), 0, fn, func(err error, next time.Duration) {
+		a.log.WithError(err).Warnf("%s failed, retrying in %s", what, next.Round(time.Millisecond))
+	})
 }
 
 // Run works until ctx ends. It returns nil then; other errors only for
@@ -149,7 +152,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Watches start before the first reads so that no change between the
 	// read and the watch is missed.
 	dirty := make(chan string, 8)
-	for _, prefix := range []string{datastore.NodesPrefix, "bgp/", "pools/", datastore.EndpointsPrefix + a.d.NodeName + "/"} {
+	for _, prefix := range []string{datastore.NodesPrefix, datastore.BGPPrefix, ipam.PoolsPrefix, datastore.EndpointsPrefix + a.d.NodeName + "/"} {
 		go a.follow(ctx, prefix, dirty)
 	}
 
@@ -204,9 +207,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		onDirty := func(prefix string) {
 			switch prefix {
-			case datastore.NodesPrefix, "bgp/":
+			case datastore.NodesPrefix, datastore.BGPPrefix:
 				reloadNodes = true
-			case "pools/":
+			case ipam.PoolsPrefix:
 				reloadPools = true
 			default:
 				reloadEndpoints = true

@@ -92,7 +92,7 @@ func (m *VXLANManager) Owns(dst netip.Prefix) bool {
 // Run works until ctx ends.
 func (m *VXLANManager) Run(ctx context.Context) error {
 	dirty := make(chan string, 8)
-	for _, prefix := range []string{datastore.NodesPrefix, ipam.PoolsWatchPrefix, ipam.AffinityWatchPrefix} {
+	for _, prefix := range []string{datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix} {
 		go followPrefix(ctx, m.d.Store, prefix, dirty)
 	}
 	ticker := time.NewTicker(m.d.ResyncInterval)
@@ -355,27 +355,6 @@ func listNodes(ctx context.Context, store Store) ([]datastore.Node, error) {
 		}
 	}
 	return out, nil
-}
-
-// retryUntil runs fn until it succeeds or ctx ends, backing off.
-func retryUntil(ctx context.Context, log logrus.FieldLogger, what string, fn func(ctx context.Context) error) error {
-	backoff := 200 * time.Millisecond
-	for {
-		err := fn(ctx)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		log.WithError(err).Warnf("%s failed, retrying in %s", what, backoff)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 10*time.Second)
-	}
 }
 
 // followPrefix signals dirty with prefix for every change under it,

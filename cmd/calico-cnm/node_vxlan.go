@@ -3,39 +3,37 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
-	"time"
 
 	"github.com/calico-cnm/calico-cnm/nodes"
 	"github.com/calico-cnm/calico-cnm/routing"
 )
 
-// printVXLANStatus is the VXLAN part of `node status`: this node's tunnel
+// writeVXLANStatus is the VXLAN part of `node status`: this node's tunnel
 // endpoint and, per other node, its VTEP and how its workloads are reached.
-func (c *cli) printVXLANStatus(st *routing.VXLANStatus) error {
+func writeVXLANStatus(w io.Writer, st *routing.VXLANStatus) error {
 	if st == nil {
 		return nil
 	}
-	fmt.Fprintln(c.stdout)
+	fmt.Fprintln(w)
 	if st.Device == "" {
-		fmt.Fprintln(c.stdout, "VXLAN: off (no pool has a vxlanMode)")
-		return nil
+		_, err := fmt.Fprintln(w, "VXLAN: off (no pool has a vxlanMode)")
+		return err
 	}
-	fmt.Fprintf(c.stdout, "VXLAN: device %s, VTEP %s, MAC %s, MTU %d\n", st.Device, st.VTEP, st.MAC, st.MTU)
+	fmt.Fprintf(w, "VXLAN: device %s, VTEP %s, MAC %s, MTU %d\n", st.Device, st.VTEP, st.MAC, st.MTU)
 	var rows [][]string
 	for _, n := range st.Nodes {
 		rows = append(rows, []string{n.Name, orDash(n.NodeIP), orDash(n.VTEP), orDash(n.MAC), string(n.Routes), orDash(strings.Join(n.Blocks, " "))})
 	}
-	return c.table("NODE\tNODE ADDRESS\tVTEP\tVTEP MAC\tROUTES\tBLOCKS", rows)
+	return writeTable(w, []string{"NODE", "NODE ADDRESS", "VTEP", "VTEP MAC", "ROUTES", "BLOCKS"}, rows)
 }
 
 // addRouteKinds fills in how the local daemon reaches each node, when a
 // daemon answers on socket; otherwise the column stays empty. Nodes the
 // VXLAN manager does not report are routed by BGP if the daemon runs it.
-func addRouteKinds(ctx context.Context, list []nodes.Info, socket string) {
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	st, err := routing.FetchStatus(ctx, socket)
+func (a *app) addRouteKinds(ctx context.Context, list []nodes.Info, socket string) {
+	st, err := a.fetchStatus(ctx, socket)
 	if err != nil {
 		return
 	}
