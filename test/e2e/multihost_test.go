@@ -55,14 +55,14 @@ func newBGPCluster(t *testing.T) *bgpCluster {
 }
 
 // ctl runs the operator CLI from the root namespace against the shared etcd.
-func (c *bgpCluster) ctl(t *testing.T, args ...string) (string, error) {
+func (c *bgpCluster) ctl(t testing.TB, args ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return mhRun(ctx, append([]string{c.bin}, append(args, "--etcd-endpoints", c.etcd)...)...)
 }
 
-func (c *bgpCluster) mustCtl(t *testing.T, args ...string) string {
+func (c *bgpCluster) mustCtl(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := c.ctl(t, args...)
 	if err != nil {

@@ -78,7 +78,7 @@ func vxlanRoute(block, vtep string) *regexp.Regexp {
 }
 
 // vtepOf waits until n has registered its VTEP and returns it.
-func (c *bgpCluster) vtepOf(t *testing.T, n *bgpHost) string {
+func (c *bgpCluster) vtepOf(t testing.TB, n *bgpHost) string {
 	t.Helper()
 	var vtep string
 	harness.Eventually(t, 30*time.Second, 200*time.Millisecond, n.Name+": VTEP registered", func() error {
@@ -105,7 +105,7 @@ func (c *bgpCluster) vtepOf(t *testing.T, n *bgpHost) string {
 }
 
 // waitIPRoute waits until h's `ip route` matches re.
-func waitIPRoute(t *testing.T, h *bgpHost, what string, re *regexp.Regexp) {
+func waitIPRoute(t testing.TB, h *bgpHost, what string, re *regexp.Regexp) {
 	t.Helper()
 	harness.Eventually(t, 30*time.Second, 200*time.Millisecond, h.Name+": "+what, func() error {
 		if out := h.MustExec(t, "ip", "-4", "route"); !re.MatchString(out) {
