@@ -341,6 +341,9 @@ func inUseError(pfx netip.Prefix, blocks []cachedBlock) error {
 	for _, c := range blocks {
 		for o := range c.b.Allocations {
 			if h, ok := c.b.handleAt(o); ok {
+				if _, tunnel := TunnelHandleNode(h); tunnel {
+					continue // released by DeletePool itself
+				}
 				if n == 0 {
 					example = fmt.Sprintf("%s (handle %s)", nthAddr(c.b.prefix, o), h)
 				}
@@ -383,7 +386,11 @@ func (e *Engine) DeletePool(ctx context.Context, cidr string) error {
 		}
 	}
 	// From here on every assignment into the pool fails its pool check, so
-	// what we read now can only shrink.
+	// what we read now can only shrink. The nodes' VTEP addresses go first:
+	// their managers take one from another VXLAN pool, or tear down.
+	if err := e.releaseTunnelAddresses(ctx, blocks); err != nil {
+		return err
+	}
 	err = e.store.Retry(ctx, func(ctx context.Context) error {
 		blocks, err := e.poolBlocks(ctx, pfx)
 		if err != nil {

@@ -87,3 +87,21 @@ func (e *Engine) EnsureTunnelAddress(ctx context.Context, node string, pools []n
 func (e *Engine) ReleaseTunnelAddress(ctx context.Context, node string) error {
 	return e.ReleaseByHandle(ctx, VXLANTunnelHandle(node))
 }
+
+// releaseTunnelAddresses releases every VTEP address held in blocks.
+func (e *Engine) releaseTunnelAddresses(ctx context.Context, blocks []cachedBlock) error {
+	seen := map[string]bool{}
+	for _, c := range blocks {
+		for o := range c.b.Allocations {
+			h, ok := c.b.handleAt(o)
+			if _, tunnel := TunnelHandleNode(h); !ok || !tunnel || seen[h] {
+				continue
+			}
+			seen[h] = true
+			if err := e.ReleaseByHandle(ctx, h); err != nil {
+				return fmt.Errorf("releasing VXLAN tunnel address %s: %w", h, err)
+			}
+		}
+	}
+	return nil
+}

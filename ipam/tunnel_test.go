@@ -54,4 +54,26 @@ func TestTunnelAddress(t *testing.T) {
 		t.Fatal("a tunnel address without a VXLAN pool")
 	}
 	mustCheckClean(t, v.e, nil)
+
+	// A pool whose only addresses are VTEPs can be deleted; a workload
+	// address still blocks it.
+	if _, err := v.e.EnsureTunnelAddress(v.ctx, "h2", []netip.Prefix{pfx("10.2.0.0/16")}); err != nil {
+		t.Fatal(err)
+	}
+	assignIn(t, v.e, "h3", "w1", "10.2.0.0/16")
+	if err := v.e.DeletePool(v.ctx, "10.2.0.0/16"); err == nil {
+		t.Fatal("deleted a pool with a workload address")
+	} else {
+		wantErr(t, err, ErrPoolInUse)
+	}
+	if err := v.e.ReleaseByHandle(v.ctx, "w1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.e.DeletePool(v.ctx, "10.2.0.0/16"); err != nil {
+		t.Fatalf("deleting a pool holding only a VTEP address: %v", err)
+	}
+	if ips, err := v.e.IPsByHandle(v.ctx, VXLANTunnelHandle("h2")); err != nil || len(ips) != 0 {
+		t.Fatalf("VTEP address survives its pool: %v %v", ips, err)
+	}
+	mustCheckClean(t, v.e, nil)
 }
