@@ -291,37 +291,19 @@ func (a *Agent) ipv6NextHop(v4 netip.Addr) netip.Addr {
 // register writes this node's record: its name and address, and the ASN
 // when configured; the route-reflector settings (`bgp config`) are kept.
 func (a *Agent) register(ctx context.Context, addr, addr6 netip.Addr) error {
-	return a.d.Store.Retry(ctx, func(ctx context.Context) error {
-		key := datastore.NodeKey(a.d.NodeName)
-		var n datastore.Node
-		var rev int64
-		kv, err := a.d.Store.Get(ctx, key)
-		switch {
-		case err == nil:
-			if err := json.Unmarshal(kv.Value, &n); err != nil {
-				return fmt.Errorf("decoding %s: %w", key, err)
-			}
-			rev = kv.ModRevision
-		case !errors.Is(err, datastore.ErrNotFound):
-			return err
-		}
-		want := n
-		want.Name, want.IPv4, want.IPv6 = a.d.NodeName, addr.String(), ""
+	want, changed, err := updateNodeRecord(ctx, a.d.Store, a.d.NodeName, func(n *datastore.Node) {
+		n.Name, n.IPv4, n.IPv6 = a.d.NodeName, addr.String(), ""
 		if addr6.IsValid() {
-			want.IPv6 = addr6.String()
+			n.IPv6 = addr6.String()
 		}
 		if a.d.Config.ASN != 0 {
-			want.ASN = a.d.Config.ASN
+			n.ASN = a.d.Config.ASN
 		}
-		if rev != 0 && want == n {
-			return nil
-		}
-		if err := a.d.Store.Txn(ctx, datastore.Write(key, datastore.MustJSON(want), rev)); err != nil {
-			return err
-		}
-		a.log.WithFields(logrus.Fields{"node": want.Name, "asn": want.ASN}).Info("node registered")
-		return nil
 	})
+	if err == nil && changed {
+		a.log.WithFields(logrus.Fields{"node": want.Name, "asn": want.ASN}).Info("node registered")
+	}
+	return err
 }
 
 // loadNodesAndPeers reads nodes, explicit peers and the BGP config, and

@@ -207,35 +207,17 @@ func (m *VXLANManager) teardown(ctx context.Context) error {
 // register writes this node's underlay address and VTEP (none: vtep
 // invalid) into its record, keeping every other field.
 func (m *VXLANManager) register(ctx context.Context, vtep netip.Addr) error {
-	return m.d.Store.Retry(ctx, func(ctx context.Context) error {
-		key := datastore.NodeKey(m.d.NodeName)
-		var n datastore.Node
-		var rev int64
-		kv, err := m.d.Store.Get(ctx, key)
-		switch {
-		case err == nil:
-			if err := json.Unmarshal(kv.Value, &n); err != nil {
-				return fmt.Errorf("decoding %s: %w", key, err)
-			}
-			rev = kv.ModRevision
-		case !errors.Is(err, datastore.ErrNotFound):
-			return err
-		}
-		want := n
-		want.VXLANTunnelAddr, want.VXLANTunnelMAC = "", ""
+	want, changed, err := updateNodeRecord(ctx, m.d.Store, m.d.NodeName, func(n *datastore.Node) {
+		n.VXLANTunnelAddr, n.VXLANTunnelMAC = "", ""
 		if vtep.IsValid() {
-			want.Name, want.IPv4 = m.d.NodeName, m.addr.String()
-			want.VXLANTunnelAddr, want.VXLANTunnelMAC = vtep.String(), VTEPMAC(m.d.NodeName).String()
+			n.Name, n.IPv4 = m.d.NodeName, m.addr.String()
+			n.VXLANTunnelAddr, n.VXLANTunnelMAC = vtep.String(), VTEPMAC(m.d.NodeName).String()
 		}
-		if want == n {
-			return nil
-		}
-		if err := m.d.Store.Txn(ctx, datastore.Write(key, datastore.MustJSON(want), rev)); err != nil {
-			return err
-		}
-		m.log.WithFields(logrus.Fields{"vtep": want.VXLANTunnelAddr, "mac": want.VXLANTunnelMAC}).Info("VXLAN tunnel endpoint registered")
-		return nil
 	})
+	if err == nil && changed {
+		m.log.WithFields(logrus.Fields{"vtep": want.VXLANTunnelAddr, "mac": want.VXLANTunnelMAC}).Info("VXLAN tunnel endpoint registered")
+	}
+	return err
 }
 
 // syncRoutes deletes unwanted VXLAN routes (deletes) or adds and fixes

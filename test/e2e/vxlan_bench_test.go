@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"fmt"
 	"net"
 	"regexp"
 	"slices"
@@ -26,15 +25,7 @@ func BenchmarkMultiHostVXLANIperf(b *testing.B) {
 	}
 	ha := c.addHostOn(b, c.fabric, "a", "--log-level", "info")
 	hb := c.addHostOn(b, c.fabric, "b", "--log-level", "info")
-	const img = "iperf"
-	for _, h := range []*bgpHost{ha, hb} {
-		h.ImportImage(b, img, "/usr/bin/iperf3")
-	}
-	hb.MustDocker(b, "run", "-d", "--name", "srv", "--net", mhNetwork, img, "iperf3", "-s")
-	ha.MustDocker(b, "run", "-d", "--name", "cli", "--net", mhNetwork, img, "sleep", "3600")
-	tmpl := fmt.Sprintf(`{{(index .NetworkSettings.Networks %q).IPAddress}}`, mhNetwork)
-	srvIP := net.ParseIP(hb.MustDocker(b, "inspect", "-f", tmpl, "srv"))
-	cliIP := net.ParseIP(ha.MustDocker(b, "inspect", "-f", tmpl, "cli"))
+	cliIP, srvIP := iperfPair(b, ha, "cli", hb, "srv")
 	hb.StartProcess(b, "iperf3-host", nil, harness.TCPReady(hb.IP.String()+":5201"), "/usr/bin/iperf3", "-s", "-B", hb.IP.String())
 	vtepA, vtepB := c.vtepOf(b, ha), c.vtepOf(b, hb)
 

@@ -115,6 +115,20 @@ func waitIPRoute(t testing.TB, h *bgpHost, what string, re *regexp.Regexp) {
 	})
 }
 
+// iperfPair imports the iperf3 image on both hosts and starts a client
+// container (sleeping) on cli and a server container (iperf3 -s) on srv, on
+// net1; it returns their addresses.
+func iperfPair(tb testing.TB, cli *bgpHost, cliName string, srv *bgpHost, srvName string) (net.IP, net.IP) {
+	const img = "iperf"
+	for _, h := range []*bgpHost{cli, srv} {
+		h.ImportImage(tb, img, "/usr/bin/iperf3")
+	}
+	cli.MustDocker(tb, "run", "-d", "--name", cliName, "--net", mhNetwork, img, "sleep", "3600")
+	srv.MustDocker(tb, "run", "-d", "--name", srvName, "--net", mhNetwork, img, "iperf3", "-s")
+	tmpl := fmt.Sprintf(`{{(index .NetworkSettings.Networks %q).IPAddress}}`, mhNetwork)
+	return net.ParseIP(cli.MustDocker(tb, "inspect", "-f", tmpl, cliName)), net.ParseIP(srv.MustDocker(tb, "inspect", "-f", tmpl, srvName))
+}
+
 func iperfBPS(t testing.TB, out string, err error) float64 {
 	if err != nil {
 		t.Fatalf("iperf3: %v\n%s", err, out)
@@ -143,15 +157,7 @@ func TestVXLANAcrossRouter(t *testing.T) {
 	a := c.addHostOn(t, c.fabric, "a")
 	b := c.addHostOn(t, f2, "b")
 	r.RouteHosts(t, a.Host, b.Host)
-	const img = "iperf"
-	for _, h := range []*bgpHost{a, b} {
-		h.ImportImage(t, img, "/usr/bin/iperf3")
-	}
-	a.MustDocker(t, "run", "-d", "--name", "ca", "--net", mhNetwork, img, "sleep", "3600")
-	b.MustDocker(t, "run", "-d", "--name", "cb", "--net", mhNetwork, img, "iperf3", "-s")
-	tmpl := fmt.Sprintf(`{{(index .NetworkSettings.Networks %q).IPAddress}}`, mhNetwork)
-	caIP := net.ParseIP(a.MustDocker(t, "inspect", "-f", tmpl, "ca"))
-	cbIP := net.ParseIP(b.MustDocker(t, "inspect", "-f", tmpl, "cb"))
+	caIP, cbIP := iperfPair(t, a, "ca", b, "cb")
 	vtepA, vtepB := c.vtepOf(t, a), c.vtepOf(t, b)
 	waitIPRoute(t, a, "VXLAN route to b's block", vxlanRoute(blockOf26(cbIP), vtepB))
 	waitIPRoute(t, b, "VXLAN route to a's block", vxlanRoute(blockOf26(caIP), vtepA))
