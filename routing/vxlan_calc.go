@@ -75,6 +75,9 @@ type VXLANInput struct {
 	Nodes      []datastore.Node
 	Pools      []ipam.Pool
 	Owners     map[netip.Prefix]string // block -> host
+	// Endpoints are every node's workload endpoints: those holding an
+	// address borrowed from another host's block are routed by /32.
+	Endpoints []datastore.Endpoint
 }
 
 // VXLANDesired is the state the kernel should have.
@@ -149,35 +152,70 @@ func DesiredVXLAN(in VXLANInput) VXLANDesired {
 	for name := range nodeIPs {
 		d.Kinds[name] = RouteNone
 	}
-	for block, owner := range in.Owners {
-		if owner == in.Self || owner == "" {
-			continue
-		}
-		idx := slices.IndexFunc(pools, func(p encapPool) bool { return p.pfx.Overlaps(block) && p.pfx.Bits() <= block.Bits() })
+	poolOf := func(dst netip.Prefix) (encapPool, bool) {
+		idx := slices.IndexFunc(pools, func(p encapPool) bool { return p.pfx.Overlaps(dst) && p.pfx.Bits() <= dst.Bits() })
 		if idx < 0 {
-			continue
+			return encapPool{}, false
 		}
-		nodeIP, known := nodeIPs[owner]
-		if !known {
-			continue
+		return pools[idx], true
+	}
+	// route routes dst, a block or a borrowed address, to node's workloads.
+	route := func(dst netip.Prefix, node string) {
+		pool, ok := poolOf(dst)
+		nodeIP, known := nodeIPs[node]
+		if !ok || !known {
+			return
 		}
 		sameSubnet := in.SelfSubnet.IsValid() && in.SelfSubnet.Contains(nodeIP)
 		switch {
-		case pools[idx].mode == ipam.EncapCrossSubnet && sameSubnet && in.BGP:
-			note(owner, RouteBGP)
-		case pools[idx].mode == ipam.EncapCrossSubnet && sameSubnet:
-			d.Routes[block] = VXLANRoute{Dst: block, Via: nodeIP}
-			note(owner, RouteDirect)
+		case pool.mode == ipam.EncapCrossSubnet && sameSubnet && in.BGP:
+			note(node, RouteBGP)
+		case pool.mode == ipam.EncapCrossSubnet && sameSubnet:
+			d.Routes[dst] = VXLANRoute{Dst: dst, Via: nodeIP}
+			note(node, RouteDirect)
 		default:
-			v, ok := vteps[owner]
+			v, ok := vteps[node]
 			if !ok {
-				continue // no VTEP yet: the owner's manager has not started
+				return // no VTEP yet: the node's manager has not started
 			}
-			d.Routes[block] = VXLANRoute{Dst: block, Via: v.Addr, Encap: true}
-			note(owner, RouteVXLAN)
+			d.Routes[dst] = VXLANRoute{Dst: dst, Via: v.Addr, Encap: true}
+			note(node, RouteVXLAN)
+		}
+	}
+	for block, owner := range in.Owners {
+		if owner != in.Self && owner != "" {
+			route(block, owner)
+		}
+	}
+	// A workload whose address is borrowed from another host's block (or
+	// from a block without a host) gets a /32 to its own node, more specific
+	// than the block's route.
+	for _, ep := range in.Endpoints {
+		a, ok := endpointIPv4(ep)
+		if !ok || ep.Node == in.Self || ep.Node == "" {
+			continue
+		}
+		owner := ""
+		for block, host := range in.Owners {
+			if block.Contains(a) {
+				owner = host
+				break
+			}
+		}
+		if owner != ep.Node {
+			route(netip.PrefixFrom(a, 32), ep.Node)
 		}
 	}
 	return d
+}
+
+// endpointIPv4 is the endpoint's IPv4 address ("a.b.c.d/32" in the record).
+func endpointIPv4(ep datastore.Endpoint) (netip.Addr, bool) {
+	p, err := netip.ParsePrefix(ep.IPv4)
+	if err != nil || !p.Addr().Is4() {
+		return netip.Addr{}, false
+	}
+	return p.Addr(), true
 }
 
 // Owns says whether the VXLAN manager routes dst; BGP must then leave it

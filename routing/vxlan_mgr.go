@@ -92,7 +92,7 @@ func (m *VXLANManager) Owns(dst netip.Prefix) bool {
 // Run works until ctx ends.
 func (m *VXLANManager) Run(ctx context.Context) error {
 	dirty := make(chan string, 8)
-	for _, prefix := range []string{datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix} {
+	for _, prefix := range []string{datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix} {
 		go followPrefix(ctx, m.d.Store, prefix, dirty)
 	}
 	ticker := time.NewTicker(m.d.ResyncInterval)
@@ -159,6 +159,11 @@ func (m *VXLANManager) Sync(ctx context.Context) error {
 		return err
 	}
 	in := VXLANInput{Self: m.d.NodeName, BGP: m.d.Config.Enabled, Nodes: nodes, Pools: pools, Owners: owners}
+	if DesiredVXLAN(in).Needed {
+		if in.Endpoints, err = listEndpoints(ctx, m.d.Store); err != nil {
+			return err
+		}
+	}
 	if !DesiredVXLAN(in).Needed {
 		if m.clean {
 			m.publish(VXLANDesired{}, netip.Addr{})
@@ -321,6 +326,25 @@ func (m *VXLANManager) syncFDB(want VXLANDesired) error {
 		m.log.WithFields(logrus.Fields{"mac": mac, "nodeIP": dst.String()}).Info("VXLAN peer removed")
 	}
 	return errors.Join(errs...)
+}
+
+// listEndpoints reads every node's endpoint records; the key says which
+// node an endpoint is on.
+func listEndpoints(ctx context.Context, store Store) ([]datastore.Endpoint, error) {
+	kvs, err := store.List(ctx, datastore.EndpointsPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing endpoints: %w", err)
+	}
+	var out []datastore.Endpoint
+	for _, kv := range kvs {
+		var ep datastore.Endpoint
+		node, _, ok := datastore.EndpointNodeAndID(kv.Key)
+		if ok && json.Unmarshal(kv.Value, &ep) == nil {
+			ep.Node = node
+			out = append(out, ep)
+		}
+	}
+	return out, nil
 }
 
 // listNodes reads every node record.

@@ -37,7 +37,15 @@ func TestDesiredVXLAN(t *testing.T) {
 		p("10.0.0.0/26"): "self", p("10.0.1.0/26"): "near", p("10.0.2.0/26"): "far", p("10.0.3.0/26"): "novtep",
 		p("10.9.0.0/26"): "far", // in no pool
 	}
-	base := VXLANInput{Self: "self", SelfIP: a("172.16.1.2"), SelfSubnet: p("172.16.1.0/24"), Nodes: nodes, Owners: owners}
+	// Borrowed addresses get /32s to the node that uses them; an address
+	// of the node's own block, or of this node, does not.
+	endpoints := []datastore.Endpoint{
+		{Node: "far", IPv4: "10.0.1.5/32"},  // borrowed from near
+		{Node: "near", IPv4: "10.0.2.9/32"}, // borrowed from far
+		{Node: "near", IPv4: "10.0.1.6/32"}, // its own
+		{Node: "self", IPv4: "10.0.2.10/32"},
+	}
+	base := VXLANInput{Self: "self", SelfIP: a("172.16.1.2"), SelfSubnet: p("172.16.1.0/24"), Nodes: nodes, Owners: owners, Endpoints: endpoints}
 	encap := func(via string) VXLANRoute { return VXLANRoute{Via: a(via), Encap: true} }
 	cases := []struct {
 		name   string
@@ -49,16 +57,19 @@ func TestDesiredVXLAN(t *testing.T) {
 	}{
 		{name: "never", mode: "Never"},
 		{name: "always", mode: "Always", needed: true,
-			routes: map[string]VXLANRoute{"10.0.1.0/26": encap("10.0.1.1"), "10.0.2.0/26": encap("10.0.2.1")},
+			routes: map[string]VXLANRoute{"10.0.1.0/26": encap("10.0.1.1"), "10.0.2.0/26": encap("10.0.2.1"),
+				"10.0.1.5/32": encap("10.0.2.1"), "10.0.2.9/32": encap("10.0.1.1")},
 			kinds:  map[string]RouteKind{"near": RouteVXLAN, "far": RouteVXLAN, "novtep": RouteNone}},
 		{name: "always with BGP", mode: "Always", bgp: true, needed: true,
-			routes: map[string]VXLANRoute{"10.0.1.0/26": encap("10.0.1.1"), "10.0.2.0/26": encap("10.0.2.1")},
+			routes: map[string]VXLANRoute{"10.0.1.0/26": encap("10.0.1.1"), "10.0.2.0/26": encap("10.0.2.1"),
+				"10.0.1.5/32": encap("10.0.2.1"), "10.0.2.9/32": encap("10.0.1.1")},
 			kinds:  map[string]RouteKind{"near": RouteVXLAN, "far": RouteVXLAN, "novtep": RouteNone}},
 		{name: "cross subnet without BGP", mode: "CrossSubnet", needed: true,
-			routes: map[string]VXLANRoute{"10.0.1.0/26": {Via: a("172.16.1.3")}, "10.0.2.0/26": encap("10.0.2.1")},
+			routes: map[string]VXLANRoute{"10.0.1.0/26": {Via: a("172.16.1.3")}, "10.0.2.0/26": encap("10.0.2.1"),
+				"10.0.1.5/32": encap("10.0.2.1"), "10.0.2.9/32": {Via: a("172.16.1.3")}},
 			kinds:  map[string]RouteKind{"near": RouteDirect, "far": RouteVXLAN, "novtep": RouteNone}},
 		{name: "cross subnet with BGP", mode: "CrossSubnet", bgp: true, needed: true,
-			routes: map[string]VXLANRoute{"10.0.2.0/26": encap("10.0.2.1")},
+			routes: map[string]VXLANRoute{"10.0.2.0/26": encap("10.0.2.1"), "10.0.1.5/32": encap("10.0.2.1")},
 			kinds:  map[string]RouteKind{"near": RouteBGP, "far": RouteVXLAN, "novtep": RouteNone}},
 	}
 	for _, c := range cases {
