@@ -99,6 +99,11 @@ type Node struct {
 	ASN            uint32 `json:"asn,omitempty"`
 	RouteReflector bool   `json:"routeReflector,omitempty"`
 	ClusterID      string `json:"clusterID,omitempty"`
+	// VXLANTunnelAddr and VXLANTunnelMAC are the node's VTEP (its address
+	// on vxlan.calico, from one of its own blocks, and the device's MAC);
+	// empty while no pool uses VXLAN.
+	VXLANTunnelAddr string `json:"vxlanTunnelAddr,omitempty"`
+	VXLANTunnelMAC  string `json:"vxlanTunnelMAC,omitempty"`
 }
 
 // EndpointNodeAndID splits an endpoint key into node and endpoint id.

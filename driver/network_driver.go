@@ -54,6 +54,10 @@ type Options struct {
 	// records ("" while unknown), so reconcile on a host that shares this
 	// node name leaves them alone.
 	EngineID func() string
+	// WorkloadMTU, when set and MTU is 0, picks the MTU of an endpoint from
+	// its IPv4 address (0: the dataplane's default): room for the VXLAN
+	// header on pools that may encapsulate.
+	WorkloadMTU func(ctx context.Context, ip net.IP) (int, error)
 }
 
 // Labeller learns the policy labels of the container joining an endpoint.
@@ -87,6 +91,8 @@ type NetworkDriver struct {
 	mtu   int
 	// engineID: see Options.EngineID.
 	engineID func() string
+	// mtuFor: see Options.WorkloadMTU.
+	mtuFor func(ctx context.Context, ip net.IP) (int, error)
 }
 
 // NewNetworkDriver records networks and endpoints in store and plumbs
@@ -108,7 +114,7 @@ func NewNetworkDriver(store *datastore.Store, dp Dataplane, host string, log log
 	if opts.PolicyWait <= 0 {
 		opts.PolicyWait = defaultPolicyWait
 	}
-	return &NetworkDriver{store: store, dp: dp, ipam: opts.IPAM, opts: opts, host: host, log: log, scope: scope, mtu: opts.MTU, engineID: opts.EngineID}
+	return &NetworkDriver{store: store, dp: dp, ipam: opts.IPAM, opts: opts, host: host, log: log, scope: scope, mtu: opts.MTU, engineID: opts.EngineID, mtuFor: opts.WorkloadMTU}
 }
 
 // GetCapabilities reports the scope; connectivity has the same scope.
@@ -671,6 +677,11 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 		IPv4:       v4,
 		IPv6:       v6,
 		MTU:        d.mtu,
+	}
+	if w.MTU == 0 && d.mtuFor != nil && v4 != nil {
+		if w.MTU, err = d.mtuFor(ctx, v4.IP); err != nil {
+			return nil, fmt.Errorf("choosing the MTU of endpoint %s: %w", short(req.EndpointID), err)
+		}
 	}
 	if err := d.dp.AddWorkload(ctx, w); err != nil {
 		return nil, fmt.Errorf("setting up the veth %s of endpoint %s failed: %w", w.HostIfName, short(req.EndpointID), err)

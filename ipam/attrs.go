@@ -33,6 +33,13 @@ const (
 	// of it for the address again comes from a new attachment and is
 	// refused, while another allocator's request is a restore.
 	AttrAllocator = "allocator"
+	// AttrType says what an address that belongs to no workload is for;
+	// AttrTypeVXLANTunnel marks a node's VTEP address (Calico's "type":
+	// "vxlanTunnelAddress"). Such addresses carry no AttrNode, so reconcile
+	// (which releases a node's addresses without an endpoint record) leaves
+	// them alone; they live as long as their node's record.
+	AttrType            = "type"
+	AttrTypeVXLANTunnel = "vxlanTunnelAddress"
 )
 
 // Reserved values of AttrReserved.

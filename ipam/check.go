@@ -46,7 +46,9 @@ type Allocation struct {
 //     without an endpoint between RequestAddress and CreateEndpoint, and
 //     retries calls to the plugin for a while;
 //   - of a node whose Docker was asked (Verified): only that Docker knows
-//     the node's containers.
+//     the node's containers;
+//   - for a VTEP address (a tunnel handle), of a node that no longer has a
+//     record (NodeKnown false); Docker is not asked, it never knew it.
 //
 // A handle that would be a leak but for an unknown age (assigned before
 // the engine stamped assignments) or an unasked Docker is Unverified:
@@ -59,6 +61,9 @@ type LeakRules struct {
 	// Verified tells whether Docker on node was asked, so that InUse
 	// covers its view.
 	Verified func(node string) bool
+	// NodeKnown tells whether node still has a node record (nil: every
+	// node is assumed known, so no VTEP address is ever a leak).
+	NodeKnown func(node string) bool
 }
 
 // Suspect is a handle that looks leaked but cannot be proven dead.
@@ -73,6 +78,10 @@ type Suspect struct {
 // suspect (non-nil), or neither (live, or too young to tell).
 func (r *LeakRules) verdict(h string, as []Allocation) (leaked bool, sus *Suspect) {
 	why := ""
+	tunnelNode, tunnel := TunnelHandleNode(h)
+	if tunnel && (r.NodeKnown == nil || r.NodeKnown(tunnelNode)) {
+		return false, nil
+	}
 	for _, a := range as {
 		if IsSwarm(a.Attrs) || IsReserved(a.Attrs) || r.InUse(a) {
 			return false, nil
@@ -84,6 +93,8 @@ func (r *LeakRules) verdict(h string, as []Allocation) (leaked bool, sus *Suspec
 		node := a.Attrs[AttrNode]
 		switch {
 		case why != "":
+		case tunnel && stamped:
+			// The VTEP's node record is gone: nothing uses the address.
 		case !stamped:
 			why = "its age is unknown (assigned before calico-cnm recorded assignment times)"
 		case !r.Verified(node) && node == "":

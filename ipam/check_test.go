@@ -87,10 +87,11 @@ func TestLeakRulesVerdict(t *testing.T) {
 	now := time.Date(2024, 1, 1, 12, 0, 0, 0, time.UTC)
 	at := func(d time.Duration) string { return now.Add(-d).Format(time.RFC3339Nano) }
 	rules := &LeakRules{
-		Now:      now,
-		MinAge:   10 * time.Minute,
-		InUse:    func(a Allocation) bool { return a.HandleID == "recorded" },
-		Verified: func(node string) bool { return node == "h1" },
+		Now:       now,
+		MinAge:    10 * time.Minute,
+		InUse:     func(a Allocation) bool { return a.HandleID == "recorded" },
+		Verified:  func(node string) bool { return node == "h1" },
+		NodeKnown: func(node string) bool { return node == "h1" },
 	}
 	alloc := func(attrs map[string]string) []Allocation {
 		return []Allocation{{IP: netipToIP("10.0.0.1"), Attrs: attrs}}
@@ -110,6 +111,9 @@ func TestLeakRulesVerdict(t *testing.T) {
 		{"another node's", "remote", alloc(map[string]string{AttrNode: "h2", AttrAssigned: at(time.Hour)}), false, "Docker on node h2"},
 		{"no owner", "nobody", alloc(map[string]string{AttrAssigned: at(time.Hour)}), false, "no node"},
 		{"age unknown", "legacy", alloc(map[string]string{AttrNode: "h1"}), false, "age is unknown"},
+		{"VTEP of a known node", VXLANTunnelHandle("h1"), alloc(map[string]string{AttrType: AttrTypeVXLANTunnel, AttrAssigned: at(time.Hour)}), false, ""},
+		{"VTEP of a deleted node", VXLANTunnelHandle("gone"), alloc(map[string]string{AttrType: AttrTypeVXLANTunnel, AttrAssigned: at(time.Hour)}), true, ""},
+		{"young VTEP of a deleted node", VXLANTunnelHandle("gone"), alloc(map[string]string{AttrType: AttrTypeVXLANTunnel, AttrAssigned: at(time.Minute)}), false, ""},
 		{"one of two addresses young", "dual", append(alloc(map[string]string{AttrNode: "h1", AttrAssigned: at(time.Hour)}),
 			alloc(map[string]string{AttrNode: "h1", AttrAssigned: at(time.Second)})...), false, ""},
 	} {

@@ -22,6 +22,9 @@ type Pool struct {
 	NATOutgoing bool   `json:"natOutgoing"`
 	Disabled    bool   `json:"disabled"`
 	IPIPMode    string `json:"ipipMode,omitempty"`
+	// VXLANMode says when traffic between hosts to this pool's addresses
+	// is encapsulated (see the VXLANMode constants); "" means Never.
+	VXLANMode string `json:"vxlanMode,omitempty"`
 }
 
 // DefaultPoolIPv4 is created by EnsureDefaultPool when there is no IPv4 pool.
@@ -36,9 +39,6 @@ const (
 	minBlockSizeIPv4     = 20
 	minBlockSizeIPv6     = 116
 )
-
-// IPIP modes accepted on a pool.
-var ipipModes = []string{"", "Never", "Always", "CrossSubnet"}
 
 // Ranges a pool may not touch: workloads there would be unreachable or would
 // shadow the 169.254.1.1 gateway every container uses.
@@ -110,8 +110,8 @@ func normalizePool(p Pool) (Pool, netip.Prefix, error) {
 	if p.BlockSize < pfx.Bits() {
 		return Pool{}, netip.Prefix{}, newError(ErrInvalidCIDR, "pool %s is smaller than its block size /%d: use a block size of at least /%d or a larger pool", pfx, p.BlockSize, pfx.Bits())
 	}
-	if !slices.Contains(ipipModes, p.IPIPMode) {
-		return Pool{}, netip.Prefix{}, newError(ErrInvalidCIDR, "pool %s: unknown ipipMode %q (use Never, Always or CrossSubnet)", pfx, p.IPIPMode)
+	if err := validateEncap(&p, pfx); err != nil {
+		return Pool{}, netip.Prefix{}, err
 	}
 	return p, pfx, nil
 }
@@ -341,6 +341,9 @@ func inUseError(pfx netip.Prefix, blocks []cachedBlock) error {
 	for _, c := range blocks {
 		for o := range c.b.Allocations {
 			if h, ok := c.b.handleAt(o); ok {
+				if _, tunnel := TunnelHandleNode(h); tunnel {
+					continue // released by DeletePool itself
+				}
 				if n == 0 {
 					example = fmt.Sprintf("%s (handle %s)", nthAddr(c.b.prefix, o), h)
 				}
@@ -383,7 +386,11 @@ func (e *Engine) DeletePool(ctx context.Context, cidr string) error {
 		}
 	}
 	// From here on every assignment into the pool fails its pool check, so
-	// what we read now can only shrink.
+	// what we read now can only shrink. The nodes' VTEP addresses go first:
+	// their managers take one from another VXLAN pool, or tear down.
+	if err := e.releaseTunnelAddresses(ctx, blocks); err != nil {
+		return err
+	}
 	err = e.store.Retry(ctx, func(ctx context.Context) error {
 		blocks, err := e.poolBlocks(ctx, pfx)
 		if err != nil {

@@ -19,7 +19,7 @@ func TestPoolValidationAndOverlap(t *testing.T) {
 		{name: "ipv4 default block size", pool: Pool{CIDR: "10.1.0.0/16"}, wantBlock: 26},
 		{name: "ipv6 default block size", pool: Pool{CIDR: "fd00:1::/64"}, wantBlock: 122},
 		{name: "small pool becomes one block", pool: Pool{CIDR: "10.2.0.0/28"}, wantBlock: 28},
-		{name: "explicit block size", pool: Pool{CIDR: "10.3.0.0/16", BlockSize: 24, IPIPMode: "CrossSubnet"}, wantBlock: 24},
+		{name: "explicit block size", pool: Pool{CIDR: "10.3.0.0/16", BlockSize: 24, VXLANMode: "CrossSubnet"}, wantBlock: 24},
 		{name: "garbage", pool: Pool{CIDR: "ten-dot-zero"}, wantErr: []error{ErrInvalidCIDR}},
 		{name: "host bits set", pool: Pool{CIDR: "10.4.0.5/16"}, wantErr: []error{ErrInvalidCIDR}, wantMsg: "did you mean 10.4.0.0/16"},
 		{name: "link local", pool: Pool{CIDR: "169.254.0.0/16"}, wantErr: []error{ErrInvalidCIDR}, wantMsg: "169.254.1.1"},
@@ -28,7 +28,11 @@ func TestPoolValidationAndOverlap(t *testing.T) {
 		{name: "block too big", pool: Pool{CIDR: "10.5.0.0/16", BlockSize: 19}, wantErr: []error{ErrInvalidCIDR}, wantMsg: "between /20 and /32"},
 		{name: "pool smaller than block", pool: Pool{CIDR: "10.6.0.0/28", BlockSize: 26}, wantErr: []error{ErrInvalidCIDR}, wantMsg: "smaller than its block size"},
 		{name: "ipv6 block too big", pool: Pool{CIDR: "fd00:2::/64", BlockSize: 100}, wantErr: []error{ErrInvalidCIDR}},
-		{name: "bad ipip mode", pool: Pool{CIDR: "10.7.0.0/16", IPIPMode: "Sometimes"}, wantErr: []error{ErrInvalidCIDR}},
+		{name: "bad ipip mode", pool: Pool{CIDR: "10.7.0.0/16", IPIPMode: "Sometimes"}, wantErr: []error{ErrInvalidArgument}, wantMsg: "not supported"},
+		{name: "ipip always refused", pool: Pool{CIDR: "10.7.0.0/16", IPIPMode: "Always"}, wantErr: []error{ErrInvalidArgument}, wantMsg: "no IP-in-IP data path"},
+		{name: "ipip crosssubnet refused", pool: Pool{CIDR: "10.7.0.0/16", IPIPMode: "CrossSubnet"}, wantErr: []error{ErrInvalidArgument}, wantMsg: "--vxlan-mode"},
+		{name: "bad vxlan mode", pool: Pool{CIDR: "10.7.0.0/16", VXLANMode: "Sometimes"}, wantErr: []error{ErrInvalidArgument}, wantMsg: "Never, Always, CrossSubnet"},
+		{name: "vxlan on ipv6", pool: Pool{CIDR: "fd00:3::/64", VXLANMode: "Always"}, wantErr: []error{ErrInvalidArgument}, wantMsg: "IPv4 pools only"},
 		{name: "inside existing", pool: Pool{CIDR: "10.0.5.0/24"}, wantErr: []error{ErrPoolOverlap}, wantMsg: "existing pool 10.0.0.0/16"},
 		{name: "around existing", pool: Pool{CIDR: "10.0.0.0/8"}, wantErr: []error{ErrPoolOverlap}, wantMsg: "10.0.0.0/16"},
 		{name: "same as existing", pool: Pool{CIDR: "10.0.0.0/16"}, wantErr: []error{ErrPoolOverlap, ErrPoolExists}},
@@ -153,4 +157,73 @@ func TestPoolDisableAndDelete(t *testing.T) {
 		t.Fatalf("address %s outside the default pool", got)
 	}
 	mustCheckClean(t, v.e, nil)
+}
+
+func TestPoolEncapModes(t *testing.T) {
+	v := newEnv(t, Options{})
+	p, err := v.e.AddPool(v.ctx, Pool{CIDR: "10.8.0.0/16", VXLANMode: "always", IPIPMode: "never"})
+	if err != nil {
+		t.Fatalf("AddPool: %v", err)
+	}
+	if p.VXLANMode != EncapAlways || p.IPIPMode != "" || !p.Encapsulates() {
+		t.Fatalf("modes not canonical: %+v", p)
+	}
+	cases := []struct {
+		mode    string
+		want    string
+		wantErr error
+	}{
+		{mode: "CrossSubnet", want: EncapCrossSubnet},
+		{mode: "never", want: EncapNever},
+		{mode: "", want: EncapNever},
+		{mode: "Always", want: EncapAlways},
+		{mode: "sometimes", wantErr: ErrInvalidArgument},
+	}
+	for _, c := range cases {
+		t.Run(c.mode, func(t *testing.T) {
+			got, err := v.e.SetPoolVXLANMode(v.ctx, "10.8.0.0/16", c.mode)
+			if c.wantErr != nil {
+				wantErr(t, err, c.wantErr)
+				stored, err := v.e.GetPool(v.ctx, "10.8.0.0/16")
+				if err != nil || stored.VXLAN() != EncapAlways {
+					t.Fatalf("a refused change altered the pool: %+v, %v", stored, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("SetPoolVXLANMode(%q): %v", c.mode, err)
+			}
+			stored, err := v.e.GetPool(v.ctx, "10.8.0.0/16")
+			if err != nil || stored != got || stored.VXLAN() != c.want {
+				t.Fatalf("stored %+v (%v), returned %+v; want mode %s", stored, err, got, c.want)
+			}
+		})
+	}
+	if _, err := v.e.SetPoolVXLANMode(v.ctx, "10.9.0.0/16", "Always"); err == nil {
+		t.Fatal("changing an unknown pool succeeded")
+	} else {
+		wantErr(t, err, ErrPoolNotFound)
+	}
+	if _, err := v.e.AddPool(v.ctx, Pool{CIDR: "fd00:9::/64"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.e.SetPoolVXLANMode(v.ctx, "fd00:9::/64", "CrossSubnet"); err == nil || !strings.Contains(err.Error(), "IPv4 pools only") {
+		t.Fatalf("VXLAN on an IPv6 pool: %v", err)
+	}
+}
+
+func TestTunnelHandle(t *testing.T) {
+	h := VXLANTunnelHandle("host-a")
+	if h != "vxlan-tunnel-addr-host-a" {
+		t.Fatalf("handle %q", h)
+	}
+	for _, c := range []struct {
+		h    string
+		node string
+		ok   bool
+	}{{h, "host-a", true}, {"vxlan-tunnel-addr-", "", false}, {"ep-1234", "", false}} {
+		if n, ok := TunnelHandleNode(c.h); n != c.node || ok != c.ok {
+			t.Errorf("TunnelHandleNode(%q) = %q, %v", c.h, n, ok)
+		}
+	}
 }

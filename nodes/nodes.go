@@ -38,6 +38,12 @@ type Info struct {
 	Blocks     int        // blocks affine to the node
 	Addresses  int        // addresses its workloads hold (wherever the block)
 	Endpoints  int        // endpoint records
+	// VTEP and VTEPMAC are its VXLAN tunnel endpoint ("" = none).
+	VTEP    string `json:",omitempty"`
+	VTEPMAC string `json:",omitempty"`
+	// Routes says how the local daemon reaches the node's workloads
+	// (vxlan, direct, bgp; "" when the local daemon could not be asked).
+	Routes string `json:",omitempty"`
 }
 
 // state is everything the datastore says about nodes, read once.
@@ -136,6 +142,7 @@ func (st *state) info(name string) Info {
 	in := Info{Name: name, Blocks: st.blocks[name], Addresses: len(st.ownAllocations(name)), Endpoints: len(st.endpoints[name])}
 	if r, ok := st.records[name]; ok {
 		in.BGPAddress, in.IPv6NextHop, in.ASN = r.IPv4, r.IPv6, r.ASN
+		in.VTEP, in.VTEPMAC = r.VXLANTunnelAddr, r.VXLANTunnelMAC
 	}
 	if a, ok := st.alive[name]; ok {
 		in.Alive = true
@@ -207,6 +214,11 @@ func Delete(ctx context.Context, store *datastore.Store, engine *ipam.Engine, na
 		}
 		rep.Addresses = append(rep.Addresses, a.IP.String())
 		log.WithFields(logrus.Fields{"ip": a.IP.String(), "block": a.Block}).Info("released an address of a deleted node")
+	}
+	// The VTEP address has no endpoint: it goes by its handle, before the
+	// blocks, so that its block is not kept for it.
+	if err := engine.ReleaseTunnelAddress(ctx, name); err != nil {
+		return rep, fmt.Errorf("releasing the VXLAN tunnel address: %w", err)
 	}
 	if rep.Blocks, err = engine.ReleaseHostBlocks(ctx, name); err != nil {
 		return rep, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"slices"
 	"testing"
 	"time"
@@ -27,12 +28,13 @@ func quietLog() logrus.FieldLogger {
 // block of pool 10.1.0.0/26, where "stays" borrows an address; "gone" also
 // has an empty block in 10.2.0.0/26 (kept by the grace period), one
 // endpoint, one swarm-assigned address, a node record and a BGP peer of its
-// own.
+// own, and a VXLAN tunnel address in 10.2.0.0/26.
 type cluster struct {
 	store             *datastore.Store
 	gone, stays       *ipam.Engine
 	goneIP, borrowed  net.IP
 	swarmIP, staysOwn net.IP
+	vtep              string
 }
 
 func assign(t *testing.T, e *ipam.Engine, host string, within string, attrs map[string]string) net.IP {
@@ -73,6 +75,12 @@ func newCluster(t *testing.T) *cluster {
 		t.Fatal(err)
 	}
 	c.staysOwn = assign(t, c.stays, "stays", "10.3.0.0/26", attrs("stays"))
+	// gone's VXLAN tunnel address keeps its otherwise empty block.
+	vtep, err := c.gone.EnsureTunnelAddress(ctx, "gone", []netip.Prefix{netip.MustParsePrefix("10.2.0.0/26")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.vtep = vtep.String()
 
 	put := func(key string, v any) {
 		t.Helper()
@@ -80,7 +88,7 @@ func newCluster(t *testing.T) *cluster {
 			t.Fatal(err)
 		}
 	}
-	put(datastore.NodeKey("gone"), datastore.Node{Name: "gone", IPv4: "172.16.0.1", ASN: 64512})
+	put(datastore.NodeKey("gone"), datastore.Node{Name: "gone", IPv4: "172.16.0.1", ASN: 64512, VXLANTunnelAddr: c.vtep, VXLANTunnelMAC: "66:00:00:00:00:01"})
 	put(datastore.NodeKey("stays"), datastore.Node{Name: "stays", IPv4: "172.16.0.2", ASN: 64512})
 	put(datastore.EndpointKey("gone", "e1"), datastore.Endpoint{Node: "gone", Network: "n1"})
 	put(datastore.EndpointKey("stays", "e2"), datastore.Endpoint{Node: "stays", Network: "n1"})
@@ -141,8 +149,8 @@ func TestListAndDelete(t *testing.T) {
 	for _, n := range list {
 		byName[n.Name] = n
 	}
-	if g := byName["gone"]; g.Alive || g.BGPAddress != "172.16.0.1" || g.Blocks != 2 || g.Addresses != 1 || g.Endpoints != 1 {
-		t.Errorf("node list: gone = %+v; want down, 172.16.0.1, 2 blocks, 1 address (the swarm one is the manager's), 1 endpoint", g)
+	if g := byName["gone"]; g.Alive || g.BGPAddress != "172.16.0.1" || g.Blocks != 2 || g.Addresses != 1 || g.Endpoints != 1 || g.VTEP != c.vtep || g.VTEPMAC != "66:00:00:00:00:01" {
+		t.Errorf("node list: gone = %+v; want down, 172.16.0.1, 2 blocks, 1 address (the swarm one is the manager's), 1 endpoint, VTEP %s", g, c.vtep)
 	}
 	if s := byName["stays"]; !s.Alive || s.AliveSince == nil || s.Blocks != 1 || s.Addresses != 2 || s.Endpoints != 1 {
 		t.Errorf("node list: stays = %+v; want up, 1 block, 2 addresses, 1 endpoint", s)

@@ -67,7 +67,11 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	}
 	defer dp.Close()
 
-	pol, err := newPolicy(cfg, store, entry)
+	vx, err := newVXLAN(cfg, store, engine, entry)
+	if err != nil {
+		return fmt.Errorf("starting VXLAN: %w", err)
+	}
+		pol, err := newPolicy(cfg, store, entry)
 	if err != nil {
 		return fmt.Errorf("starting network policy: %w", err)
 	}
@@ -77,7 +81,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 			pol.close()
 		}
 	}()
-	nd := driver.NewNetworkDriver(store, dp, cfg.NodeName, entry, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: engine, Labels: pol.labels, Policy: pol.syncer, EngineID: ident.ID})
+	nd := driver.NewNetworkDriver(store, dp, cfg.NodeName, entry, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: engine, Labels: pol.labels, Policy: pol.syncer, EngineID: ident.ID, WorkloadMTU: vx.mgr.WorkloadMTU})
 	id := driver.NewIPAMDriver(engine, cfg.NodeName, entry)
 	srv := NewServer(nd, id, entry)
 	metrics := NewMetrics(engine, entry)
@@ -158,7 +162,9 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 		ident.Follow(ctx, 5*time.Second, entry.WithField("component", "docker"))
 	}()
 
-	stopRouting, err := startRouting(ctx, cfg, store, engine, metrics.Routing, health, entry)
+	defer startVXLAN(ctx, cfg, vx, entry)()
+
+	stopRouting, err := startRouting(ctx, cfg, store, engine, vx.mgr, metrics.Routing, health, entry)
 	if err != nil {
 		cancel()
 		wg.Wait()

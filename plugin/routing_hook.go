@@ -19,7 +19,7 @@ import (
 // It only validates and spawns: node registration, address detection and
 // the speaker all retry in the background, so a slow datastore or a BGP
 // port still held by a dying predecessor never delays the plugin sockets.
-func startRouting(ctx context.Context, cfg Config, store *datastore.Store, engine *ipam.Engine, rm RoutingMetrics, health *Health, log logrus.FieldLogger) (stop func(), err error) {
+func startRouting(ctx context.Context, cfg Config, store *datastore.Store, engine *ipam.Engine, vxlan routing.VXLANRouter, rm RoutingMetrics, health *Health, log logrus.FieldLogger) (stop func(), err error) {
 	if !cfg.BGP.Enabled {
 		return func() {}, nil
 	}
@@ -37,7 +37,7 @@ func startRouting(ctx context.Context, cfg Config, store *datastore.Store, engin
 	speaker := routing.NewGoBGP(log)
 	agent, err := routing.NewAgent(routing.Deps{
 		Store: store, Blocks: engine, Speaker: speaker, Routes: routes,
-		NodeName: cfg.NodeName, Config: bgp, Log: log, ResyncInterval: cfg.ResyncInterval,
+		NodeName: cfg.NodeName, Config: bgp, Log: log, ResyncInterval: cfg.ResyncInterval, VXLAN: vxlan,
 	})
 	if err != nil {
 		routes.Close()

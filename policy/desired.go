@@ -291,6 +291,7 @@ func Desired(st State) (Ruleset, []string) {
 	for _, f := range families {
 		rs.Tables = append(rs.Tables, desiredTable(f, locals, members, pools[f], natPools[f], hosts[f], plan))
 	}
+	rs.Tables[0].Chains = append(rs.Tables[0].Chains, vxlanChains(st.Pools)...) // IPv4 only, as VXLAN
 	return rs, warnings
 }
 

@@ -201,7 +201,7 @@ func (m Match) render(f Family) string {
 		}
 		return fmt.Sprintf("%s %s %d", proto, field, m.Proto)
 	}
-	return fmt.Sprintf("<unknown match %d>", m.Kind)
+	return renderExtraMatch(m)
 }
 
 // Render is the rule in nft syntax, comment included: what `nft list`

@@ -201,6 +201,8 @@ func hookNum(name string) (*nftables.ChainHook, error) {
 		return nftables.ChainHookForward, nil
 	case "postrouting":
 		return nftables.ChainHookPostrouting, nil
+	case "input":
+		return nftables.ChainHookInput, nil
 	}
 	return nil, fmt.Errorf("unsupported hook %q", name)
 }
@@ -386,7 +388,11 @@ func encodeRule(f Family, r Rule, setIDs map[string]uint32) ([]expr.Any, error) 
 				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{m.Proto}},
 			)
 		default:
-			return nil, fmt.Errorf("unsupported match kind %d", m.Kind)
+			more, err := encodeExtraMatch(m)
+			if err != nil {
+				return nil, err
+			}
+			ex = append(ex, more...)
 		}
 	}
 	ex = append(ex, &expr.Counter{})
@@ -444,6 +450,11 @@ func decodeRule(f Family, nr *nftables.Rule) Rule {
 	bad := func() Rule { return Rule{Handle: nr.Handle, Comment: "unrecognised: " + r.Comment} }
 	ex := nr.Exprs
 	for i := 0; i < len(ex); i++ {
+		if m, n, ok := decodeExtraMatch(ex[i:]); ok {
+			r.Matches = append(r.Matches, m)
+			i += n - 1
+			continue
+		}
 		switch e := ex[i].(type) {
 		case *expr.Ct:
 			if e.Key != expr.CtKeySTATE || i+2 >= len(ex) {

@@ -52,6 +52,10 @@ type Deps struct {
 	DetectIPv6 func(v4 netip.Addr) (netip.Addr, bool, error)
 	// ResyncInterval re-checks everything even without events (default 10s).
 	ResyncInterval time.Duration
+	// VXLAN, when set, routes some pools' blocks itself: learned routes to
+	// destinations it owns are not installed (VXLAN takes precedence), and
+	// its status is part of the agent's.
+	VXLAN VXLANRouter
 }
 
 // Agent registers the node, runs the speaker's sessions and exports, and
@@ -306,28 +310,7 @@ func (a *Agent) spacePasses(ctx context.Context, lastPass time.Time) {
 // follow signals dirty with prefix for every change under it, re-watching
 // after a break (and signalling then, since changes may have been missed).
 func (a *Agent) follow(ctx context.Context, prefix string, dirty chan<- string) {
-	for ctx.Err() == nil {
-		for ev := range a.d.Store.Watch(ctx, prefix, 0) {
-			if ev.Err != nil {
-				break
-			}
-			select {
-			case dirty <- prefix:
-			case <-ctx.Done():
-				return
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Second):
-		}
-		select {
-		case dirty <- prefix:
-		case <-ctx.Done():
-			return
-		}
-	}
+	followPrefix(ctx, a.d.Store, prefix, dirty)
 }
 
 // ipv6NextHop is the configured or detected IPv6 next hop; invalid when
@@ -352,38 +335,21 @@ func (a *Agent) ipv6NextHop(v4 netip.Addr) netip.Addr {
 // register writes this node's record: its name and address, and the ASN
 // when configured; the route-reflector settings (`bgp config`) are kept.
 func (a *Agent) register(ctx context.Context, addr, addr6 netip.Addr) error {
-	return a.d.Store.Retry(ctx, func(ctx context.Context) error {
-		key := datastore.NodeKey(a.d.NodeName)
-		var n datastore.Node
-		var rev int64
-		kv, err := a.d.Store.Get(ctx, key)
-		switch {
-		case err == nil:
-			if err := json.Unmarshal(kv.Value, &n); err != nil {
-				return fmt.Errorf("decoding %s: %w", key, err)
-			}
-			rev = kv.ModRevision
-		case !errors.Is(err, datastore.ErrNotFound):
-			return err
-		}
-		want := n
-		want.Name, want.IPv4, want.IPv6 = a.d.NodeName, addr.String(), ""
+	want, changed, err := updateNodeRecord(ctx, a.d.Store, a.d.NodeName, func(n *datastore.Node) {
+		// A record with an address: this node ran before.
+		a.restarted = n.IPv4 != ""
+		n.Name, n.IPv4, n.IPv6 = a.d.NodeName, addr.String(), ""
 		if addr6.IsValid() {
-			want.IPv6 = addr6.String()
+			n.IPv6 = addr6.String()
 		}
 		if a.d.Config.ASN != 0 {
-			want.ASN = a.d.Config.ASN
+			n.ASN = a.d.Config.ASN
 		}
-		a.restarted = rev != 0 && n.IPv4 != ""
-		if rev != 0 && want == n {
-			return nil
-		}
-		if err := a.d.Store.Txn(ctx, datastore.Write(key, datastore.MustJSON(want), rev)); err != nil {
-			return err
-		}
-		a.log.WithFields(logrus.Fields{"node": want.Name, "asn": want.ASN}).Info("node registered")
-		return nil
 	})
+	if err == nil && changed {
+		a.log.WithFields(logrus.Fields{"node": want.Name, "asn": want.ASN}).Info("node registered")
+	}
+	return err
 }
 
 // loadNodesAndPeers reads nodes, explicit peers and the BGP config, and
@@ -751,6 +717,7 @@ func (a *Agent) syncRoutes(ctx context.Context) {
 	}
 	pol := ImportPolicy{Self: a.self, Pools: a.pools, Nodes: nodes, NodeIPv6: nodeIPv6, Peers: a.sessions, Exports: a.advertised}
 	sel := Select(paths, pol)
+	leaveToVXLAN(sel.Routes, a.d.VXLAN)
 	states, err := a.d.Speaker.Peers(ctx)
 	if err != nil {
 		a.log.WithError(err).Warn("reading BGP sessions")
@@ -860,6 +827,7 @@ func (a *Agent) Status(context.Context) Status {
 			st.Peers[i].Uptime = FormatUptime(time.Since(st.Peers[i].Since))
 		}
 	}
+	st.VXLAN = vxlanStatus(a.d.VXLAN)
 	return st
 }
 

@@ -31,6 +31,9 @@ type Status struct {
 	// RouteError says why the last pass could not program the learned
 	// routes into the kernel ("" when it could); /healthz reports it.
 	RouteError string `json:"routeError,omitempty"`
+	VXLAN          *VXLANStatus   `json:"vxlan,omitempty"`
+	// BGPOff: the daemon runs without a speaker (the status is VXLAN's).
+	BGPOff bool `json:"bgpOff,omitempty"`
 }
 
 // PeerStatus is one session.
@@ -94,7 +97,7 @@ func FetchStatus(ctx context.Context, socket string) (Status, error) {
 	}
 	res, err := client.Do(req)
 	if err != nil {
-		return Status{}, fmt.Errorf("no BGP status from the daemon at %s (is `calico-cnm serve --bgp` running on this host?): %w", socket, err)
+		return Status{}, fmt.Errorf("no status from the daemon at %s (is `calico-cnm serve` running on this host, with --bgp or a VXLAN pool?): %w", socket, err)
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {

@@ -233,7 +233,7 @@ func TestCLIPools(t *testing.T) {
 		}
 		return ps
 	}
-	header := "CIDR  BLOCK SIZE  NAT OUTGOING  DISABLED\n"
+	header := "CIDR  BLOCK SIZE  NAT OUTGOING  DISABLED  VXLAN MODE\n"
 	runSteps(t, nil, []step{
 		{name: "list empty", args: withEtcd(ep, "pool", "list"), stdout: header},
 		{name: "list empty json", args: withEtcd(ep, "pool", "list", "-o", "json"), stdout: "[]\n"},
@@ -268,16 +268,31 @@ func TestCLIPools(t *testing.T) {
 					t.Error("pool added with --disabled is enabled")
 				}
 			}},
+		{name: "add ipip refused", args: withEtcd(ep, "pool", "add", "10.50.0.0/16", "--ipip-mode", "Always"), code: exitUsage, stderr: "no IP-in-IP data path"},
+		{name: "add bad vxlan mode", args: withEtcd(ep, "pool", "add", "10.50.0.0/16", "--vxlan-mode", "Sometimes"), code: exitUsage, stderr: "unknown vxlanMode"},
+		{name: "add vxlan", args: withEtcd(ep, "pool", "add", "10.50.0.0/16", "--vxlan-mode", "CrossSubnet"),
+			stdout: "pool 10.50.0.0/16 added (block size /26, vxlanMode CrossSubnet)\n"},
+		{name: "set vxlan", args: withEtcd(ep, "pool", "set", "10.50.0.0/16", "--vxlan-mode", "always"),
+			stdout: "pool 10.50.0.0/16: vxlanMode Always\n",
+			check: func(t *testing.T, _ result) {
+				if p := pool(t, "10.50.0.0/16"); p.VXLANMode != ipam.EncapAlways {
+					t.Errorf("stored pool %+v, want vxlanMode Always", p)
+				}
+			}},
+		{name: "set without mode", args: withEtcd(ep, "pool", "set", "10.50.0.0/16"), code: exitUsage, stderr: "needs --vxlan-mode"},
+		{name: "set unknown pool", args: withEtcd(ep, "pool", "set", "10.60.0.0/16", "--vxlan-mode", "Always"), code: exitFailed, stderr: "no IP pool 10.60.0.0/16"},
+		{name: "set bad mode", args: withEtcd(ep, "pool", "set", "10.50.0.0/16", "--vxlan-mode", "x"), code: exitUsage, stderr: "unknown vxlanMode"},
+		{name: "delete vxlan pool", args: withEtcd(ep, "pool", "delete", "10.50.0.0/16"), stdout: "pool 10.50.0.0/16 deleted\n"},
 		{name: "add duplicate", args: withEtcd(ep, "pool", "add", "10.10.0.0/16"), code: exitFailed, stderr: "10.10.0.0/16"},
 		{name: "add overlapping", args: withEtcd(ep, "pool", "add", "10.10.128.0/17"), code: exitFailed, stderr: "overlap"},
 		{name: "add bad block size", args: withEtcd(ep, "pool", "add", "10.40.0.0/16", "--block-size", "12"), code: exitUsage, stderr: "block size"},
 		{name: "add host bits set", args: withEtcd(ep, "pool", "add", "10.40.0.1/16"), code: exitUsage, stderr: "10.40.0.1/16"},
 		{name: "list", args: withEtcd(ep, "pool", "list"),
-			stdout: "CIDR          BLOCK SIZE  NAT OUTGOING  DISABLED\n" +
-				"10.10.0.0/16  /26         false         false\n" +
-				"10.20.0.0/24  /28         true          false\n" +
-				"10.30.0.0/16  /26         false         true\n" +
-				"fd00:1::/64   /122        false         false\n"},
+			stdout: "CIDR          BLOCK SIZE  NAT OUTGOING  DISABLED  VXLAN MODE\n" +
+				"10.10.0.0/16  /26         false         false     Never\n" +
+				"10.20.0.0/24  /28         true          false     Never\n" +
+				"10.30.0.0/16  /26         false         true      Never\n" +
+				"fd00:1::/64   /122        false         false     Never\n"},
 		{name: "list json", args: withEtcd(ep, "pool", "list", "-o", "json"),
 			check: func(t *testing.T, r result) {
 				got := map[string]ipam.Pool{}
@@ -305,7 +320,7 @@ func TestCLIPools(t *testing.T) {
 					t.Error("pool still enabled in the datastore")
 				}
 			}},
-		{name: "list shows disabled", args: withEtcd(ep, "pool", "list"), stdout: `~(?m)^10\.10\.0\.0/16\s+/26\s+false\s+true$`},
+		{name: "list shows disabled", args: withEtcd(ep, "pool", "list"), stdout: `~(?m)^10\.10\.0\.0/16\s+/26\s+false\s+true\s+Never$`},
 		{name: "enable", args: withEtcd(ep, "pool", "enable", "10.10.0.0/16"), stdout: "pool 10.10.0.0/16 enabled\n",
 			check: func(t *testing.T, _ result) {
 				if pool(t, "10.10.0.0/16").Disabled {
@@ -331,10 +346,10 @@ func TestCLIPools(t *testing.T) {
 				pool(t, "10.10.0.0/16")
 			}},
 		{name: "list after delete", args: withEtcd(ep, "pool", "list"),
-			stdout: "CIDR          BLOCK SIZE  NAT OUTGOING  DISABLED\n" +
-				"10.10.0.0/16  /26         false         false\n" +
-				"10.30.0.0/16  /26         false         true\n" +
-				"fd00:1::/64   /122        false         false\n"},
+			stdout: "CIDR          BLOCK SIZE  NAT OUTGOING  DISABLED  VXLAN MODE\n" +
+				"10.10.0.0/16  /26         false         false     Never\n" +
+				"10.30.0.0/16  /26         false         true      Never\n" +
+				"fd00:1::/64   /122        false         false     Never\n"},
 	})
 }
 
@@ -550,7 +565,7 @@ func TestCLINode(t *testing.T) {
 	m, ep := startEtcd(t)
 	store := m.Client(t)
 	ctx := context.Background()
-	header := "NAME  DAEMON  BGP ADDRESS  ASN  BLOCKS  ADDRESSES  ENDPOINTS\n"
+	header := "NAME  DAEMON  BGP ADDRESS  ASN  BLOCKS  ADDRESSES  ENDPOINTS  VTEP  ROUTES\n"
 	runSteps(t, nil, []step{
 		{name: "empty", args: withEtcd(ep, "node", "list"), stdout: header},
 		{name: "empty json", args: withEtcd(ep, "node", "list", "-o", "json"), stdout: "[]\n"},
@@ -564,7 +579,7 @@ func TestCLINode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range []datastore.Node{{Name: "h1", IPv4: "172.20.0.1", ASN: 64512}, {Name: "h2", IPv4: "172.20.0.2", ASN: 64512}} {
+	for _, n := range []datastore.Node{{Name: "h1", IPv4: "172.20.0.1", ASN: 64512}, {Name: "h2", IPv4: "172.20.0.2", ASN: 64512, VXLANTunnelAddr: "10.9.0.1"}} {
 		if err := store.Txn(ctx, datastore.Create(datastore.NodeKey(n.Name), datastore.MustJSON(n))); err != nil {
 			t.Fatal(err)
 		}
@@ -587,10 +602,10 @@ func TestCLINode(t *testing.T) {
 	}
 
 	runSteps(t, nil, []step{
-		{name: "list", args: withEtcd(ep, "node", "list"),
-			stdout: "NAME  DAEMON                         BGP ADDRESS  ASN    BLOCKS  ADDRESSES  ENDPOINTS\n" +
-				"h1    up since 2026-01-02T03:04:05Z  172.20.0.1   64512  0       0          0\n" +
-				"h2    down                           172.20.0.2   64512  1       1          1\n"},
+		{name: "list", args: withEtcd(ep, "node", "list", "--state-dir", t.TempDir()),
+			stdout: "NAME  DAEMON                         BGP ADDRESS  ASN    BLOCKS  ADDRESSES  ENDPOINTS  VTEP      ROUTES\n" +
+				"h1    up since 2026-01-02T03:04:05Z  172.20.0.1   64512  0       0          0          -         -\n" +
+				"h2    down                           172.20.0.2   64512  1       1          1          10.9.0.1  -\n"},
 		{name: "delete a running node", args: withEtcd(ep, "node", "delete", "h1"), code: exitFailed,
 			stderr: "node h1's daemon (pid 4242 on host-one, up since 2026-01-02T03:04:05Z) holds its liveness lease; stop it first"},
 		{name: "delete an unknown node", args: withEtcd(ep, "node", "delete", "h3"), code: exitFailed,
@@ -706,7 +721,7 @@ func TestCLIEnvEndpoints(t *testing.T) {
 	env := map[string]string{"ETCD_ENDPOINTS": ep}
 	runSteps(t, env, []step{
 		{name: "add", args: []string{"pool", "add", "10.60.0.0/16"}, stdout: "pool 10.60.0.0/16 added (block size /26)\n"},
-		{name: "list", args: []string{"pool", "list"}, stdout: `~(?m)^10\.60\.0\.0/16\s+/26\s+false\s+false$`},
+		{name: "list", args: []string{"pool", "list"}, stdout: `~(?m)^10\.60\.0\.0/16\s+/26\s+false\s+false\s+Never$`},
 	})
 }
 

@@ -213,7 +213,7 @@ func TestDiags(t *testing.T) {
 		"ipam-configure.txt":           {"strictAffinity:      false"},
 		"bgp-peer-list.txt":            {"tor", "10.0.0.254", "yes"},
 		"endpoints.json":               {`"ipv4": "10.77.0.5/32"`},
-		"node-status.txt":              {"no BGP status from the daemon", "exit 1"},
+		"node-status.txt":              {"no status from the daemon", "exit 1"},
 		"ip-route.txt":                 {"blackhole 10.77.0.0/26"},
 		"ip-neigh.txt":                 {"cali0123456789a"},
 		"sysctl.txt":                   {"net.ipv4.ip_forward = 1", "net.ipv4.conf.cali0123456789a.proxy_arp = 1", "net.ipv4.conf.cali0123456789a.rp_filter = (unreadable"},

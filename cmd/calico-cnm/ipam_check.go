@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -29,6 +30,9 @@ type leakEvidence struct {
 	minAge time.Duration
 	// docker is nil when it could not be asked.
 	docker *plugin.DockerView
+	// nodes are the nodes that have a record (a VTEP address lives as long
+	// as its node's record).
+	nodes map[string]bool
 }
 
 // gatherLeakEvidence reads the endpoint records (first: see
@@ -41,6 +45,14 @@ func (a *app) gatherLeakEvidence(ctx context.Context, store *datastore.Store, mi
 		if ev.node, err = os.Hostname(); err != nil {
 			return nil, ev, fmt.Errorf("%s is not set and the hostname is unreadable: %w", plugin.EnvNodeName, err)
 		}
+	}
+	nodeKVs, err := store.List(ctx, datastore.NodesPrefix)
+	if err != nil {
+		return nil, ev, err
+	}
+	ev.nodes = map[string]bool{}
+	for _, kv := range nodeKVs {
+		ev.nodes[strings.TrimPrefix(string(kv.Key), datastore.NodesPrefix)] = true
 	}
 	kvs, err := store.List(ctx, datastore.EndpointsPrefix)
 	if err != nil {
@@ -100,7 +112,8 @@ func (a *app) leakRules(ctx context.Context, store *datastore.Store, minAge time
 			ip, _ := netip.AddrFromSlice(al.IP)
 			return recorded(al) || inDocker[ip.Unmap()]
 		},
-		Verified: func(node string) bool { return ev.docker != nil && node == ev.node },
+		Verified:  func(node string) bool { return ev.docker != nil && node == ev.node },
+		NodeKnown: func(node string) bool { return ev.nodes[node] },
 	}, nil
 }
 

@@ -32,10 +32,12 @@ func (a *app) nodeCmd() *cobra.Command {
 func (a *app) nodeListCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:     "list",
-		Short:   "List every node: its daemon's state, BGP address, AS, blocks, addresses and endpoints",
+		Short:   "List every node: its daemon's state, BGP address, AS, blocks, addresses, endpoints, VTEP and how this host reaches it",
 		Example: "  calico-cnm node list\n  calico-cnm node list -o wide",
 		Args:    noArgs,
 	}
+	var stateDir string
+	c.Flags().StringVar(&stateDir, "state-dir", plugin.DefaultConfig(a.getenv).StateDir, "the local daemon's state dir: its status says how it routes to each node (env "+plugin.EnvStateDir+")")
 	out := addOutputFlag(c)
 	c.RunE = func(c *cobra.Command, _ []string) error {
 		return a.withStore(c.Context(), func(store *datastore.Store, eng *ipam.Engine) error {
@@ -43,6 +45,7 @@ func (a *app) nodeListCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			a.addRouteKinds(c.Context(), list, filepath.Join(stateDir, routing.StatusSocketName))
 			return printList(a.stdout, out, list, []column[nodes.Info]{
 				{header: "NAME", value: func(n nodes.Info) string { return n.Name }},
 				{header: "DAEMON", value: func(n nodes.Info) string {
@@ -65,6 +68,9 @@ func (a *app) nodeListCmd() *cobra.Command {
 				{header: "BLOCKS", value: func(n nodes.Info) string { return strconv.Itoa(n.Blocks) }},
 				{header: "ADDRESSES", value: func(n nodes.Info) string { return strconv.Itoa(n.Addresses) }},
 				{header: "ENDPOINTS", value: func(n nodes.Info) string { return strconv.Itoa(n.Endpoints) }},
+				{header: "VTEP", value: func(n nodes.Info) string { return orDash(n.VTEP) }},
+				{header: "VTEP MAC", wide: true, value: func(n nodes.Info) string { return orDash(n.VTEPMAC) }},
+				{header: "ROUTES", value: func(n nodes.Info) string { return orDash(n.Routes) }},
 			})
 		})
 	}
@@ -114,7 +120,7 @@ func (a *app) nodeStatusCmd() *cobra.Command {
 	var stateDir, socket string
 	c := &cobra.Command{
 		Use:   "status",
-		Short: "Show this host's BGP sessions and routes (asks the local daemon)",
+		Short: "Show this host's BGP sessions, routes and VXLAN peers (asks the local daemon)",
 		Long: `status asks the daemon on this host, through <state-dir>/` + routing.StatusSocketName + `, for its BGP
 sessions (address, type, state, since, prefixes received/accepted/advertised)
 and routes. --timeout bounds the wait.`,
@@ -146,6 +152,10 @@ func (a *app) fetchStatus(ctx context.Context, path string) (routing.Status, err
 }
 
 func writeNodeStatus(w io.Writer, st routing.Status) error {
+	if st.BGPOff {
+		fmt.Fprintf(w, "calico-cnm is running on node %s, without BGP\n", st.Node)
+		return writeVXLANStatus(w, st.VXLAN)
+	}
 	role := "node-to-node mesh"
 	if !st.Mesh {
 		role = "mesh off"
@@ -177,5 +187,5 @@ func writeNodeStatus(w io.Writer, st routing.Status) error {
 		sort.Strings(reasons)
 		fmt.Fprintf(w, "rejected paths: %s\n", strings.Join(reasons, "; "))
 	}
-	return nil
+	return writeVXLANStatus(w, st.VXLAN)
 }

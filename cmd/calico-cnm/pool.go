@@ -17,7 +17,7 @@ func (a *app) poolCmd() *cobra.Command {
 	return group("pool", "Manage the IP pools calico-ipam assigns from",
 		`  calico-cnm pool add 10.10.0.0/16 --nat-outgoing
   calico-cnm pool list -o wide`,
-		a.poolAddCmd(), a.poolListCmd(), a.poolDeleteCmd(),
+		a.poolAddCmd(), a.poolListCmd(), a.poolSetCmd(), a.poolDeleteCmd(),
 		a.poolSetDisabledCmd("disable", true), a.poolSetDisabledCmd("enable", false))
 }
 
@@ -39,26 +39,33 @@ func (a *app) poolAddCmd() *cobra.Command {
 		Short: "Add an IP pool (no overlaps; /26 blocks for IPv4, /122 for IPv6 by default)",
 		Example: `  calico-cnm pool add 10.10.0.0/16
   calico-cnm pool add 10.20.0.0/24 --block-size 28 --nat-outgoing
+  calico-cnm pool add 10.30.0.0/16 --vxlan-mode CrossSubnet
   calico-cnm pool add fd00:cafe::/64 -o json`,
 		Args: oneCIDR,
 	}
 	c.Flags().IntVar(&p.BlockSize, "block-size", 0, "block prefix length (default 26 for IPv4, 122 for IPv6)")
 	c.Flags().BoolVar(&p.NATOutgoing, "nat-outgoing", false, "masquerade traffic leaving the pools")
 	c.Flags().BoolVar(&p.Disabled, "disabled", false, "create the pool disabled")
+	c.Flags().StringVar(&p.VXLANMode, "vxlan-mode", "", "when traffic to the pool is encapsulated in VXLAN: Never (default), Always or CrossSubnet")
+	c.Flags().StringVar(&p.IPIPMode, "ipip-mode", "", "Never (IP-in-IP is not supported)")
 	out := addOutputFlag(c)
 	c.RunE = func(c *cobra.Command, args []string) error {
 		return a.withStore(c.Context(), func(_ *datastore.Store, eng *ipam.Engine) error {
 			p.CIDR = args[0]
 			added, err := eng.AddPool(c.Context(), p)
-			if errors.Is(err, ipam.ErrInvalidCIDR) {
-				// A block size out of range or host bits set: the
-				// command line is wrong, not the datastore.
+			if errors.Is(err, ipam.ErrInvalidCIDR) || errors.Is(err, ipam.ErrInvalidArgument) {
+				// A block size out of range, host bits set, an unknown
+				// mode: the command line is wrong, not the datastore.
 				return usageError{err.Error()}
 			}
 			if err != nil {
 				return err
 			}
 			return out.print(a.stdout, added, func(w io.Writer) error {
+				if added.Encapsulates() {
+					_, err := fmt.Fprintf(w, "pool %s added (block size /%d, vxlanMode %s)\n", added.CIDR, added.BlockSize, added.VXLAN())
+					return err
+				}
 				_, err := fmt.Fprintf(w, "pool %s added (block size /%d)\n", added.CIDR, added.BlockSize)
 				return err
 			})
@@ -86,6 +93,7 @@ func (a *app) poolListCmd() *cobra.Command {
 				{header: "BLOCK SIZE", value: func(p ipam.Pool) string { return "/" + strconv.Itoa(p.BlockSize) }},
 				{header: "NAT OUTGOING", value: func(p ipam.Pool) string { return strconv.FormatBool(p.NATOutgoing) }},
 				{header: "DISABLED", value: func(p ipam.Pool) string { return strconv.FormatBool(p.Disabled) }},
+				{header: "VXLAN MODE", value: func(p ipam.Pool) string { return p.VXLAN() }},
 				{header: "BLOCKS", wide: true, value: func(p ipam.Pool) string { return blockCount(p) }},
 			})
 		})

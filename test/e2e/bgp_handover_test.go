@@ -19,6 +19,7 @@ import (
 // break: not one ping is lost, and each host ends with exactly the sessions
 // of the new topology.
 func TestMultiHostTopologySwitch(t *testing.T) {
+	t.Parallel()
 	c := newBGPCluster(t)
 	a, b := c.addHost(t, "a"), c.addHost(t, "b")
 	r1, r2 := c.addDaemonOnlyHost(t, "r1"), c.addDaemonOnlyHost(t, "r2")

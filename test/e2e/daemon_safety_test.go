@@ -21,6 +21,7 @@ var logrusLine = regexp.MustCompile(`^time="[^"]+" level=(\w+) msg=`)
 // stopped by SIGTERM, logs nothing at error level and writes one format
 // only (logrus), etcd's own messages included (issue 12 item 9).
 func TestCleanStopLogsNoErrors(t *testing.T) {
+	t.Parallel()
 	bin := harness.BuildBinary(t)
 	h := harness.NewHost(t, "cleanstop", harness.HostOptions{NoDockerd: true})
 	p := h.StartPlugin(t, bin, nil) // --log-level debug: etcd's info lines too
@@ -59,6 +60,7 @@ func TestCleanStopLogsNoErrors(t *testing.T) {
 // user reaches it neither way; a non-loopback TCP listener is refused
 // (issue 12 item 8).
 func TestEmbeddedEtcdRootOnly(t *testing.T) {
+	t.Parallel()
 	harness.RequireFile(t, "/usr/bin/setpriv", "package util-linux")
 	harness.RequireFile(t, "/usr/bin/etcdctl", "package etcd-client")
 	bin := harness.BuildBinary(t)
@@ -121,6 +123,7 @@ func TestEmbeddedEtcdRootOnly(t *testing.T) {
 // first stops it takes the name and serves, and its endpoint records carry
 // its engine ID (issue 12 item 2).
 func TestDuplicateNodeNameRefused(t *testing.T) {
+	t.Parallel()
 	bin := harness.BuildBinary(t)
 	fab := harness.NewFabric(t, "")
 	etcd := fab.StartEtcd(t)

@@ -133,6 +133,7 @@ func (c *clusterCalls) call(ctx context.Context, sock, method string, req, resp 
 // address is assigned twice, `ipam check` finds nothing once the member is
 // back, and the daemons follow the cluster without restarts.
 func TestEtcdClusterLeaderFailure(t *testing.T) {
+	t.Parallel()
 	const (
 		nodes       = 3
 		workers     = 4 // concurrent callers per host

@@ -17,6 +17,7 @@ import (
 // no container holds, is a leak once old enough; and with Docker
 // unreachable nothing is released.
 func TestIPAMCheckAsksDocker(t *testing.T) {
+	t.Parallel()
 	h := newCalicoHost(t, "ipamcheck")
 	h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "net1")
 	h.MustDocker(t, "run", "-d", "--name", "c1", "--net", "net1", harness.Image, "sleep", "3600")

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"slices"
@@ -142,22 +141,7 @@ func BenchmarkMultiHostIperf(b *testing.B) {
 	})
 	hb.StartProcess(b, "iperf3-host", nil, harness.TCPReady(hb.IP.String()+":5201"), "/usr/bin/iperf3", "-s", "-B", hb.IP.String())
 
-	bps := func(out string, err error) float64 {
-		if err != nil {
-			b.Fatalf("iperf3: %v\n%s", err, out)
-		}
-		var r struct {
-			End struct {
-				SumReceived struct {
-					BitsPerSecond float64 `json:"bits_per_second"`
-				} `json:"sum_received"`
-			} `json:"end"`
-		}
-		if err := json.Unmarshal([]byte(out), &r); err != nil || r.End.SumReceived.BitsPerSecond == 0 {
-			b.Fatalf("iperf3 -J output: %v\n%s", err, out)
-		}
-		return r.End.SumReceived.BitsPerSecond
-	}
+	bps := func(out string, err error) float64 { return iperfBPS(b, out, err) }
 	for i := 0; i < b.N; i++ {
 		ctr := bps(ha.Docker(b, "exec", "cli", "iperf3", "-c", srvIP, "-t", "5", "-J"))
 		host := bps(ha.Exec(b, "iperf3", "-c", hb.IP.String(), "-t", "5", "-J"))

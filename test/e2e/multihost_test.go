@@ -55,14 +55,14 @@ func newBGPCluster(t *testing.T) *bgpCluster {
 }
 
 // ctl runs the operator CLI from the root namespace against the shared etcd.
-func (c *bgpCluster) ctl(t *testing.T, args ...string) (string, error) {
+func (c *bgpCluster) ctl(t testing.TB, args ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return mhRun(ctx, append([]string{c.bin}, append(args, "--etcd-endpoints", c.etcd)...)...)
 }
 
-func (c *bgpCluster) mustCtl(t *testing.T, args ...string) string {
+func (c *bgpCluster) mustCtl(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := c.ctl(t, args...)
 	if err != nil {
@@ -82,10 +82,16 @@ func (c *bgpCluster) addHost(t *testing.T, name string) *bgpHost {
 // to the daemon's (a later flag wins).
 func (c *bgpCluster) addHostTB(tb testing.TB, name string, extra ...string) *bgpHost {
 	tb.Helper()
-	h := &bgpHost{Host: c.fabric.AddHost(tb, name, harness.HostOptions{}), c: c}
+	return c.addHostOn(tb, c.fabric, name, append([]string{"--bgp"}, extra...)...)
+}
+
+// addHostOn is addHostTB on any fabric, BGP off unless extra has --bgp.
+func (c *bgpCluster) addHostOn(tb testing.TB, f *harness.Fabric, name string, extra ...string) *bgpHost {
+	tb.Helper()
+	h := &bgpHost{Host: f.AddHost(tb, name, harness.HostOptions{}), c: c}
 	h.ImportBusybox(tb)
 	env := []string{"ETCD_ENDPOINTS=" + c.etcd}
-	args := append(h.ServeArgs(env), "--bgp", "--block-release-grace", "1s", "--resync-interval", "2s", "--bgp-sync-timeout", "20s")
+	args := append(h.ServeArgs(env), "--block-release-grace", "1s", "--resync-interval", "2s", "--bgp-sync-timeout", "20s")
 	h.plugin = h.StartPlugin(tb, c.bin, env, append(args, extra...)...)
 	tb.Cleanup(func() {
 		if tb.Failed() {

@@ -15,6 +15,7 @@ var notParallel = map[string]string{
 	"TestSmoke":                   "checks that the process has nothing left over",
 	"TestReadmeQuickStart":        "builds bin/ in the checkout",
 	"TestReadmeManagedQuickStart": "builds bin/ in the checkout",
+	"TestReadmeVXLAN":             "builds bin/ in the checkout",
 }
 
 // TestTopLevelTestsAreParallel keeps make test's time in bounds as tests

@@ -201,3 +201,28 @@ func TestReadmeManagedQuickStart(t *testing.T) {
 		t.Errorf("cali veths left after the quick start removed its containers:\n%s", links)
 	}
 }
+
+// TestReadmeVXLAN pastes the README's VXLAN block on a host running `make
+// run`: a VXLAN pool gives the host vxlan.calico and its VTEP, containers
+// the reduced MTU; deleting the pool removes the device again.
+func TestReadmeVXLAN(t *testing.T) {
+	sb := newUserSandbox(t, "readme-vxlan", "make run")
+	sb.waitFor(t, "/run/docker/plugins/calico-ipam.sock", 4*time.Minute)
+	text := sb.shell(t, readmeBlock(t, "vxlan"), 3*time.Minute)
+	requireOutput(t, text,
+		"pool 10.44.0.0/16 added (block size /26, vxlanMode CrossSubnet)",
+		"\n1450\n",
+		"VXLAN: device vxlan.calico, VTEP 10.44.",
+		"vxlan id 4096",
+		"dstport 4789",
+		"nolearning",
+		"pool 10.44.0.0/16: vxlanMode Always",
+		"pool 10.44.0.0/16 deleted",
+	)
+	harness.Eventually(t, 30*time.Second, 200*time.Millisecond, "vxlan.calico removed with the last VXLAN pool", func() error {
+		if out, err := sb.host.Exec(t, "ip", "link", "show", "vxlan.calico"); err == nil {
+			return fmt.Errorf("still there: %s", out)
+		}
+		return nil
+	})
+}

@@ -170,14 +170,7 @@ func (f *Fabric) EnableIPv6(t testing.TB) {
 // plugin's --nodename).
 func (f *Fabric) AddHost(t testing.TB, name string, opts HostOptions) *Host {
 	t.Helper()
-	f.mu.Lock()
-	off := f.next
-	f.next++
-	f.mu.Unlock()
-	ip := addrAt(f.Subnet, off)
-	if !f.Subnet.Contains(ip) || ip.Equal(broadcast(f.Subnet)) {
-		t.Fatalf("harness: fabric %s is full", f.Subnet)
-	}
+	ip, off := f.nextAddr(t)
 	h := newHostNetns(t, name, opts)
 	h.IP, h.Subnet, h.Gateway = ip, f.Subnet, f.Gateway
 	f.mu.Lock()

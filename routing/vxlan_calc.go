@@ -1,0 +1,226 @@
+package routing
+
+import (
+	"crypto/sha1"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/ipam"
+)
+
+// Calico's VXLAN choices, so that a node computes every other node's
+// tunnel endpoint the same way Calico does.
+const (
+	VXLANDevice = "vxlan.calico"
+	VXLANVNI    = 4096
+	VXLANPort   = 4789
+	// VXLANOverhead is what the encapsulation adds to a packet: outer
+	// IPv4 (20), UDP (8), VXLAN (8) and inner Ethernet (14) headers.
+	VXLANOverhead = 50
+)
+
+// VXLANProtocol marks the routes the VXLAN manager installs ("proto 82"):
+// neither dataplane.RouteProtocol (80: blackholes, workload routes) nor
+// LearnedProtocol (81: BGP), so that each owner's cleanup deletes only its
+// own routes.
+const VXLANProtocol netlink.RouteProtocol = 82
+
+// VTEPMAC is the MAC of node's vxlan.calico device: 0x66 ('f') followed by
+// the first five bytes of SHA-1 of the node name, as Calico computes it
+// (felix/calc/vxlan_resolver.go), so that no node has to publish it for
+// the others to program their FDB.
+func VTEPMAC(node string) net.HardwareAddr {
+	sum := sha1.Sum([]byte(node))
+	return append(net.HardwareAddr{0x66}, sum[:5]...)
+}
+
+// RouteKind says how this node reaches another node's workloads.
+type RouteKind string
+
+// Route kinds shown by `node status` and `node list`.
+const (
+	RouteVXLAN  RouteKind = "vxlan"  // encapsulated: <block> via <VTEP> dev vxlan.calico onlink
+	RouteDirect RouteKind = "direct" // same subnet, computed from the datastore: <block> via <node>
+	RouteBGP    RouteKind = "bgp"    // same subnet, left to the routes BGP learns
+	RouteNone   RouteKind = "-"      // no VXLAN pool, or the node has no VTEP yet
+)
+
+// VTEP is a remote node's tunnel endpoint.
+type VTEP struct {
+	Node   string
+	NodeIP netip.Addr // underlay: where encapsulated packets go
+	Addr   netip.Addr // the node's address on vxlan.calico
+	MAC    net.HardwareAddr
+}
+
+// VXLANRoute is one route of the VXLAN manager: via a VTEP on the device
+// (Encap) or via a node address directly.
+type VXLANRoute struct {
+	Dst   netip.Prefix
+	Via   netip.Addr
+	Encap bool
+}
+
+// VXLANInput is what the desired VXLAN state is computed from.
+type VXLANInput struct {
+	Self       string
+	SelfIP     netip.Addr   // this node's underlay address
+	SelfSubnet netip.Prefix // the subnet of SelfIP's interface (CrossSubnet)
+	BGP        bool         // a BGP speaker installs direct routes
+	Nodes      []datastore.Node
+	Pools      []ipam.Pool
+	Owners     map[netip.Prefix]string // block -> host
+	// Endpoints are every node's workload endpoints: those holding an
+	// address borrowed from another host's block are routed by /32.
+	Endpoints []datastore.Endpoint
+}
+
+// VXLANDesired is the state the kernel should have.
+type VXLANDesired struct {
+	// Needed: some pool uses VXLAN, so this node has a device and a VTEP.
+	Needed bool
+	// Pools are the enabled and disabled pools with vxlanMode != Never:
+	// the VTEP address comes from one of them.
+	Pools  []netip.Prefix
+	VTEPs  []VTEP // every remote node with a VTEP, by name
+	Routes map[netip.Prefix]VXLANRoute
+	// Kinds is, per remote node, how its workloads are reached (the
+	// strongest kind over its blocks: vxlan, then direct, then bgp).
+	Kinds map[string]RouteKind
+}
+
+// DesiredVXLAN computes device, VTEPs and routes from the datastore's view.
+// A remote block in an Always pool is routed through the owner's VTEP; in a
+// CrossSubnet pool likewise when the owner is outside SelfSubnet, and
+// directly otherwise (left to BGP when BGP runs). Never pools are not
+// touched (BGP's, or nobody's).
+func DesiredVXLAN(in VXLANInput) VXLANDesired {
+	d := VXLANDesired{Routes: map[netip.Prefix]VXLANRoute{}, Kinds: map[string]RouteKind{}}
+	type encapPool struct {
+		pfx  netip.Prefix
+		mode string
+	}
+	var pools []encapPool
+	for _, p := range in.Pools {
+		pfx, err := netip.ParsePrefix(p.CIDR)
+		if err != nil || !pfx.Addr().Is4() || !p.Encapsulates() {
+			continue
+		}
+		pools = append(pools, encapPool{pfx.Masked(), p.VXLAN()})
+		d.Pools = append(d.Pools, pfx.Masked())
+	}
+	d.Needed = len(pools) > 0
+	if !d.Needed {
+		return d
+	}
+	vteps := map[string]VTEP{}
+	nodeIPs := map[string]netip.Addr{}
+	for _, n := range in.Nodes {
+		if n.Name == in.Self || n.Name == "" {
+			continue
+		}
+		ip, err := netip.ParseAddr(n.IPv4)
+		if err != nil || !ip.Is4() {
+			continue
+		}
+		nodeIPs[n.Name] = ip
+		vtep, err := netip.ParseAddr(n.VXLANTunnelAddr)
+		if err != nil || !vtep.Is4() {
+			continue
+		}
+		mac := VTEPMAC(n.Name)
+		if m, err := net.ParseMAC(n.VXLANTunnelMAC); err == nil && len(m) == 6 {
+			mac = m
+		}
+		v := VTEP{Node: n.Name, NodeIP: ip, Addr: vtep, MAC: mac}
+		vteps[n.Name] = v
+		d.VTEPs = append(d.VTEPs, v)
+	}
+	slices.SortFunc(d.VTEPs, func(a, b VTEP) int { return strings.Compare(a.Node, b.Node) })
+
+	rank := map[RouteKind]int{RouteNone: 0, RouteBGP: 1, RouteDirect: 2, RouteVXLAN: 3}
+	note := func(node string, k RouteKind) {
+		if rank[k] > rank[d.Kinds[node]] {
+			d.Kinds[node] = k
+		}
+	}
+	for name := range nodeIPs {
+		d.Kinds[name] = RouteNone
+	}
+	poolOf := func(dst netip.Prefix) (encapPool, bool) {
+		idx := slices.IndexFunc(pools, func(p encapPool) bool { return p.pfx.Overlaps(dst) && p.pfx.Bits() <= dst.Bits() })
+		if idx < 0 {
+			return encapPool{}, false
+		}
+		return pools[idx], true
+	}
+	// route routes dst, a block or a borrowed address, to node's workloads.
+	route := func(dst netip.Prefix, node string) {
+		pool, ok := poolOf(dst)
+		nodeIP, known := nodeIPs[node]
+		if !ok || !known {
+			return
+		}
+		sameSubnet := in.SelfSubnet.IsValid() && in.SelfSubnet.Contains(nodeIP)
+		switch {
+		case pool.mode == ipam.EncapCrossSubnet && sameSubnet && in.BGP:
+			note(node, RouteBGP)
+		case pool.mode == ipam.EncapCrossSubnet && sameSubnet:
+			d.Routes[dst] = VXLANRoute{Dst: dst, Via: nodeIP}
+			note(node, RouteDirect)
+		default:
+			v, ok := vteps[node]
+			if !ok {
+				return // no VTEP yet: the node's manager has not started
+			}
+			d.Routes[dst] = VXLANRoute{Dst: dst, Via: v.Addr, Encap: true}
+			note(node, RouteVXLAN)
+		}
+	}
+	for block, owner := range in.Owners {
+		if owner != in.Self && owner != "" {
+			route(block, owner)
+		}
+	}
+	// A workload whose address is borrowed from another host's block (or
+	// from a block without a host) gets a /32 to its own node, more specific
+	// than the block's route.
+	for _, ep := range in.Endpoints {
+		a, ok := endpointIPv4(ep)
+		if !ok || ep.Node == in.Self || ep.Node == "" {
+			continue
+		}
+		owner := ""
+		for block, host := range in.Owners {
+			if block.Contains(a) {
+				owner = host
+				break
+			}
+		}
+		if owner != ep.Node {
+			route(netip.PrefixFrom(a, 32), ep.Node)
+		}
+	}
+	return d
+}
+
+// endpointIPv4 is the endpoint's IPv4 address ("a.b.c.d/32" in the record).
+func endpointIPv4(ep datastore.Endpoint) (netip.Addr, bool) {
+	p, err := netip.ParsePrefix(ep.IPv4)
+	if err != nil || !p.Addr().Is4() {
+		return netip.Addr{}, false
+	}
+	return p.Addr(), true
+}
+
+// Owns says whether the VXLAN manager routes dst; BGP must then leave it
+// alone (VXLAN takes precedence over BGP-learned routes for its pools).
+func (d VXLANDesired) Owns(dst netip.Prefix) bool {
+	_, ok := d.Routes[dst.Masked()]
+	return ok
+}

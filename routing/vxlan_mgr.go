@@ -1,0 +1,392 @@
+package routing
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/ipam"
+)
+
+// VXLANBlocks is the part of IPAM the VXLAN manager uses (*ipam.Engine).
+type VXLANBlocks interface {
+	ListPools(ctx context.Context) ([]ipam.Pool, error)
+	BlockOwners(ctx context.Context) (map[netip.Prefix]string, error)
+	EnsureTunnelAddress(ctx context.Context, node string, pools []netip.Prefix) (netip.Addr, error)
+	ReleaseTunnelAddress(ctx context.Context, node string) error
+}
+
+// VXLANDeps wires a VXLANManager; tests pass fakes for Blocks and Kernel.
+type VXLANDeps struct {
+	Store    Store
+	Blocks   VXLANBlocks
+	Kernel   VXLANKernel
+	NodeName string
+	// Config gives the node address (NodeIP or AutodetectMethod) and
+	// whether BGP runs (Enabled): then same-subnet CrossSubnet routes are
+	// left to BGP.
+	Config        Config
+	Log           logrus.FieldLogger
+	DetectAddress func(method string) (netip.Addr, error)
+	// ResyncInterval re-checks everything even without events (default 10s).
+	ResyncInterval time.Duration
+}
+
+// VXLANManager keeps vxlan.calico, its neighbours, FDB entries and routes
+// equal to what the datastore's pools, node records and block affinities
+// ask for (Felix's vxlan_mgr, without a BGP speaker needed): desired state
+// computed by DesiredVXLAN, diffed against the kernel on every change and
+// every ResyncInterval.
+type VXLANManager struct {
+	d   VXLANDeps
+	log logrus.FieldLogger
+
+	addr   netip.Addr
+	uplink Uplink
+	// clean: the last pass found no VXLAN pool and removed everything;
+	// passes stay read-only until a pool uses VXLAN again.
+	clean bool
+
+	mu        sync.Mutex
+	uplinkMTU int // for WorkloadMTU; 0 until located
+	desired   VXLANDesired
+	status    VXLANStatus
+}
+
+// NewVXLANManager checks deps.
+func NewVXLANManager(d VXLANDeps) (*VXLANManager, error) {
+	if d.Store == nil || d.Blocks == nil || d.Kernel == nil {
+		return nil, errors.New("the VXLAN manager needs a datastore, IPAM and a kernel")
+	}
+	if d.NodeName == "" {
+		return nil, errors.New("the VXLAN manager needs the node name")
+	}
+	if d.Log == nil {
+		d.Log = logrus.StandardLogger()
+	}
+	if d.DetectAddress == nil {
+		d.DetectAddress = DetectAddress
+	}
+	if d.ResyncInterval <= 0 {
+		d.ResyncInterval = 10 * time.Second
+	}
+	return &VXLANManager{d: d, log: d.Log.WithField("component", "vxlan")}, nil
+}
+
+// Owns says whether dst is routed by VXLAN now; the BGP agent leaves such
+// destinations alone.
+func (m *VXLANManager) Owns(dst netip.Prefix) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.desired.Owns(dst)
+}
+
+// Run works until ctx ends.
+func (m *VXLANManager) Run(ctx context.Context) error {
+	dirty := make(chan string, 8)
+	for _, prefix := range []string{datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix} {
+		go followPrefix(ctx, m.d.Store, prefix, dirty)
+	}
+	ticker := time.NewTicker(m.d.ResyncInterval)
+	defer ticker.Stop()
+	for {
+		if err := m.Sync(ctx); err != nil && ctx.Err() == nil {
+			m.log.WithError(err).Warn("VXLAN sync failed; retrying at the next change or resync")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-dirty:
+		case <-ticker.C:
+		}
+		for drained := false; !drained; {
+			select {
+			case <-dirty:
+			default:
+				drained = true
+			}
+		}
+	}
+}
+
+// locate finds this node's underlay address and its interface, once: only
+// a node that needs VXLAN needs them.
+func (m *VXLANManager) locate() error {
+	if m.uplink.Index != 0 {
+		return nil
+	}
+	addr, err := netip.Addr{}, error(nil)
+	if m.d.Config.NodeIP != "" {
+		addr, err = netip.ParseAddr(m.d.Config.NodeIP)
+	} else {
+		addr, err = m.d.DetectAddress(m.d.Config.AutodetectMethod)
+	}
+	if err != nil {
+		return fmt.Errorf("detecting the node address: %w", err)
+	}
+	up, err := m.d.Kernel.Uplink(addr)
+	if err != nil {
+		return err
+	}
+	m.addr, m.uplink = addr, up
+	m.mu.Lock()
+	m.uplinkMTU = up.MTU
+	m.mu.Unlock()
+	m.log = m.log.WithFields(logrus.Fields{"address": addr.String(), "uplink": up.Name})
+	return nil
+}
+
+// Sync reads the datastore and makes the kernel match it: one pass.
+func (m *VXLANManager) Sync(ctx context.Context) error {
+	pools, err := m.d.Blocks.ListPools(ctx)
+	if err != nil {
+		return err
+	}
+	nodes, err := listNodes(ctx, m.d.Store)
+	if err != nil {
+		return err
+	}
+	owners, err := m.d.Blocks.BlockOwners(ctx)
+	if err != nil {
+		return err
+	}
+	in := VXLANInput{Self: m.d.NodeName, BGP: m.d.Config.Enabled, Nodes: nodes, Pools: pools, Owners: owners}
+	if DesiredVXLAN(in).Needed {
+		if in.Endpoints, err = listEndpoints(ctx, m.d.Store); err != nil {
+			return err
+		}
+	}
+	if !DesiredVXLAN(in).Needed {
+		if m.clean {
+			m.publish(VXLANDesired{}, netip.Addr{})
+			return nil
+		}
+		err := errors.Join(m.syncRoutes(VXLANDesired{}, true), m.teardown(ctx))
+		m.clean = err == nil
+		m.publish(VXLANDesired{}, netip.Addr{})
+		return err
+	}
+	m.clean = false
+	if err := m.locate(); err != nil {
+		return err
+	}
+	in.SelfIP, in.SelfSubnet = m.addr, m.uplink.Subnet
+	want := DesiredVXLAN(in)
+	vtep, err := m.d.Blocks.EnsureTunnelAddress(ctx, m.d.NodeName, want.Pools)
+	if err != nil {
+		return err
+	}
+	if err := m.register(ctx, vtep); err != nil {
+		return err
+	}
+	spec := VXLANDeviceSpec{Local: m.addr, Parent: m.uplink.Index, MAC: VTEPMAC(m.d.NodeName), MTU: m.uplink.MTU - VXLANOverhead, Addr: vtep}
+	if err := m.d.Kernel.EnsureDevice(spec); err != nil {
+		return err
+	}
+	// Routes go before the entries they use, and come after them.
+	err = errors.Join(m.syncRoutes(want, true), m.syncNeighbors(want), m.syncFDB(want), m.syncRoutes(want, false))
+	m.publish(want, vtep)
+	return err
+}
+
+// teardown removes what VXLAN left: the device (with its neighbours and
+// FDB), the VTEP address and its record fields.
+func (m *VXLANManager) teardown(ctx context.Context) error {
+	if err := m.d.Kernel.RemoveDevice(); err != nil {
+		return fmt.Errorf("removing %s: %w", VXLANDevice, err)
+	}
+	if err := m.d.Blocks.ReleaseTunnelAddress(ctx, m.d.NodeName); err != nil {
+		return err
+	}
+	return m.register(ctx, netip.Addr{})
+}
+
+// register writes this node's underlay address and VTEP (none: vtep
+// invalid) into its record, keeping every other field.
+func (m *VXLANManager) register(ctx context.Context, vtep netip.Addr) error {
+	want, changed, err := updateNodeRecord(ctx, m.d.Store, m.d.NodeName, func(n *datastore.Node) {
+		n.VXLANTunnelAddr, n.VXLANTunnelMAC = "", ""
+		if vtep.IsValid() {
+			n.Name, n.IPv4 = m.d.NodeName, m.addr.String()
+			n.VXLANTunnelAddr, n.VXLANTunnelMAC = vtep.String(), VTEPMAC(m.d.NodeName).String()
+		}
+	})
+	if err == nil && changed {
+		m.log.WithFields(logrus.Fields{"vtep": want.VXLANTunnelAddr, "mac": want.VXLANTunnelMAC}).Info("VXLAN tunnel endpoint registered")
+	}
+	return err
+}
+
+// syncRoutes deletes unwanted VXLAN routes (deletes) or adds and fixes
+// the wanted ones (!deletes).
+func (m *VXLANManager) syncRoutes(want VXLANDesired, deletes bool) error {
+	have, err := m.d.Kernel.Routes()
+	if err != nil {
+		return err
+	}
+	haveBy := map[netip.Prefix]VXLANRoute{}
+	for _, r := range have {
+		haveBy[r.Dst] = r
+	}
+	var errs []error
+	if deletes {
+		for dst, r := range haveBy {
+			if w, ok := want.Routes[dst]; ok && w == r {
+				continue
+			}
+			if _, ok := want.Routes[dst]; ok {
+				continue // replaced below
+			}
+			if err := m.d.Kernel.DelRoute(dst); err != nil {
+				errs = append(errs, fmt.Errorf("deleting the route to %s: %w", dst, err))
+				continue
+			}
+			m.log.WithField("block", dst.String()).Info("VXLAN route removed")
+		}
+		return errors.Join(errs...)
+	}
+	for dst, w := range want.Routes {
+		if r, ok := haveBy[dst]; ok && r == w {
+			continue
+		}
+		if err := m.d.Kernel.SetRoute(w); err != nil {
+			errs = append(errs, fmt.Errorf("routing %s: %w", dst, err))
+			continue
+		}
+		m.log.WithFields(logrus.Fields{"block": dst.String(), "via": w.Via.String(), "encap": w.Encap}).Info("VXLAN route installed")
+	}
+	return errors.Join(errs...)
+}
+
+func (m *VXLANManager) syncNeighbors(want VXLANDesired) error {
+	have, err := m.d.Kernel.Neighbors()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	wanted := map[netip.Addr]bool{}
+	for _, v := range want.VTEPs {
+		wanted[v.Addr] = true
+		if have[v.Addr] == v.MAC.String() {
+			continue
+		}
+		if err := m.d.Kernel.SetNeighbor(v.Addr, v.MAC); err != nil {
+			errs = append(errs, fmt.Errorf("neighbour %s of node %s: %w", v.Addr, v.Node, err))
+		}
+	}
+	for ip := range have {
+		if !wanted[ip] {
+			if err := m.d.Kernel.DelNeighbor(ip); err != nil {
+				errs = append(errs, fmt.Errorf("removing neighbour %s: %w", ip, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (m *VXLANManager) syncFDB(want VXLANDesired) error {
+	have, err := m.d.Kernel.FDB()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	wanted := map[string]bool{}
+	for _, v := range want.VTEPs {
+		mac := v.MAC.String()
+		wanted[mac] = true
+		if dst, ok := have[mac]; ok && dst == v.NodeIP {
+			continue
+		}
+		if err := m.d.Kernel.SetFDB(v.MAC, v.NodeIP); err != nil {
+			errs = append(errs, fmt.Errorf("FDB entry of node %s: %w", v.Node, err))
+			continue
+		}
+		m.log.WithFields(logrus.Fields{"node": v.Node, "vtep": v.Addr.String(), "nodeIP": v.NodeIP.String()}).Info("VXLAN peer programmed")
+	}
+	for mac, dst := range have {
+		if wanted[mac] {
+			continue
+		}
+		hw, err := net.ParseMAC(mac)
+		if err != nil {
+			continue
+		}
+		if err := m.d.Kernel.DelFDB(hw, dst); err != nil {
+			errs = append(errs, fmt.Errorf("removing FDB entry %s: %w", mac, err))
+			continue
+		}
+		m.log.WithFields(logrus.Fields{"mac": mac, "nodeIP": dst.String()}).Info("VXLAN peer removed")
+	}
+	return errors.Join(errs...)
+}
+
+// listEndpoints reads every node's endpoint records; the key says which
+// node an endpoint is on.
+func listEndpoints(ctx context.Context, store Store) ([]datastore.Endpoint, error) {
+	kvs, err := store.List(ctx, datastore.EndpointsPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing endpoints: %w", err)
+	}
+	var out []datastore.Endpoint
+	for _, kv := range kvs {
+		var ep datastore.Endpoint
+		node, _, ok := datastore.EndpointNodeAndID(kv.Key)
+		if ok && json.Unmarshal(kv.Value, &ep) == nil {
+			ep.Node = node
+			out = append(out, ep)
+		}
+	}
+	return out, nil
+}
+
+// listNodes reads every node record.
+func listNodes(ctx context.Context, store Store) ([]datastore.Node, error) {
+	kvs, err := store.List(ctx, datastore.NodesPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	var out []datastore.Node
+	for _, kv := range kvs {
+		var n datastore.Node
+		if err := json.Unmarshal(kv.Value, &n); err == nil && n.Name != "" {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// followPrefix signals dirty with prefix for every change under it,
+// re-watching after a break (and signalling then, since changes may have
+// been missed).
+func followPrefix(ctx context.Context, store Store, prefix string, dirty chan<- string) {
+	for ctx.Err() == nil {
+		for ev := range store.Watch(ctx, prefix, 0) {
+			if ev.Err != nil {
+				break
+			}
+			select {
+			case dirty <- prefix:
+			case <-ctx.Done():
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+		select {
+		case dirty <- prefix:
+		case <-ctx.Done():
+			return
+		}
+	}
+}

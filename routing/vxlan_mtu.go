@@ -1,0 +1,73 @@
+package routing
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+)
+
+// WorkloadMTU is the MTU for a container interface with address ip: the
+// uplink's MTU minus VXLANOverhead when ip is in a pool that may
+// encapsulate (Always or CrossSubnet: one MTU for every destination, so
+// that no path needs fragmentation), 0 (the default) otherwise.
+func (m *VXLANManager) WorkloadMTU(ctx context.Context, ip net.IP) (int, error) {
+	a, ok := netip.AddrFromSlice(ip)
+	if !ok {
+		return 0, nil
+	}
+	a = a.Unmap()
+	pools, err := m.d.Blocks.ListPools(ctx)
+	if err != nil {
+		return 0, err
+	}
+	encap := false
+	for _, p := range pools {
+		if pfx, err := netip.ParsePrefix(p.CIDR); err == nil && pfx.Contains(a) {
+			encap = p.Encapsulates()
+		}
+	}
+	if !encap {
+		return 0, nil
+	}
+	m.mu.Lock()
+	mtu := m.uplinkMTU
+	m.mu.Unlock()
+	if mtu == 0 {
+		if mtu, err = m.detectUplinkMTU(); err != nil {
+			return 0, err
+		}
+	}
+	return mtu - VXLANOverhead, nil
+}
+
+// detectUplinkMTU finds the MTU of the interface holding the node address
+// without the manager's netlink handle, which belongs to its own goroutine.
+func (m *VXLANManager) detectUplinkMTU() (int, error) {
+	var addr netip.Addr
+	var err error
+	if m.d.Config.NodeIP != "" {
+		addr, err = netip.ParseAddr(m.d.Config.NodeIP)
+	} else {
+		addr, err = m.d.DetectAddress(m.d.Config.AutodetectMethod)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("detecting the node address for the MTU: %w", err)
+	}
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return 0, err
+	}
+	for _, ifc := range ifs {
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, x := range addrs {
+			if n, ok := x.(*net.IPNet); ok && n.IP.Equal(net.IP(addr.AsSlice())) {
+				return ifc.MTU, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no interface holds the node address %s", addr)
+}
