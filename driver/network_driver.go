@@ -563,17 +563,22 @@ func (d *NetworkDriver) DeleteEndpoint(ctx context.Context, req *network.DeleteE
 
 // Join plumbs the endpoint into a container: the dataplane creates the veth
 // (the container side, TempIfName, goes to Docker, which moves it into the
-// sandbox as eth*) and the host route; the container routes everything via
-// the virtual gateway 169.254.1.1, reachable through an on-link route. A
-// failed Join leaves nothing behind.
+// sandbox as eth*) and the host route; the container routes via a virtual
+// link-local gateway reachable through an on-link route, one per calico
+// interface of the container (see joinPlan). A failed Join leaves nothing
+// behind.
 func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*network.JoinResponse, error) {
 	log := d.log.WithFields(logrus.Fields{"network": short(req.NetworkID), "endpoint": short(req.EndpointID)})
-	ep, epRev, err := d.getEndpoint(ctx, req.EndpointID)
+	ep, epRev, peers, err := d.sandboxOf(ctx, req.EndpointID, req.SandboxKey)
 	if err != nil {
 		return nil, err
 	}
 	if ep.Network != req.NetworkID {
 		return nil, userError(fmt.Sprintf("endpoint %s belongs to network %s, not %s", short(req.EndpointID), short(ep.Network), short(req.NetworkID)), ErrInvalidRequest)
+	}
+	plan, err := d.planJoin(ctx, req.NetworkID, peers)
+	if err != nil {
+		return nil, err
 	}
 	v4, v6, ips := epIPs(ep)
 	if v4 != nil {
@@ -592,6 +597,9 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 		IPv6:       v6,
 		MTU:        d.mtu,
 	}
+	if v6 != nil && plan.index > 1 {
+		w.GatewayIPv6 = plan.gw6
+	}
 	if err := d.dp.AddWorkload(ctx, w); err != nil {
 		return nil, fmt.Errorf("setting up the veth %s of endpoint %s failed: %w", w.HostIfName, short(req.EndpointID), err)
 	}
@@ -605,27 +613,20 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 		return cause
 	}
 
-	resp := &network.JoinResponse{
-		InterfaceName:         network.InterfaceName{SrcName: w.TempIfName, DstPrefix: "eth"},
-		DisableGatewayService: true,
-	}
-	if v4 != nil {
-		resp.Gateway = dataplane.GatewayIPv4
-		resp.StaticRoutes = append(resp.StaticRoutes, &network.StaticRoute{
-			Destination: dataplane.GatewayIPv4 + "/32",
-			RouteType:   RouteTypeConnected,
-		})
-	}
+	var gw6 net.IP
 	if v6 != nil {
 		ll, err := d.dp.HostLinkLocalIPv6(ctx, w.HostIfName)
 		if err != nil {
 			return nil, undo(fmt.Errorf("finding the IPv6 gateway (link-local address of %s) for endpoint %s failed: %w", w.HostIfName, short(req.EndpointID), err))
 		}
-		resp.GatewayIPv6 = ll.String()
-		resp.StaticRoutes = append(resp.StaticRoutes, &network.StaticRoute{
-			Destination: ll.String() + "/128",
-			RouteType:   RouteTypeConnected,
-		})
+		gw6 = ll
+	}
+	resp := plan.joinResponse(w.TempIfName, v4 != nil, gw6)
+	var routes []string
+	for _, r := range resp.StaticRoutes {
+		if r.RouteType == RouteTypeNextHop {
+			routes = append(routes, r.Destination)
+		}
 	}
 
 	key := datastore.EndpointKey(d.host, req.EndpointID)
@@ -647,6 +648,8 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 		defer func() { rev = 0 }() // a retry starts from a fresh read
 		cur.Joined = true
 		cur.Container = req.SandboxKey
+		cur.GatewayIndex = plan.index
+		cur.Routes = routes
 		return d.store.Txn(ctx, datastore.Update(key, datastore.MustJSON(cur), rev))
 	})
 	if errors.Is(err, ErrEndpointNotFound) {
@@ -655,7 +658,7 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 	if err != nil {
 		return nil, undo(storeErr("recording the join of endpoint "+short(req.EndpointID), err))
 	}
-	log.WithField("sandbox", req.SandboxKey).Info("endpoint joined")
+	log.WithFields(logrus.Fields{"sandbox": req.SandboxKey, "gateway": plan.gw4.String(), "routes": routes, "internal": plan.internal}).Info("endpoint joined")
 	return resp, nil
 }
 
@@ -697,6 +700,8 @@ func (d *NetworkDriver) Leave(ctx context.Context, req *network.LeaveRequest) er
 		}
 		cur.Joined = false
 		cur.Container = ""
+		cur.GatewayIndex = 0
+		cur.Routes = nil
 		return d.store.Txn(ctx, datastore.Update(key, datastore.MustJSON(cur), rev))
 	})
 	if err != nil {
