@@ -15,6 +15,7 @@ import (
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/ports"
 )
 
 // Docker's option keys in CreateNetwork.
@@ -41,6 +42,14 @@ type Options struct {
 	// IPAM, when set, lets CreateNetwork record which calico pool holds each
 	// --subnet (Network.Pools). Without it Pools records the subnets.
 	IPAM IPAM
+	// Ports, when set, publishes container ports (*ports.Manager).
+	Ports Ports
+}
+
+// Ports is what the network driver needs to publish container ports.
+type Ports interface {
+	Publish(ctx context.Context, endpointID string, reqs []ports.Request) ([]datastore.PortBinding, error)
+	Unpublish(ctx context.Context, endpointID string) error
 }
 
 // NetworkDriver is the "calico" libnetwork network driver.
@@ -52,6 +61,7 @@ type NetworkDriver struct {
 	log   logrus.FieldLogger
 	scope string
 	mtu   int
+	ports Ports
 }
 
 // NewNetworkDriver records networks and endpoints in store and plumbs
@@ -70,7 +80,7 @@ func NewNetworkDriver(store *datastore.Store, dp Dataplane, host string, log log
 		log.Warnf("unknown driver scope %q: using %q", scope, ScopeLocal)
 		scope = ScopeLocal
 	}
-	return &NetworkDriver{store: store, dp: dp, ipam: opts.IPAM, host: host, log: log, scope: scope, mtu: opts.MTU}
+	return &NetworkDriver{store: store, dp: dp, ipam: opts.IPAM, host: host, log: log, scope: scope, mtu: opts.MTU, ports: opts.Ports}
 }
 
 // GetCapabilities reports the scope; connectivity has the same scope.
@@ -681,6 +691,13 @@ func (d *NetworkDriver) Leave(ctx context.Context, req *network.LeaveRequest) er
 	if err != nil {
 		return err
 	}
+	if d.ports != nil && len(ep.Ports) > 0 {
+		// Docker revokes before it leaves; this catches a revoke that
+		// never came. The resync removes the rules if this fails.
+		if err := d.ports.Unpublish(ctx, req.EndpointID); err != nil {
+			log.WithError(err).Warn("withdrawing the published ports at Leave")
+		}
+	}
 	_, _, ips := epIPs(ep)
 	if err := d.dp.RemoveWorkload(ctx, req.EndpointID, ips); err != nil {
 		return fmt.Errorf("removing the veth %s of endpoint %s failed: %w", ep.HostIfName, short(req.EndpointID), err)
@@ -702,6 +719,7 @@ func (d *NetworkDriver) Leave(ctx context.Context, req *network.LeaveRequest) er
 		cur.Container = ""
 		cur.GatewayIndex = 0
 		cur.Routes = nil
+		cur.Ports = nil
 		return d.store.Txn(ctx, datastore.Update(key, datastore.MustJSON(cur), rev))
 	})
 	if err != nil {
@@ -721,13 +739,40 @@ func (d *NetworkDriver) DiscoverDelete(ctx context.Context, req *network.Discove
 	return nil
 }
 
-// ProgramExternalConnectivity: published ports are Docker's business
-// (docker-proxy); nothing to do.
+// ProgramExternalConnectivity publishes the endpoint's ports (docker run
+// -p/-P). Docker calls it for the container's gateway endpoint only, and
+// again when that changes; its port mapper serves only its bridge driver.
+// Without a Ports publisher (tests) there is nothing to do.
 func (d *NetworkDriver) ProgramExternalConnectivity(ctx context.Context, req *network.ProgramExternalConnectivityRequest) error {
+	if d.ports == nil {
+		return nil
+	}
+	reqs, err := ports.ParseOptions(req.Options)
+	if err != nil {
+		return userError(fmt.Sprintf("endpoint %s: %v", short(req.EndpointID), err), ErrInvalidRequest, err)
+	}
+	if len(reqs) == 0 {
+		return nil
+	}
+	bs, err := d.ports.Publish(ctx, req.EndpointID, reqs)
+	if errors.Is(err, ports.ErrPortInUse) {
+		return userError(err.Error(), err)
+	}
+	if err != nil {
+		return fmt.Errorf("publishing the ports of endpoint %s failed: %w", short(req.EndpointID), err)
+	}
+	d.log.WithFields(logrus.Fields{"network": short(req.NetworkID), "endpoint": short(req.EndpointID), "ports": ports.Summary(bs)}).Debug("external connectivity programmed")
 	return nil
 }
 
-// RevokeExternalConnectivity: see ProgramExternalConnectivity.
+// RevokeExternalConnectivity withdraws what ProgramExternalConnectivity
+// published.
 func (d *NetworkDriver) RevokeExternalConnectivity(ctx context.Context, req *network.RevokeExternalConnectivityRequest) error {
+	if d.ports == nil {
+		return nil
+	}
+	if err := d.ports.Unpublish(ctx, req.EndpointID); err != nil {
+		return fmt.Errorf("withdrawing the published ports of endpoint %s failed: %w", short(req.EndpointID), err)
+	}
 	return nil
 }

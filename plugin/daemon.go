@@ -50,7 +50,12 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	}
 	defer dp.Close()
 
-	nd := driver.NewNetworkDriver(store, dp, cfg.NodeName, entry, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: engine})
+	portsMgr, portsNFT, err := newPorts(cfg, store, dp, entry)
+	if err != nil {
+		return err
+	}
+	defer portsNFT.Close()
+	nd := driver.NewNetworkDriver(store, dp, cfg.NodeName, entry, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: engine, Ports: portsMgr})
 	id := driver.NewIPAMDriver(engine, cfg.NodeName, entry)
 	srv := NewServer(nd, id, entry)
 	metrics := NewMetrics(engine, entry)
@@ -134,6 +139,8 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 		return fmt.Errorf("starting BGP: %w", err)
 	}
 	defer stopRouting()
+
+	defer startPorts(ctx, cfg, portsMgr)()
 
 	stopPolicy, err := startPolicy(ctx, cfg, store, engine, entry)
 	if err != nil {

@@ -327,6 +327,11 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 		Base: &BaseChain{Type: "filter", Hook: "forward", Priority: priorityFilter},
 		Rules: []Rule{
 			{Matches: []Match{{Kind: MatchCtEstablished}}, Verdict: Accept, Comment: "replies of allowed connections"},
+			// A published port (docker run -p) is open to whoever reaches
+			// the host's port, whatever the isolation and ingress options
+			// say, as with Docker's bridge: only package ports DNATs to
+			// workloads.
+			{Matches: []Match{{Kind: MatchCtDNAT}}, Verdict: Accept, Comment: "published ports"},
 			// Fail closed: a workload interface whose endpoint this host
 			// has not (yet) programmed gets no traffic rather than all.
 			{Matches: []Match{{Kind: MatchIfname, In: true, Value: workloadIfPrefix, Prefix: true}, {Kind: MatchIfnameSet, In: true, Value: setWorkloads, Negate: true}},

@@ -91,6 +91,9 @@ const (
 	// MatchAddrSet: the source (In) or destination address is (Negate: is
 	// not) in set Value.
 	MatchAddrSet
+	// MatchCtDNAT: the connection was destination-NATed (`ct status
+	// dnat`): a published port (package ports).
+	MatchCtDNAT
 )
 
 // Match is one condition of a rule.
@@ -142,6 +145,8 @@ func (m Match) render(f Family) string {
 	switch m.Kind {
 	case MatchCtEstablished:
 		return "ct state established,related"
+	case MatchCtDNAT:
+		return "ct status dnat"
 	case MatchIfname:
 		v := m.Value
 		if m.Prefix {
