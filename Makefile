@@ -15,22 +15,31 @@ build:
 
 # Every test: unit, netns integration and end-to-end with a real dockerd
 # (the e2e tests start their own dockerd in throw-away network namespaces).
+# The output is plain go test's (failures and skips shown, passes quiet), the
+# ten slowest tests, then each package's ok/FAIL line; the exit status is go
+# test's. TEST_PARALLEL bounds the e2e tests that run at once (they mostly
+# wait on dockerd and the network, so more than the cores pays off).
+TEST_PARALLEL ?= 3
 test:
 	$(GO) vet $(PKGS)
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+	$(GO) run ./test/testreport -- $(GO) test -json -count=1 -parallel $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $(PKGS)
 
-# Tests that need neither root nor dockerd.
+# Tests that need neither root nor dockerd: every package but the e2e suite;
+# under -short the tests that need root or a netns skip, saying so.
 unit:
-	$(GO) test -count=1 -short ./datastore/... ./ipam/... ./driver/... ./plugin/... ./cmd/...
+	$(GO) test -count=1 -short $$($(GO) list ./... | grep -v '/test/e2e$$')
 
 # Side-by-side performance report: bench/report.md + bench/report.png (needs
 # root and dockerd, like the e2e tests; about 10 minutes). The IPAM
-# micro-benchmark runs first on its own.
+# micro-benchmark runs first on its own; the multi-host benchmarks (BGP
+# convergence, throughput) next, their output kept for the report.
 BENCH_TIMEOUT ?= 30m
+BENCH_MULTIHOST := bench/multihost-bench.txt
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s -benchmem ./ipam/
-	CALICO_CNM_BENCH=1 $(GO) test -count=1 -timeout $(BENCH_TIMEOUT) -run '^TestBenchReport$$' -v ./bench/
-	$(GO) test -count=1 -timeout $(BENCH_TIMEOUT) -run '^$$' -bench BenchmarkMultiHost -benchtime 1x ./test/e2e/
+	$(GO) test -count=1 -timeout $(BENCH_TIMEOUT) -run '^$$' -bench BenchmarkMultiHost -benchtime 1x ./test/e2e/ > $(BENCH_MULTIHOST); \
+		rc=$$?; cat $(BENCH_MULTIHOST); exit $$rc
+	CALICO_CNM_BENCH=1 CALICO_CNM_BENCH_MULTIHOST=$(CURDIR)/$(BENCH_MULTIHOST) $(GO) test -count=1 -timeout $(BENCH_TIMEOUT) -run '^TestBenchReport$$' -v ./bench/
 
 # Each fuzz target for FUZZTIME (plain `go test` already runs the committed
 # corpus in testdata/fuzz as regression tests).

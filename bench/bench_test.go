@@ -66,6 +66,7 @@ func TestBenchReport(t *testing.T) {
 
 	dockerRunBench(t, h, &res)
 	joinBench(t, h, &res)
+	multiHostBench(t, &res)
 
 	var md, img bytes.Buffer
 	if err := res.WriteMarkdown(&md, "report.png"); err != nil {
@@ -82,6 +83,25 @@ func TestBenchReport(t *testing.T) {
 	}
 	wd, _ := os.Getwd()
 	t.Logf("wrote %s and %s after %s\n%s", filepath.Join(wd, "report.md"), filepath.Join(wd, "report.png"), time.Since(began).Round(time.Second), md.String())
+}
+
+// multiHostBench adds the multi-host benchmarks' figures (BGP block
+// convergence, iperf3 throughput) that `make bench` ran first and saved in
+// the file CALICO_CNM_BENCH_MULTIHOST names.
+func multiHostBench(t *testing.T, res *Results) {
+	path := os.Getenv("CALICO_CNM_BENCH_MULTIHOST")
+	if path == "" {
+		t.Log("CALICO_CNM_BENCH_MULTIHOST not set: the report has no BGP convergence or throughput figures")
+		return
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("the multi-host benchmark output: %v", err)
+	}
+	defer f.Close()
+	if err := res.AddBenchOutput(f, path); err != nil {
+		t.Fatalf("reading %s: %v", path, err)
+	}
 }
 
 func hostDesc() string {

@@ -1,19 +1,39 @@
 // Package bench measures calico-cnm side by side with Docker's own bridge
-// driver and writes the figures as a markdown report with a PNG plot
+// driver and writes the figures as a markdown report with a PNG of plots
 // (`make bench`; the measurement itself is TestBenchReport, which needs root
 // and dockerd like the end-to-end tests).
+//
+// Adding a measurement to the report is one call on the Results that
+// TestBenchReport fills:
+//
+//	res.AddDurations("published port: docker run -p", "calico", samples) // points, ms, run order
+//	res.AddValue("VXLAN throughput", "container", "Gbit/s", 9.1)          // one bar
+//	res.Add(bench.Series{Plot: "BGP scale", Name: "convergence", XLabel: "nodes",
+//		YLabel: "ms", X: nodes, Y: ms, Kind: bench.Line, LogY: true})      // anything else
+//
+// Series with the same Plot title share one plot (axes, legend); a new title
+// is a new plot. Each added series also gets a row (median, min, max) under
+// "Other figures" in report.md. Figures from `go test -bench` output (the
+// multi-host benchmarks in test/e2e) come in with AddBenchOutput.
 package bench
 
 import (
+	"errors"
 	"fmt"
-	"image"
 	"image/color"
-	"image/png"
 	"io"
 	"math"
 	"slices"
 	"strings"
 	"time"
+
+	"golang.org/x/perf/benchfmt"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 )
 
 // Results are the figures of one run.
@@ -42,6 +62,10 @@ type Results struct {
 
 	// Daemon resident memory, idle and with len(Joins) endpoints.
 	RSSIdleKiB, RSSLoadedKiB int64
+
+	// Extra are the series other benchmarks add (Add, AddDurations,
+	// AddValue): BGP convergence, throughput, and whatever comes next.
+	Extra []Series
 }
 
 // Percentile is the nearest-rank percentile p (0-100) of ds.
@@ -178,245 +202,320 @@ func (r Results) WriteMarkdown(w io.Writer, pngName string) error {
 	p("| idle (after start, no endpoints) | %.1f MiB |", float64(r.RSSIdleKiB)/1024)
 	p("| with %d endpoints | %.1f MiB |", len(r.Joins), float64(r.RSSLoadedKiB)/1024)
 	p("")
-	p("## The plot")
+	if len(r.Extra) > 0 {
+		p("## Other figures")
+		p("")
+		p("| plot | series | values | median | min | max |")
+		p("|---|---|---|---|---|---|")
+		for _, s := range r.Extra {
+			if len(s.Y) == 0 {
+				continue
+			}
+			p("| %s | %s | %d | %s | %s | %s |", s.Plot, s.Name, len(s.Y), figure(medianOf(s.Y), s.YLabel), figure(slices.Min(s.Y), s.YLabel), figure(slices.Max(s.Y), s.YLabel))
+		}
+		p("")
+	}
+	p("## The plots")
 	p("")
-	p("Left: `docker run` latency of every run, calico (blue), user-defined bridge (green) and default bridge (orange), in run order; the lines are the medians. Right: Join latency (ms) of each endpoint against the number of endpoints on the host (grey dots), with the median of each 50 (blue line). Y axes in milliseconds.")
+	var titles []string
+	for _, g := range plotGroups(r.Series()) {
+		titles = append(titles, g[0].Plot)
+	}
+	p("In order, two per row: %s. `docker run`: every run in run order, the lines are the medians; Join: each endpoint's latency against the number of endpoints on the host, with the median of each 50.", strings.Join(titles, "; "))
 	_, err := io.WriteString(w, b.String())
 	return err
 }
 
-// ---------------------------------------------------------------- plot
+func figure(v float64, unit string) string { return strings.TrimSpace(fmt.Sprintf("%.4g %s", v, unit)) }
 
-var (
-	white  = color.RGBA{255, 255, 255, 255}
-	black  = color.RGBA{0, 0, 0, 255}
-	grey   = color.RGBA{170, 170, 170, 255}
-	light  = color.RGBA{230, 230, 230, 255}
-	blue   = color.RGBA{31, 119, 180, 255}
-	orange = color.RGBA{255, 127, 14, 255}
-	green  = color.RGBA{44, 160, 44, 255}
+func medianOf(vs []float64) float64 {
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// ---------------------------------------------------------------- plots
+
+// Kind is how a series is drawn.
+type Kind int
+
+const (
+	Points Kind = iota // a marker per value
+	Line               // the values joined in X order
+	Bars               // a bar per value: for single figures (rates, throughput)
 )
 
-type canvas struct{ *image.RGBA }
+// Series is one set of figures, drawn in the plot its Plot names.
+type Series struct {
+	// Plot is the title of the plot the series is drawn in: series with
+	// the same Plot share its axes and legend. Plots come in the order
+	// their first series was added.
+	Plot           string
+	Name           string // legend entry; for Bars the bar's label
+	XLabel, YLabel string // axis labels (the first series of a plot sets them)
+	X              []float64
+	Y              []float64 // X nil: Y in run order, X = 1..len(Y)
+	Kind           Kind
+	// Median adds, for Points, a horizontal line at the median in the
+	// series' colour.
+	Median bool
+	// LogY makes the plot's Y axis logarithmic (when any of its series
+	// asks); values <= 0 are then left out. Bars are always linear.
+	LogY bool
+}
 
-func (c canvas) dot(x, y, r int, col color.Color) {
-	for dy := -r; dy <= r; dy++ {
-		for dx := -r; dx <= r; dx++ {
-			if dx*dx+dy*dy <= r*r {
-				c.Set(x+dx, y+dy, col)
-			}
-		}
+// Add puts a series in the report: a plot of its own (or a place in the
+// plot named s.Plot) and a row in "Other figures". One call per series.
+func (r *Results) Add(s Series) { r.Extra = append(r.Extra, s) }
+
+// AddDurations adds ds, in run order, as points in milliseconds.
+func (r *Results) AddDurations(plot, name string, ds []time.Duration) {
+	y := make([]float64, len(ds))
+	for i, d := range ds {
+		y[i] = toMS(d)
 	}
+	r.Add(Series{Plot: plot, Name: name, XLabel: "run", YLabel: "ms", Y: y, Kind: Points})
 }
 
-func (c canvas) line(x0, y0, x1, y1 int, col color.Color) {
-	dx, dy := abs(x1-x0), -abs(y1-y0)
-	sx, sy := sign(x1-x0), sign(y1-y0)
-	e := dx + dy
-	for {
-		c.Set(x0, y0, col)
-		c.Set(x0, y0+1, col)
-		if x0 == x1 && y0 == y1 {
-			return
-		}
-		if e2 := 2 * e; e2 >= dy {
-			e += dy
-			x0 += sx
-		} else {
-			e += dx
-			y0 += sy
-		}
-	}
-}
-
-func abs(v int) int {
-	if v < 0 {
-		return -v
-	}
-	return v
-}
-
-func sign(v int) int {
-	switch {
-	case v < 0:
-		return -1
-	case v > 0:
-		return 1
-	}
-	return 0
-}
-
-// panel is a plot area with its data ranges.
-type panel struct {
-	c                      canvas
-	x0, y0, w, h           int // pixel rectangle (top-left)
-	xmin, xmax, ymin, ymax float64
-}
-
-func (p panel) px(x, y float64) (int, int) {
-	fx := (x - p.xmin) / (p.xmax - p.xmin)
-	fy := (y - p.ymin) / (p.ymax - p.ymin)
-	return p.x0 + int(fx*float64(p.w)), p.y0 + p.h - int(fy*float64(p.h))
-}
-
-func (p panel) frame(title string, yTicks int) {
-	for i := 0; i <= yTicks; i++ {
-		y := p.ymin + (p.ymax-p.ymin)*float64(i)/float64(yTicks)
-		_, py := p.px(p.xmin, y)
-		p.c.line(p.x0, py, p.x0+p.w, py, light)
-		p.c.text(p.x0-6-textWidth(tick(y), 2), py-5, tick(y), 2, black)
-	}
-	p.c.line(p.x0, p.y0, p.x0, p.y0+p.h, black)
-	p.c.line(p.x0, p.y0+p.h, p.x0+p.w, p.y0+p.h, black)
-	p.c.text(p.x0, p.y0-22, title, 2, black)
-}
-
-func tick(v float64) string {
-	if v >= 10 || v == 0 {
-		return fmt.Sprintf("%.0f", v)
-	}
-	return fmt.Sprintf("%.1f", v)
+// AddValue adds one figure as a bar labelled name, in unit.
+func (r *Results) AddValue(plot, name, unit string, v float64) {
+	r.Add(Series{Plot: plot, Name: name, YLabel: unit, Y: []float64{v}, Kind: Bars})
 }
 
 func toMS(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-func maxMS(ds ...[]time.Duration) float64 {
-	m := 0.0
-	for _, s := range ds {
-		for _, d := range s {
-			m = math.Max(m, toMS(d))
-		}
+func durationsMS(ds []time.Duration) []float64 {
+	out := make([]float64, len(ds))
+	for i, d := range ds {
+		out[i] = toMS(d)
 	}
-	if m == 0 {
-		return 1
-	}
-	return niceCeil(m * 1.1)
+	return out
 }
 
-// niceCeil rounds up to 1, 2 or 5 times a power of ten.
-func niceCeil(v float64) float64 {
-	e := math.Pow(10, math.Floor(math.Log10(v)))
-	for _, m := range []float64{1, 2, 5, 10} {
-		if m*e >= v {
-			return m * e
+// Plot titles of the built-in series.
+const (
+	PlotDockerRun = "docker run until running and addressed"
+	PlotJoin      = "Join latency as the host fills up"
+	PlotIPAM      = "IPAM assignment rate"
+	PlotMemory    = "daemon memory (VmRSS)"
+)
+
+// Series are every series of the report: the built-in ones from the
+// fields, then those added with Add.
+func (r Results) Series() []Series {
+	var out []Series
+	run := func(name string, ds []time.Duration) {
+		if len(ds) == 0 {
+			return
 		}
+		out = append(out, Series{Plot: PlotDockerRun, Name: name, XLabel: "run (interleaved rounds)", YLabel: "ms", Y: durationsMS(ds), Kind: Points, Median: true})
 	}
-	return 10 * e
+	run("calico", r.RunCalico)
+	run("user-defined bridge", r.RunUserBridge)
+	run("default bridge", r.RunBridge)
+	if len(r.Joins) > 0 {
+		out = append(out, Series{Plot: PlotJoin, Name: "each Join", XLabel: "endpoints on the host", YLabel: "ms", Y: durationsMS(r.Joins), Kind: Points})
+		const win = 50
+		med := Series{Plot: PlotJoin, Name: fmt.Sprintf("median of each %d", win), Kind: Line}
+		for end := win; end <= len(r.Joins); end += win {
+			med.X = append(med.X, float64(end-win/2))
+			med.Y = append(med.Y, toMS(r.JoinWindow(end-win+1, end)))
+		}
+		out = append(out, med)
+	}
+	if r.AssignPerSec > 0 || r.AssignPerSec3Hosts > 0 {
+		out = append(out, Series{Plot: PlotIPAM, Name: "1 host", YLabel: "assignments/s", Y: []float64{r.AssignPerSec}, Kind: Bars},
+			Series{Plot: PlotIPAM, Name: "3 hosts at once", YLabel: "assignments/s", Y: []float64{r.AssignPerSec3Hosts}, Kind: Bars})
+	}
+	if r.RSSIdleKiB > 0 || r.RSSLoadedKiB > 0 {
+		out = append(out, Series{Plot: PlotMemory, Name: "idle", YLabel: "MiB", Y: []float64{float64(r.RSSIdleKiB) / 1024}, Kind: Bars},
+			Series{Plot: PlotMemory, Name: fmt.Sprintf("%d endpoints", len(r.Joins)), YLabel: "MiB", Y: []float64{float64(r.RSSLoadedKiB) / 1024}, Kind: Bars})
+	}
+	return append(out, r.Extra...)
 }
 
-// WritePNG draws the plot.
-func (r Results) WritePNG(w io.Writer) error {
-	const W, H = 1200, 520
-	img := canvas{image.NewRGBA(image.Rect(0, 0, W, H))}
-	for y := 0; y < H; y++ {
-		for x := 0; x < W; x++ {
-			img.Set(x, y, white)
-		}
-	}
-
-	// Left: docker run latencies in run order.
-	n := max(len(r.RunCalico), len(r.RunBridge), len(r.RunUserBridge), 2)
-	left := panel{c: img, x0: 80, y0: 60, w: 440, h: 400, xmin: 0, xmax: float64(n - 1), ymin: 0, ymax: maxMS(r.RunCalico, r.RunBridge, r.RunUserBridge)}
-	left.frame("DOCKER RUN MS: CALICO VS BRIDGE", 5)
-	for _, s := range []struct {
-		ds  []time.Duration
-		col color.Color
-	}{{r.RunBridge, orange}, {r.RunUserBridge, green}, {r.RunCalico, blue}} {
-		for i, d := range s.ds {
-			x, y := left.px(float64(i), toMS(d))
-			img.dot(x, y, 3, s.col)
-		}
-		if len(s.ds) > 0 {
-			_, y := left.px(0, toMS(Median(s.ds)))
-			img.line(left.x0, y, left.x0+left.w, y, s.col)
-		}
-	}
-	img.text(left.x0, left.y0+left.h+14, "RUN NUMBER", 2, black)
-	for i, l := range []struct {
-		name string
-		col  color.Color
-	}{{"CALICO", blue}, {"USER BRIDGE", green}, {"BRIDGE", orange}} {
-		x := left.x0 + 130 + i*110
-		img.dot(x, left.y0+left.h+40, 4, l.col)
-		img.text(x+10, left.y0+left.h+34, l.name, 2, l.col)
-	}
-
-	// Right: Join latency against endpoints on the host.
-	m := max(len(r.Joins), 2)
-	right := panel{c: img, x0: 680, y0: 60, w: 480, h: 400, xmin: 1, xmax: float64(m), ymin: 0, ymax: maxMS(r.Joins)}
-	right.frame("JOIN MS VS ENDPOINTS ON HOST", 5)
-	for i, d := range r.Joins {
-		x, y := right.px(float64(i+1), toMS(d))
-		img.dot(x, y, 1, grey)
-	}
-	const win = 50
-	px, py := -1, -1
-	for end := win; end <= len(r.Joins); end += win {
-		x, y := right.px(float64(end-win/2), toMS(r.JoinWindow(end-win+1, end)))
-		if px >= 0 {
-			img.line(px, py, x, y, blue)
-		}
-		img.dot(x, y, 3, blue)
-		px, py = x, y
-	}
-	for _, c := range []int{1, m / 2, m} {
-		x, _ := right.px(float64(c), 0)
-		img.text(x-textWidth(fmt.Sprint(c), 2)/2, right.y0+right.h+6, fmt.Sprint(c), 2, black)
-	}
-	img.text(right.x0+150, right.y0+right.h+24, "ENDPOINTS", 2, black)
-	return png.Encode(w, img.RGBA)
-}
-
-// ---------------------------------------------------------------- 3x5 font
-
-// glyphs are 3x5 bitmaps, rows top to bottom, '#' set: enough for the
-// plot's labels without a font dependency.
-var glyphs = map[rune][5]string{
-	'0': {"###", "#.#", "#.#", "#.#", "###"}, '1': {".#.", "##.", ".#.", ".#.", "###"},
-	'2': {"###", "..#", "###", "#..", "###"}, '3': {"###", "..#", "###", "..#", "###"},
-	'4': {"#.#", "#.#", "###", "..#", "..#"}, '5': {"###", "#..", "###", "..#", "###"},
-	'6': {"###", "#..", "###", "#.#", "###"}, '7': {"###", "..#", "..#", "..#", "..#"},
-	'8': {"###", "#.#", "###", "#.#", "###"}, '9': {"###", "#.#", "###", "..#", "###"},
-	'A': {".#.", "#.#", "###", "#.#", "#.#"}, 'B': {"##.", "#.#", "##.", "#.#", "##."},
-	'C': {".##", "#..", "#..", "#..", ".##"}, 'D': {"##.", "#.#", "#.#", "#.#", "##."},
-	'E': {"###", "#..", "##.", "#..", "###"}, 'F': {"###", "#..", "##.", "#..", "#.."},
-	'G': {".##", "#..", "#.#", "#.#", ".##"}, 'H': {"#.#", "#.#", "###", "#.#", "#.#"},
-	'I': {"###", ".#.", ".#.", ".#.", "###"}, 'J': {"..#", "..#", "..#", "#.#", ".#."},
-	'K': {"#.#", "#.#", "##.", "#.#", "#.#"}, 'L': {"#..", "#..", "#..", "#..", "###"},
-	'M': {"#.#", "###", "###", "#.#", "#.#"}, 'N': {"##.", "#.#", "#.#", "#.#", "#.#"},
-	'O': {".#.", "#.#", "#.#", "#.#", ".#."}, 'P': {"##.", "#.#", "##.", "#..", "#.."},
-	'Q': {".#.", "#.#", "#.#", "##.", ".##"}, 'R': {"##.", "#.#", "##.", "#.#", "#.#"},
-	'S': {".##", "#..", ".#.", "..#", "##."}, 'T': {"###", ".#.", ".#.", ".#.", ".#."},
-	'U': {"#.#", "#.#", "#.#", "#.#", "###"}, 'V': {"#.#", "#.#", "#.#", "#.#", ".#."},
-	'W': {"#.#", "#.#", "###", "###", "#.#"}, 'X': {"#.#", "#.#", ".#.", "#.#", "#.#"},
-	'Y': {"#.#", "#.#", ".#.", ".#.", ".#."}, 'Z': {"###", "..#", ".#.", "#..", "###"},
-	'.': {"...", "...", "...", "...", ".#."}, ':': {"...", ".#.", "...", ".#.", "..."},
-	'-': {"...", "...", "###", "...", "..."}, '/': {"..#", "..#", ".#.", "#..", "#.."},
-	' ': {"...", "...", "...", "...", "..."},
-}
-
-func textWidth(s string, scale int) int { return len([]rune(s)) * 4 * scale }
-
-// text draws s with its top-left corner at (x, y), each font pixel
-// scale x scale.
-func (c canvas) text(x, y int, s string, scale int, col color.Color) {
-	for _, r := range strings.ToUpper(s) {
-		g, ok := glyphs[r]
+// plotGroups groups series by Plot, in order of first appearance.
+func plotGroups(ss []Series) [][]Series {
+	var groups [][]Series
+	index := map[string]int{}
+	for _, s := range ss {
+		i, ok := index[s.Plot]
 		if !ok {
-			g = glyphs[' ']
+			i = len(groups)
+			index[s.Plot] = i
+			groups = append(groups, nil)
 		}
-		for row, bits := range g {
-			for colIdx, ch := range bits {
-				if ch != '#' {
-					continue
-				}
-				for dy := 0; dy < scale; dy++ {
-					for dx := 0; dx < scale; dx++ {
-						c.Set(x+colIdx*scale+dx, y+row*scale+dy, col)
-					}
-				}
+		groups[i] = append(groups[i], s)
+	}
+	return groups
+}
+
+// Size of one plot in the PNG; plots are laid out two per row.
+const (
+	plotW, plotH = 6 * vg.Inch, 4 * vg.Inch
+	plotCols     = 2
+	plotDPI      = 96
+)
+
+// WritePNG draws every plot of the report into one PNG.
+func (r Results) WritePNG(w io.Writer) error {
+	groups := plotGroups(r.Series())
+	if len(groups) == 0 {
+		return errors.New("nothing to plot")
+	}
+	rows := (len(groups) + plotCols - 1) / plotCols
+	img := vgimg.NewWith(vgimg.UseWH(plotCols*plotW, vg.Length(rows)*plotH), vgimg.UseDPI(plotDPI))
+	dc := draw.New(img)
+	tiles := draw.Tiles{Rows: rows, Cols: plotCols, PadTop: vg.Millimeter * 3, PadBottom: vg.Millimeter * 3, PadLeft: vg.Millimeter * 3, PadRight: vg.Millimeter * 3, PadX: vg.Millimeter * 8, PadY: vg.Millimeter * 8}
+	for i, g := range groups {
+		p, err := makePlot(g)
+		if err != nil {
+			return fmt.Errorf("plot %q: %w", g[0].Plot, err)
+		}
+		p.Draw(tiles.At(dc, i%plotCols, i/plotCols))
+	}
+	_, err := vgimg.PngCanvas{Canvas: img}.WriteTo(w)
+	return err
+}
+
+// makePlot draws one group of series with shared axes and a legend.
+func makePlot(g []Series) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = g[0].Plot
+	p.X.Label.Text, p.Y.Label.Text = g[0].XLabel, g[0].YLabel
+	p.Legend.Top = true
+	logY := false
+	for _, s := range g {
+		logY = logY || (s.LogY && s.Kind != Bars)
+	}
+	if logY {
+		p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	}
+	var bars []string
+	entries := 0
+	for i, s := range g {
+		col := plotutil.Color(i)
+		if s.Kind == Bars {
+			b, err := plotter.NewBarChart(plotter.Values(s.Y), vg.Points(40))
+			if err != nil {
+				return nil, err
+			}
+			b.XMin, b.Color, b.LineStyle.Width = float64(len(bars)), col, 0
+			p.Add(b)
+			for range s.Y {
+				bars = append(bars, s.Name)
+			}
+			continue
+		}
+		xys := seriesXYs(s, logY)
+		if len(xys) == 0 {
+			continue
+		}
+		switch s.Kind {
+		case Line:
+			l, err := plotter.NewLine(xys)
+			if err != nil {
+				return nil, err
+			}
+			l.Color, l.Width = col, vg.Points(2)
+			p.Add(l)
+			p.Legend.Add(s.Name, l)
+		default:
+			sc, err := plotter.NewScatter(xys)
+			if err != nil {
+				return nil, err
+			}
+			sc.Color, sc.Shape, sc.Radius = col, plotutil.Shape(i), vg.Points(2)
+			if len(xys) > 200 {
+				sc.Radius = vg.Points(1)
+			}
+			p.Add(sc)
+			p.Legend.Add(s.Name, sc)
+			if s.Median {
+				p.Add(medianLine(xys, col))
 			}
 		}
-		x += 4 * scale
+		entries++
 	}
+	if len(bars) > 0 {
+		p.NominalX(bars...)
+		p.X.Min, p.X.Max = -0.5, float64(len(bars))-0.5
+	}
+	// Head room for the legend (top right) above the data.
+	if entries > 0 {
+		room := 1 + 0.07*float64(entries)
+		if logY {
+			p.Y.Max *= math.Pow(p.Y.Max/p.Y.Min, room-1)
+		} else {
+			p.Y.Max += (p.Y.Max - p.Y.Min) * (room - 1)
+		}
+	}
+	return p, nil
+}
+
+// medianLine spans the points' X range at their median Y.
+func medianLine(xys plotter.XYs, col color.Color) *plotter.Line {
+	ys := make([]float64, len(xys))
+	for i, xy := range xys {
+		ys[i] = xy.Y
+	}
+	m := medianOf(ys)
+	l := &plotter.Line{XYs: plotter.XYs{{X: xys[0].X, Y: m}, {X: xys[len(xys)-1].X, Y: m}}, LineStyle: plotter.DefaultLineStyle}
+	l.Color, l.Width = col, vg.Points(1.5)
+	return l
+}
+
+// seriesXYs are a series' points; on a log axis without those <= 0.
+func seriesXYs(s Series, logY bool) plotter.XYs {
+	var xys plotter.XYs
+	for i, y := range s.Y {
+		x := float64(i + 1)
+		if s.X != nil {
+			if i >= len(s.X) {
+				break
+			}
+			x = s.X[i]
+		}
+		if logY && y <= 0 || math.IsNaN(y) || math.IsInf(y, 0) {
+			continue
+		}
+		xys = append(xys, plotter.XY{X: x, Y: y})
+	}
+	return xys
+}
+
+// AddBenchOutput adds the figures of `go test -bench` output that
+// b.ReportMetric reported (the standard ns/op, B/op and allocs/op are left
+// out) as bars: one plot per benchmark and unit, a bar per metric. The
+// unit is what follows a metric's last '-' ("p50-ms": p50 in ms,
+// "container-Gbit/s": container in Gbit/s); a metric without one ("ratio")
+// is a plot of its own.
+func (r *Results) AddBenchOutput(in io.Reader, fileName string) error {
+	br := benchfmt.NewReader(in, fileName)
+	for br.Scan() {
+		res, ok := br.Result().(*benchfmt.Result)
+		if !ok {
+			continue // unit metadata, or a line that is not a result
+		}
+		bench := strings.TrimPrefix(string(res.Name.Base()), "Benchmark")
+		for _, v := range res.Values {
+			value, unit := v.Value, v.Unit
+			if v.OrigUnit != "" {
+				value, unit = v.OrigValue, v.OrigUnit
+			}
+			switch unit {
+			case "ns/op", "B/op", "allocs/op":
+				continue
+			}
+			metric, per := unit, unit
+			if i := strings.LastIndexByte(unit, '-'); i > 0 {
+				metric, per = unit[:i], unit[i+1:]
+			}
+			r.AddValue(fmt.Sprintf("%s (%s)", bench, per), metric, per, value)
+		}
+	}
+	return br.Err()
 }

@@ -55,6 +55,10 @@ func rootNSTestLinks() []string {
 // requireRoot skips integration tests, loudly, where they cannot work.
 func requireRoot(t *testing.T) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("!!!!!! SKIPPED under -short (make unit): this dataplane integration test creates network namespaces and veths; " +
+			"run `go test ./dataplane/` as root. The netlink dataplane is NOT verified by this run. !!!!!!")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("!!!!!! SKIPPED: this dataplane integration test needs root (CAP_NET_ADMIN + CAP_SYS_ADMIN) " +
 			"to create network namespaces and veths; run `go test ./dataplane/` as root. " +

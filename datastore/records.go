@@ -35,7 +35,9 @@ const (
 	NetworksPrefix  = "networks/"
 	EndpointsPrefix = "endpoints/"
 	NodesPrefix     = "nodes/"
-	BGPPeersPrefix  = "bgp/peers/"
+	// BGPPrefix holds the BGP records (BGPConfigKey, BGPPeersPrefix).
+	BGPPrefix      = "bgp/"
+	BGPPeersPrefix = BGPPrefix + "peers/"
 )
 
 // NetworkKey is the record of one Docker network.
@@ -71,6 +73,11 @@ type Endpoint struct {
 	Container  string   `json:"container,omitempty"` // sandbox key, set at Join
 	Joined     bool     `json:"joined,omitempty"`
 	Labels     []string `json:"labels,omitempty"`
+	// Handles are the IPAM handles holding the endpoint's addresses, as
+	// CreateEndpoint found them: releases go by handle, so a stale record
+	// can never free an address that was re-assigned since. Empty on
+	// records written before handles were recorded.
+	Handles []string `json:"handles,omitempty"`
 	// GatewayIndex numbers the endpoint's gateway among the calico
 	// interfaces of its container (set at Join): 1 is 169.254.1.1 and
 	// fe80::1, 2 is 169.254.1.2 and fe80::2, ... 0 (a record written
@@ -121,7 +128,7 @@ func EndpointNodeAndID(key string) (node, id string, ok bool) {
 // BGP records (routing/ and the `bgp` CLI). Additive: older daemons ignore them.
 
 // BGPConfigKey holds the cluster-wide BGP settings (BGPConfig).
-const BGPConfigKey = "bgp/config"
+const BGPConfigKey = BGPPrefix + "config"
 
 // BGPPeerKey is the record of one explicit BGP peer (a ToR router, an
 // external reflector).

@@ -23,6 +23,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/calico-cnm/calico-cnm/internal/retry"
 )
 
 // Errors callers test with errors.Is.
@@ -363,22 +365,25 @@ const DefaultRetries = 20
 
 // Retry runs fn until it succeeds, fails with something other than
 // ErrConflict, or the attempts run out. fn must re-read what it writes.
+// The waits between attempts grow, with jitter, so racing hosts spread out.
 func (s *Store) Retry(ctx context.Context, fn func(ctx context.Context) error) error {
-	var err error
-	for attempt := 0; attempt < DefaultRetries; attempt++ {
-		if err = fn(ctx); !errors.Is(err, ErrConflict) {
-			return err
+	var last error
+	err := retry.Until(ctx, retry.Conflict(), DefaultRetries, func(ctx context.Context) error {
+		last = fn(ctx)
+		if !errors.Is(last, ErrConflict) {
+			return retry.Permanent(last)
 		}
 		s.retries.Add(1)
-		// Back off a little, growing, so racing hosts spread out.
-		d := time.Duration(attempt+1) * time.Millisecond
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (gave up: %v)", err, ctx.Err())
-		case <-time.After(d):
-		}
+		return last
+	}, nil)
+	switch {
+	case !errors.Is(last, ErrConflict):
+		return last
+	case ctx.Err() != nil:
+		return fmt.Errorf("%w (gave up: %v)", last, ctx.Err())
+	default:
+		return fmt.Errorf("%w: still conflicting after %d attempts", err, DefaultRetries)
 	}
-	return fmt.Errorf("%w: still conflicting after %d attempts", err, DefaultRetries)
 }
 
 // wrap turns transport failures into ErrUnavailable so callers can tell a

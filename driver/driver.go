@@ -37,6 +37,15 @@ type IPAM interface {
 	// AddressHolder is the assignment holding ip (found false: free),
 	// read fresh from the datastore.
 	AddressHolder(ctx context.Context, ip net.IP) (a ipam.Allocation, found bool, err error)
+	// ReleaseIPUnless is ReleaseIP that leaves the address alone when keep
+	// says so of its holder, decided inside the releasing transaction.
+	ReleaseIPUnless(ctx context.Context, ip net.IP, keep func(ipam.Allocation) bool) error
+	// UpdateHolder lets decide replace the attributes of the assignment
+	// holding ip, or refuse (its error), in one guarded transaction.
+	UpdateHolder(ctx context.Context, ip net.IP, decide func(ipam.Allocation) (map[string]string, error)) (a ipam.Allocation, found bool, err error)
+	// ExpectRelease says that the coming ReleaseIP of ip is meant for the
+	// assignment of one of handles: any other holder is left alone.
+	ExpectRelease(ip net.IP, handles ...string)
 }
 
 // Dataplane is what the network driver needs of the host's kernel
@@ -107,15 +116,6 @@ const (
 	// `docker run --ip X` share X with the first container. (And AutoAssign
 	// takes the handle before it picks the address.)
 	HandlePrefix = "cnm."
-
-	// AttrNode and AttrPool are the attributes recorded with an address.
-	AttrNode = "node"
-	AttrPool = "pool"
-	// AttrSwarm ("true") marks an address the swarm manager assigned (for
-	// a task, a service VIP or an attachable container) through a
-	// swarm pool (SwarmPoolIDPrefix). The node that runs the task uses it
-	// without assigning it again, and only the manager releases it.
-	AttrSwarm = "swarm"
 
 	// SwarmPoolIDPrefix starts the PoolID of a pool requested in the
 	// global address space. Only the swarm manager's allocator asks

@@ -6,10 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	ipamapi "github.com/docker/go-plugins-helpers/ipam"
 	"github.com/sirupsen/logrus"
@@ -23,6 +26,15 @@ type IPAMDriver struct {
 	ipam IPAM
 	host string
 	log  logrus.FieldLogger
+	// allocator names this instance as a swarm manager's allocator
+	// (ipam.AttrAllocator).
+	allocator string
+
+	mu sync.Mutex
+	// swarmPools is when this instance last answered a swarm RequestPool,
+	// by PoolID: a swarm allocator (re)starting asks for its pools before
+	// it restores its tasks' addresses.
+	swarmPools map[string]time.Time
 }
 
 // NewIPAMDriver serves Docker's IPAM requests from ipam for this host.
@@ -30,7 +42,8 @@ func NewIPAMDriver(im IPAM, host string, log logrus.FieldLogger) *IPAMDriver {
 	if log == nil {
 		log = logrus.StandardLogger()
 	}
-	return &IPAMDriver{ipam: im, host: host, log: log.WithField("driver", "calico-ipam")}
+	return &IPAMDriver{ipam: im, host: host, log: log.WithField("driver", "calico-ipam"),
+		allocator: randomHex(), swarmPools: map[string]time.Time{}}
 }
 
 // GetCapabilities: calico-ipam does not need the endpoint's MAC.
@@ -98,6 +111,7 @@ func (d *IPAMDriver) RequestPool(ctx context.Context, req *ipamapi.RequestPoolRe
 	idPrefix := ""
 	if swarm {
 		idPrefix = SwarmPoolIDPrefix
+		defer d.swarmPoolRequested(idPrefix, req)
 	}
 	log := d.log.WithFields(logrus.Fields{"pool": req.Pool, "v6": req.V6, "swarm": swarm})
 	if req.SubPool != "" {
@@ -235,14 +249,73 @@ func parsePoolID(id string) (within *net.IPNet, v6, swarm bool, err error) {
 	return n, n.IP.To4() == nil, swarm, nil
 }
 
-// swarmHeld tells whether ip is held by an assignment the swarm manager
-// made (AttrSwarm).
-func (d *IPAMDriver) swarmHeld(ctx context.Context, ip net.IP) (bool, error) {
-	a, found, err := d.ipam.AddressHolder(ctx, ip)
-	if err != nil {
-		return false, err
+// swarmPoolRequested notes when the swarm allocator asked for the pool it
+// got (the PoolID RequestPool answers).
+func (d *IPAMDriver) swarmPoolRequested(prefix string, req *ipamapi.RequestPoolRequest) {
+	id := prefix + PoolIDV4
+	if req.V6 {
+		id = prefix + PoolIDV6
 	}
-	return found && a.Attrs[AttrSwarm] == "true", nil
+	if _, n, err := net.ParseCIDR(req.Pool); err == nil {
+		if ones, _ := n.Mask.Size(); !(n.IP.IsUnspecified() && ones == 0) {
+			id = prefix + n.String()
+		}
+	}
+	d.mu.Lock()
+	d.swarmPools[id] = time.Now()
+	d.mu.Unlock()
+}
+
+// samePool tells whether two PoolIDs name the same calico pool, whichever
+// side (manager or node) issued them.
+func samePool(a, b string) bool {
+	return strings.TrimPrefix(a, SwarmPoolIDPrefix) == strings.TrimPrefix(b, SwarmPoolIDPrefix)
+}
+
+// errNotShared: the address is held, and not by an assignment the request
+// may share.
+var errNotShared = errors.New("not a swarm assignment this request may share")
+
+// shareSwarmAddress decides the swarm shortcut for ip, which a request in
+// poolID found held. A node shares it when the swarm manager assigned it
+// through the same pool (the node's container of that task). The manager
+// shares it only as a restore: when the assignment is not its current
+// allocator's (another manager, or this one before a restart), or predates
+// its allocator's last request for the pool; it then takes the assignment
+// over, in one guarded transaction, so that a later request of the same
+// address is refused. Any other request for a held address is refused:
+// that is a second attachment asking for a task's address.
+func (d *IPAMDriver) shareSwarmAddress(ctx context.Context, ip net.IP, poolID string, swarm bool) (bool, error) {
+	if !swarm {
+		a, found, err := d.ipam.AddressHolder(ctx, ip)
+		if err != nil {
+			return false, err
+		}
+		return found && ipam.IsSwarm(a.Attrs) && samePool(a.Attrs[ipam.AttrPool], poolID), nil
+	}
+	d.mu.Lock()
+	poolAsked, asked := d.swarmPools[poolID]
+	d.mu.Unlock()
+	_, found, err := d.ipam.UpdateHolder(ctx, ip, func(a ipam.Allocation) (map[string]string, error) {
+		if !ipam.IsSwarm(a.Attrs) || !samePool(a.Attrs[ipam.AttrPool], poolID) {
+			return nil, errNotShared
+		}
+		if a.Attrs[ipam.AttrAllocator] == d.allocator {
+			at, stamped := ipam.AssignedAt(a.Attrs)
+			if !asked || !stamped || !at.Before(poolAsked) {
+				return nil, errNotShared
+			}
+		}
+		attrs := maps.Clone(a.Attrs)
+		attrs[ipam.AttrAllocator] = d.allocator
+		attrs[ipam.AttrPool] = poolID
+		attrs[ipam.AttrNode] = d.host
+		return attrs, nil
+	})
+	if errors.Is(err, errNotShared) {
+		return false, nil
+	}
+	return found && err == nil, err
 }
 
 // RequestAddress assigns a container address (AssignIP for docker run --ip,
@@ -254,10 +327,11 @@ func (d *IPAMDriver) swarmHeld(ctx context.Context, ip net.IP) (bool, error) {
 // Swarm: the manager's requests (swarm pool) assign with AttrSwarm, under
 // the manager's node name. A node then asks, in its local pool, for the
 // very address the manager assigned to the task it runs: an address held
-// by a swarm assignment is answered as is, without a second assignment.
-// So is a manager's request for an address a swarm assignment already
-// holds: after a restart or a leader change the manager re-requests every
-// task's address (its own allocator state is in memory, ours in etcd).
+// by a swarm assignment of the same pool is answered as is, without a
+// second assignment. So is a manager's request for an address a swarm
+// assignment already holds, when it is a restore: after a restart or a
+// leader change the manager re-requests every task's address (its own
+// allocator state is in memory, ours in etcd). See shareSwarmAddress.
 func (d *IPAMDriver) RequestAddress(ctx context.Context, req *ipamapi.RequestAddressRequest) (*ipamapi.RequestAddressResponse, error) {
 	within, v6, swarm, err := parsePoolID(req.PoolID)
 	if err != nil {
@@ -278,9 +352,10 @@ func (d *IPAMDriver) RequestAddress(ctx context.Context, req *ipamapi.RequestAdd
 		return &ipamapi.RequestAddressResponse{Address: gw}, nil
 	}
 
-	attrs := map[string]string{AttrNode: d.host, AttrPool: req.PoolID}
+	attrs := map[string]string{ipam.AttrNode: d.host, ipam.AttrPool: req.PoolID}
 	if swarm {
-		attrs[AttrSwarm] = "true"
+		attrs[ipam.AttrSwarm] = "true"
+		attrs[ipam.AttrAllocator] = d.allocator
 	}
 	var ip net.IP
 	if req.Address != "" {
@@ -302,11 +377,11 @@ func (d *IPAMDriver) RequestAddress(ctx context.Context, req *ipamapi.RequestAdd
 		log = log.WithField("ip", ip.String())
 		err := d.ipam.AssignIP(ctx, ipam.AssignIPArgs{IP: ip, Host: d.host, HandleID: newHandleID(), Attrs: attrs})
 		if errors.Is(err, ipam.ErrAddressInUse) {
-			held, herr := d.swarmHeld(ctx, ip)
-			if herr != nil {
-				return nil, assignErr("address "+ip.String(), herr)
+			shared, serr := d.shareSwarmAddress(ctx, ip, req.PoolID, swarm)
+			if serr != nil {
+				return nil, assignErr("address "+ip.String(), serr)
 			}
-			if held {
+			if shared {
 				if swarm {
 					log.Info("the swarm manager asks again for an address it assigned (restart or leader change): keeping the assignment")
 				} else {
@@ -338,11 +413,13 @@ func (d *IPAMDriver) RequestAddress(ctx context.Context, req *ipamapi.RequestAdd
 
 // newHandleID names the handle of one assignment: HandlePrefix + 16 random
 // hex digits (see HandlePrefix for why it is not derived from the address).
-// Releases go by address, so the handle only has to be unique.
-func newHandleID() string {
+func newHandleID() string { return HandlePrefix + randomHex() }
+
+// randomHex is 16 random hex digits.
+func randomHex() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read does not fail on Linux
-	return HandlePrefix + hex.EncodeToString(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 func poolDesc(within *net.IPNet) string {
@@ -371,21 +448,21 @@ func (d *IPAMDriver) ReleaseAddress(ctx context.Context, req *ipamapi.ReleaseAdd
 		log.Debug("virtual gateway: nothing to release")
 		return nil
 	}
-	// A node's release (local pool) of an address the swarm manager
-	// assigned is not ours to do: the manager releases it when it frees
-	// the task, and releasing it here too would let that later release
-	// free whoever got the address in between.
-	if _, _, swarm, err := parsePoolID(req.PoolID); err == nil && !swarm {
-		held, err := d.swarmHeld(ctx, ip)
-		if err != nil && !errors.Is(err, ipam.ErrNotInPool) {
-			return ipamErr("looking up the holder of address "+ip.String(), err)
+	// Who holds the address is decided inside the releasing transaction.
+	// A node's release (local pool) never frees the swarm manager's
+	// assignment: the manager releases it when it frees the task. The
+	// manager's release frees only a swarm assignment of its pool, so a
+	// late or repeated release cannot free whoever got the address next.
+	// A release naming no known pool goes by address.
+	var keep func(ipam.Allocation) bool
+	if _, _, swarm, err := parsePoolID(req.PoolID); err == nil && swarm {
+		keep = func(a ipam.Allocation) bool {
+			return !ipam.IsSwarm(a.Attrs) || !samePool(a.Attrs[ipam.AttrPool], req.PoolID)
 		}
-		if held {
-			log.Debug("address assigned by the swarm manager: the manager releases it")
-			return nil
-		}
+	} else if err == nil {
+		keep = func(a ipam.Allocation) bool { return ipam.IsSwarm(a.Attrs) }
 	}
-	if err := d.ipam.ReleaseIP(ctx, ip); err != nil {
+	if err := d.ipam.ReleaseIPUnless(ctx, ip, keep); err != nil {
 		if errors.Is(err, ipam.ErrNotInPool) {
 			// Outside every pool, so never (or no longer) assigned.
 			log.WithError(err).Debug("address in no pool: nothing to release")

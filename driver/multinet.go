@@ -116,28 +116,28 @@ func (d *NetworkDriver) planJoin(ctx context.Context, networkID string, peers []
 
 // networkDestinations are the prefixes holding a network's addresses: its
 // subnets, or for a network created without --subnet (0.0.0.0/0, any
-// pool) every calico pool.
+// pool) every calico pool of that family.
 func (d *NetworkDriver) networkDestinations(ctx context.Context, nw datastore.Network) ([]string, error) {
 	var out []string
-	anyPool := false
+	anyPool := map[bool]bool{} // by "is IPv4"
 	for _, s := range nw.Subnets {
 		_, n, err := net.ParseCIDR(s)
 		if err != nil {
 			continue
 		}
 		if ones, _ := n.Mask.Size(); ones == 0 {
-			anyPool = true
+			anyPool[n.IP.To4() != nil] = true
 			continue
 		}
 		out = append(out, n.String())
 	}
-	if anyPool && d.ipam != nil {
+	if len(anyPool) > 0 && d.ipam != nil {
 		pools, err := d.ipam.ListPools(ctx)
 		if err != nil {
 			return nil, storeErr("listing the calico pools for network "+short(nw.ID), err)
 		}
 		for _, p := range pools {
-			if _, n, err := net.ParseCIDR(p.CIDR); err == nil && !slices.Contains(out, n.String()) {
+			if _, n, err := net.ParseCIDR(p.CIDR); err == nil && anyPool[n.IP.To4() != nil] && !slices.Contains(out, n.String()) {
 				out = append(out, n.String())
 			}
 		}

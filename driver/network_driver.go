@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -456,6 +457,10 @@ func (d *NetworkDriver) CreateEndpoint(ctx context.Context, req *network.CreateE
 		log = log.WithField("ipv6", v6.IP.String())
 	}
 
+	if ep.Handles, err = d.addressHandles(ctx, v4, v6); err != nil {
+		return nil, err
+	}
+
 	netKey := datastore.NetworkKey(req.NetworkID)
 	epKey := datastore.EndpointKey(d.host, req.EndpointID)
 	err = d.store.Retry(ctx, func(ctx context.Context) error {
@@ -489,6 +494,34 @@ func (d *NetworkDriver) CreateEndpoint(ctx context.Context, req *network.CreateE
 		resp.Interface = &network.EndpointInterface{MacAddress: FixedMAC}
 	}
 	return resp, nil
+}
+
+// addressHandles are the IPAM handles holding the endpoint's addresses,
+// for the endpoint record: releases then go by handle (reconcile) or are
+// checked against it (ReleaseAddress after DeleteEndpoint), never "whoever
+// holds the address now". An address calico-ipam did not assign (another
+// IPAM) has none.
+func (d *NetworkDriver) addressHandles(ctx context.Context, nets ...*net.IPNet) ([]string, error) {
+	if d.ipam == nil {
+		return nil, nil
+	}
+	var out []string
+	for _, n := range nets {
+		if n == nil {
+			continue
+		}
+		a, found, err := d.ipam.AddressHolder(ctx, n.IP)
+		if errors.Is(err, ipam.ErrNotInPool) {
+			continue
+		}
+		if err != nil {
+			return nil, ipamErr("looking up the assignment of address "+n.IP.String(), err)
+		}
+		if found && !slices.Contains(out, a.HandleID) {
+			out = append(out, a.HandleID)
+		}
+	}
+	return out, nil
 }
 
 // getEndpoint reads this host's record of an endpoint.
@@ -566,6 +599,13 @@ func (d *NetworkDriver) DeleteEndpoint(ctx context.Context, req *network.DeleteE
 	key := datastore.EndpointKey(d.host, req.EndpointID)
 	if _, err := d.store.DeleteExisting(ctx, key); err != nil {
 		return storeErr("deleting endpoint "+short(req.EndpointID), err)
+	}
+	// Docker's ReleaseAddress, which comes next, names only the address.
+	if d.ipam != nil && len(ep.Handles) > 0 {
+		_, _, ips := epIPs(ep)
+		for _, n := range ips {
+			d.ipam.ExpectRelease(n.IP, ep.Handles...)
+		}
 	}
 	log.Info("endpoint deleted")
 	return nil

@@ -65,7 +65,7 @@ func TestSwarmIPAM(t *testing.T) {
 		return a, found
 	}
 	a, found := holder(taskIP)
-	if !found || a.Attrs[driver.AttrSwarm] != "true" || a.Attrs[driver.AttrNode] != "mgr" || a.Host != "mgr" {
+	if !found || a.Attrs[ipam.AttrSwarm] != "true" || a.Attrs[ipam.AttrNode] != "mgr" || a.Host != "mgr" {
 		t.Fatalf("task address %s: holder %+v (found %v); want a swarm assignment of node mgr in a block of mgr", taskIP, a, found)
 	}
 
@@ -109,8 +109,8 @@ func TestSwarmIPAM(t *testing.T) {
 			t.Fatal(err)
 		}
 		lip, _, _ := net.ParseCIDR(local.Address)
-		if la, _ := holder(lip); la.Attrs[driver.AttrSwarm] != "" {
-			t.Errorf("a node's own address carries %s=%q", driver.AttrSwarm, la.Attrs[driver.AttrSwarm])
+		if la, _ := holder(lip); la.Attrs[ipam.AttrSwarm] != "" {
+			t.Errorf("a node's own address carries %s=%q", ipam.AttrSwarm, la.Attrs[ipam.AttrSwarm])
 		}
 		// Neither a second local --ip nor the manager may take it.
 		for name, req := range map[string]*ipamapi.RequestAddressRequest{

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -224,7 +226,7 @@ func (e *Engine) refreshAfterConflict(ctx context.Context, handleID string, blk 
 // extra ops ride along (a claim's pending affinity). It returns the
 // revision the transaction committed at.
 func (e *Engine) commitAssign(ctx context.Context, req assignReq, b *block, rev int64, ord int, pool poolEntry, extra ...datastore.Op) (netip.Addr, int64, error) {
-	b.allocate(ord, req.handle, req.attrs)
+	b.allocate(ord, req.handle, e.stamped(req.attrs))
 	h := e.handleOptimistic(req.handle)
 	h.rec.add(b.prefix, 1)
 	ops := make([]datastore.Op, 0, 3+len(extra))
@@ -235,6 +237,9 @@ func (e *Engine) commitAssign(ctx context.Context, req assignReq, b *block, rev 
 	ops = append(ops, datastore.Check(poolKey(pool.prefix), pool.rev))
 	ops = append(ops, extra...)
 	newRev, err := e.store.TxnRev(ctx, ops...)
+	if isAmbiguous(err) {
+		return e.settleAmbiguous(ctx, req, b.prefix, ord, err)
+	}
 	if err != nil {
 		return netip.Addr{}, 0, err
 	}
@@ -244,6 +249,15 @@ func (e *Engine) commitAssign(ctx context.Context, req assignReq, b *block, rev 
 	addr := nthAddr(b.prefix, ord)
 	req.log.WithFields(logrus.Fields{"ip": addr.String(), "block": b.CIDR}).Debug("address assigned")
 	return addr, newRev, nil
+}
+
+// stamped is attrs with AttrAssigned set to now: every assignment carries
+// its age, which the leak checks need.
+func (e *Engine) stamped(attrs map[string]string) map[string]string {
+	out := make(map[string]string, len(attrs)+1)
+	maps.Copy(out, attrs)
+	out[AttrAssigned] = e.now().UTC().Format(time.RFC3339Nano)
+	return out
 }
 
 // claimOrBorrow runs steps 2 and 3 of AutoAssign on a fresh view of all
@@ -257,22 +271,17 @@ func (e *Engine) claimOrBorrow(ctx context.Context, req assignReq, all map[netip
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	owned := 0
-	for _, c := range all {
-		if c.b != nil && c.b.host() == req.host && c.b.prefix.Addr().Is6() == req.v6 {
-			owned++
-		}
-	}
+	owned := ownedInPools(all, req.host, pools)
 	why := ""
 	switch {
 	case !cfg.AutoAllocateBlocks:
-		why = "this host has no block with a free address and autoAllocateBlocks is off"
+		why = "this host has no block with a free address and autoAllocateBlocks is off (`calico-cnm ipam configure --auto-allocate-blocks=true` turns it on)"
 	case cfg.MaxBlocksPerHost > 0 && owned >= cfg.MaxBlocksPerHost:
 		// As in Calico, reaching the limit is an error, not a reason to
 		// borrow: the limit exists to bound what a host routes.
 		return netip.Addr{}, newError2(ErrMaxBlocks, ErrExhausted,
-			"no free address for host %s: it already owns %d block(s), the maxBlocksPerHost limit, and they are full; raise maxBlocksPerHost (`ipam configure`) or release addresses on this host",
-			req.host, owned)
+			"no free address in %s for host %s: it already owns %d block(s) there, the maxBlocksPerHost limit, and they are full; raise the limit (`calico-cnm ipam configure --max-blocks-per-host N`) or release addresses on this host",
+			describePools(pools, req.within), req.host, owned)
 	default:
 		addr, err := e.claimNewBlock(ctx, req, pools, all)
 		if err == nil || !errors.Is(err, errNoFreeBlock) {
@@ -282,10 +291,26 @@ func (e *Engine) claimOrBorrow(ctx context.Context, req assignReq, all map[netip
 	}
 	if cfg.StrictAffinity {
 		return netip.Addr{}, newError(ErrExhausted,
-			"no free address in %s for host %s: %s, and strictAffinity forbids borrowing from other hosts' blocks; add a pool, release addresses, or turn strictAffinity off",
+			"no free address in %s for host %s: %s, and strictAffinity forbids borrowing from other hosts' blocks; add a pool, release addresses, or turn strictAffinity off (`calico-cnm ipam configure --strict-affinity=false`)",
 			describePools(pools, req.within), req.host, why)
 	}
 	return e.borrow(ctx, req, pools, all, why)
+}
+
+// ownedInPools counts host's blocks in the pools a request draws from: as
+// in Calico, maxBlocksPerHost bounds a host's blocks per requested pool
+// set, so blocks of one network's pool do not starve another network.
+func ownedInPools(all map[netip.Prefix]cachedBlock, host string, pools []poolEntry) int {
+	n := 0
+	for _, c := range all {
+		if c.b == nil || c.b.host() != host {
+			continue
+		}
+		if _, ok := poolOfBlock(pools, c.b.prefix); ok {
+			n++
+		}
+	}
+	return n
 }
 
 // describePools names the pools (and the subnet restriction) for messages.
@@ -633,7 +658,7 @@ func (e *Engine) AssignIP(ctx context.Context, a AssignIPArgs) error {
 				if owner == "" {
 					owner = "no host"
 				}
-				return newError(ErrStrictAffinity, "address %s is in block %s, which belongs to %s, and strictAffinity forbids using another host's block: pick an address in a block of host %s or turn strictAffinity off", addr, bp, owner, a.Host)
+				return newError(ErrStrictAffinity, "address %s is in block %s, which belongs to %s, and strictAffinity forbids using another host's block: pick an address in a block of host %s or turn strictAffinity off (`calico-cnm ipam configure --strict-affinity=false`)", addr, bp, owner, a.Host)
 			}
 		}
 		_, _, err = e.commitAssign(ctx, req, b, rev, ord, pool)

@@ -12,18 +12,22 @@ import (
 
 // Key layout, relative to the store prefix (see /work/shared/DESIGN.md).
 const (
-	poolsPrefix    = "pools/"
-	blocksPrefix   = "ipam/blocks/"
-	affinityPrefix = "ipam/affinity/"
-	handlesPrefix  = "ipam/handles/"
-	configKey      = "ipam/config"
+	// PoolsPrefix holds the pool records (Pool): routing and policy follow
+	// them too.
+	PoolsPrefix = "pools/"
+	// recordsPrefix holds the rest of IPAM's records (read whole by check).
+	recordsPrefix  = "ipam/"
+	blocksPrefix   = recordsPrefix + "blocks/"
+	affinityPrefix = recordsPrefix + "affinity/"
+	handlesPrefix  = recordsPrefix + "handles/"
+	configKey      = recordsPrefix + "config"
 	// poolsSerialKey is bumped by every pool creation and deletion. Pool
 	// writes compare it, so two hosts adding overlapping pools at the same
 	// time cannot both pass the overlap check.
-	poolsSerialKey = "ipam/pools-serial"
+	poolsSerialKey = recordsPrefix + "pools-serial"
 )
 
-func poolKey(p netip.Prefix) string  { return poolsPrefix + escapeCIDR(p) }
+func poolKey(p netip.Prefix) string  { return PoolsPrefix + escapeCIDR(p) }
 func blockKey(p netip.Prefix) string { return blocksPrefix + escapeCIDR(p) }
 func handleKey(id string) string     { return handlesPrefix + id }
 func hostAffinityPrefix(host string) string {
@@ -280,6 +284,26 @@ func (b *block) compactAttributes() {
 		}
 	}
 	b.Attributes = kept
+}
+
+// allocation describes the assigned ordinal o (which must be taken).
+func (b *block) allocation(o int) Allocation {
+	h, _ := b.handleAt(o)
+	return Allocation{
+		IP:       toIP(nthAddr(b.prefix, o)),
+		HandleID: h,
+		Attrs:    maps.Clone(b.Attributes[*b.Allocations[o]].Secondary),
+		Block:    b.CIDR,
+		Host:     b.host(),
+	}
+}
+
+// relabel replaces the attributes of the assigned ordinal o, keeping its
+// handle.
+func (b *block) relabel(o int, attrs map[string]string) {
+	h, _ := b.handleAt(o)
+	b.allocate(o, h, attrs)
+	b.compactAttributes()
 }
 
 // ordinalsOf lists the ordinals held by handleID.

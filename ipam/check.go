@@ -77,7 +77,7 @@ type snapshot struct {
 func affID(host string, p netip.Prefix) string { return host + "/" + p.String() }
 
 func (e *Engine) readSnapshot(ctx context.Context) (*snapshot, error) {
-	kvs, err := e.store.List(ctx, "ipam/")
+	kvs, err := e.store.List(ctx, recordsPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("reading IPAM records: %w", err)
 	}
@@ -163,17 +163,9 @@ func (e *Engine) Allocations(ctx context.Context) ([]Allocation, error) {
 	var out []Allocation
 	for _, c := range s.sortedBlocks() {
 		for o := range c.b.Allocations {
-			h, ok := c.b.handleAt(o)
-			if !ok {
-				continue
+			if _, ok := c.b.handleAt(o); ok {
+				out = append(out, c.b.allocation(o))
 			}
-			out = append(out, Allocation{
-				IP:       toIP(nthAddr(c.b.prefix, o)),
-				HandleID: h,
-				Attrs:    maps.Clone(c.b.Attributes[*c.b.Allocations[o]].Secondary),
-				Block:    c.b.CIDR,
-				Host:     c.b.host(),
-			})
 		}
 	}
 	return out, nil

@@ -102,6 +102,11 @@ type Engine struct {
 	pools   []poolEntry // nil: not loaded
 	blocks  map[netip.Prefix]cachedBlock
 	handles map[string]cachedHandle
+	// abandoned are handles of assignments answered as failed that may
+	// have landed (ReleaseAbandoned).
+	abandoned map[string]bool
+	// intents are ExpectRelease's expected holders, by address.
+	intents map[netip.Addr]releaseIntent
 
 	// lostClaims counts block claims lost to another host (tests, logs).
 	lostClaims atomic.Int64

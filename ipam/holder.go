@@ -2,8 +2,11 @@ package ipam
 
 import (
 	"context"
-	"maps"
+	"errors"
+	"fmt"
 	"net"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
 )
 
 // AddressHolder returns the assignment holding ip, read from etcd (not the
@@ -31,15 +34,57 @@ func (e *Engine) AddressHolder(ctx context.Context, ip net.IP) (a Allocation, fo
 		return Allocation{}, false, err
 	}
 	ord, _ := ordinalOf(bp, addr)
-	h, taken := b.handleAt(ord)
-	if !taken {
+	if _, taken := b.handleAt(ord); !taken {
 		return Allocation{}, false, nil
 	}
-	return Allocation{
-		IP:       toIP(addr),
-		HandleID: h,
-		Attrs:    maps.Clone(b.Attributes[*b.Allocations[ord]].Secondary),
-		Block:    b.CIDR,
-		Host:     b.host(),
-	}, true, nil
+	return b.allocation(ord), true, nil
+}
+
+// UpdateHolder lets decide look at the assignment holding ip and, in the
+// same transaction (guarded by the block's revision), replace its
+// attributes: decide returns the new attributes (the engine stamps them
+// with AttrAssigned), nil to leave them, or an error to refuse, which
+// UpdateHolder returns. found is false when the address is free (decide is
+// not called). The swarm manager uses it to take over, after a restart, an
+// assignment its previous life made.
+func (e *Engine) UpdateHolder(ctx context.Context, ip net.IP, decide func(Allocation) (map[string]string, error)) (a Allocation, found bool, err error) {
+	addr, ok := addrFromIP(ip)
+	if !ok {
+		return Allocation{}, false, newError(ErrInvalidArgument, "no valid IP address given (%v)", ip)
+	}
+	pool, ok, err := e.poolContaining(ctx, addr)
+	if err != nil {
+		return Allocation{}, false, err
+	}
+	if !ok {
+		return Allocation{}, false, newError(ErrNotInPool, "address %s is not in any IP pool", addr)
+	}
+	bp := blockOf(addr, pool.BlockSize)
+	ord, _ := ordinalOf(bp, addr)
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		b, rev, exists, err := e.readBlock(ctx, bp)
+		if err != nil || !exists {
+			return Allocation{}, false, err
+		}
+		if _, taken := b.handleAt(ord); !taken {
+			return Allocation{}, false, nil
+		}
+		a := b.allocation(ord)
+		attrs, err := decide(a)
+		if err != nil || attrs == nil {
+			return a, true, err
+		}
+		b.relabel(ord, e.stamped(attrs))
+		newRev, err := e.store.TxnRev(ctx, datastore.Update(blockKey(bp), datastore.MustJSON(b), rev))
+		if errors.Is(err, datastore.ErrConflict) {
+			continue
+		}
+		if err != nil {
+			e.uncacheBlock(bp)
+			return a, true, err
+		}
+		e.cacheBlock(b, newRev)
+		return b.allocation(ord), true, nil
+	}
+	return Allocation{}, false, fmt.Errorf("updating the assignment of %s: still conflicting after %d attempts: %w", addr, maxAttempts, datastore.ErrConflict)
 }

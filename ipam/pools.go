@@ -143,7 +143,7 @@ func sortPools(ps []poolEntry) {
 
 // loadPools reads all pools and refreshes the cache.
 func (e *Engine) loadPools(ctx context.Context) ([]poolEntry, error) {
-	kvs, err := e.store.List(ctx, poolsPrefix)
+	kvs, err := e.store.List(ctx, PoolsPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("listing IP pools: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -35,13 +36,73 @@ func (e *Engine) releaseOps(b *block, rev int64) ([]datastore.Op, bool) {
 	return []datastore.Op{datastore.Update(blockKey(b.prefix), datastore.MustJSON(b), rev)}, false
 }
 
-// ReleaseIP frees one address, whoever holds it, and updates its handle in
-// the same transaction. Releasing an address that is not allocated (never
-// was, or already released) returns nil, so Docker's retries are harmless.
-// An address outside every pool returns ErrNotInPool: nothing could have
-// allocated it, so the caller is confused about which IPAM owns it (the
-// driver may choose to ignore it).
+// releaseIntentTTL is how long ExpectRelease's word holds: longer than
+// dockerd's retries of a call to the plugin (15 s), short enough that an
+// address later served to another network driver is released normally.
+const releaseIntentTTL = 2 * time.Minute
+
+type releaseIntent struct {
+	handles []string
+	at      time.Time
+}
+
+// ExpectRelease says that releases of ip by address (ReleaseIP) are meant
+// for the assignment of one of handles (an endpoint's: one per address):
+// the network driver knows them from the endpoint record when Docker
+// deletes the endpoint, but Docker's ReleaseAddress, which follows, names
+// only the address. Until the intent expires, ReleaseIP frees ip only while
+// one of handles holds it, so a late or repeated release cannot free the
+// address from its next holder.
+func (e *Engine) ExpectRelease(ip net.IP, handles ...string) {
+	addr, ok := addrFromIP(ip)
+	if !ok || len(handles) == 0 {
+		return
+	}
+	now := e.now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.intents == nil {
+		e.intents = map[netip.Addr]releaseIntent{}
+	}
+	for a, in := range e.intents {
+		if now.Sub(in.at) > releaseIntentTTL {
+			delete(e.intents, a)
+		}
+	}
+	e.intents[addr] = releaseIntent{handles: slices.Clone(handles), at: now}
+}
+
+// unexpectedHolder tells whether ExpectRelease named handles for addr
+// (still valid) and hid is none of them.
+func (e *Engine) unexpectedHolder(addr netip.Addr, hid string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	in, ok := e.intents[addr]
+	if !ok || e.now().Sub(in.at) > releaseIntentTTL {
+		return false
+	}
+	return !slices.Contains(in.handles, hid)
+}
+
+// ReleaseIP frees one address and updates its handle in the same
+// transaction. It frees whoever holds the address, unless ExpectRelease
+// named the handle the release is meant for: then an address held by any
+// other handle is left alone (the check and the write are one transaction,
+// guarded by the block's revision). Releasing an address that is not
+// allocated (never was, or already released) returns nil, so Docker's
+// retries are harmless. An address outside every pool returns
+// ErrNotInPool: nothing could have allocated it, so the caller is confused
+// about which IPAM owns it (the driver may choose to ignore it).
 func (e *Engine) ReleaseIP(ctx context.Context, ip net.IP) error {
+	return e.ReleaseIPUnless(ctx, ip, nil)
+}
+
+// ReleaseIPUnless is ReleaseIP that leaves the address alone when keep
+// says so of its holder. keep sees the assignment as the releasing
+// transaction's guard saw it, so nothing can change between the decision
+// and the write (the swarm paths use it: a node never frees the manager's
+// assignments, the manager only frees its own).
+func (e *Engine) ReleaseIPUnless(ctx context.Context, ip net.IP, keep func(Allocation) bool) error {
 	addr, ok := addrFromIP(ip)
 	if !ok {
 		return newError(ErrInvalidArgument, "no valid IP address given (%v)", ip)
@@ -81,6 +142,22 @@ func (e *Engine) ReleaseIP(ctx context.Context, ip net.IP) error {
 				fresh = true // our copy may predate the assignment
 				continue
 			}
+			return nil
+		}
+		if e.unexpectedHolder(addr, hid) {
+			if !fresh {
+				fresh = true // our copy may predate the expected holder's release
+				continue
+			}
+			e.log.WithFields(logrus.Fields{"ip": addr.String(), "handle": hid}).Info("not releasing: the address is held by another assignment than the release is meant for (a late or repeated release)")
+			return nil
+		}
+		if keep != nil && keep(b.allocation(ord)) {
+			if !fresh {
+				fresh = true // decide on etcd's copy, not the cache's
+				continue
+			}
+			e.log.WithFields(logrus.Fields{"ip": addr.String(), "handle": hid}).Debug("release declined: the holder is not the releaser's to free")
 			return nil
 		}
 		h, err := e.handleCachedOrRead(ctx, hid)

@@ -7,9 +7,9 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"time"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/retry"
 )
 
 // BlockEvent says that Host gained (Added) or lost a block. Routing adds or
@@ -84,20 +84,17 @@ func (e *Engine) WatchHostBlocks(ctx context.Context, host string) <-chan BlockE
 				return false
 			}
 		}
-		backoff := 100 * time.Millisecond
+		backoff := retry.New(retry.Standard())
 		for ctx.Err() == nil {
 			kvs, rev, err := e.store.ListWithRevision(ctx, prefix)
 			if err != nil {
 				log.WithError(err).Warn("listing host blocks failed, retrying")
-				select {
-				case <-time.After(backoff):
-				case <-ctx.Done():
+				if !backoff.Wait(ctx) {
 					return
 				}
-				backoff = min(2*backoff, 5*time.Second)
 				continue
 			}
-			backoff = 100 * time.Millisecond
+			backoff.Reset()
 			current := map[netip.Prefix]bool{}
 			for _, p := range confirmedBlocks(kvs) {
 				current[p] = true

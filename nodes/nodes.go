@@ -16,7 +16,6 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
-	"github.com/calico-cnm/calico-cnm/driver"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -99,7 +98,7 @@ func read(ctx context.Context, store *datastore.Store, engine *ipam.Engine) (*st
 func (st *state) ownAllocations(node string) []ipam.Allocation {
 	var out []ipam.Allocation
 	for _, a := range st.allocs {
-		if a.Attrs[driver.AttrNode] == node && a.Attrs[driver.AttrSwarm] != "true" {
+		if a.Attrs[ipam.AttrNode] == node && !ipam.IsSwarm(a.Attrs) {
 			out = append(out, a)
 		}
 	}
@@ -121,7 +120,7 @@ func (st *state) names() []string {
 		set[n] = true
 	}
 	for _, a := range st.allocs {
-		if n := a.Attrs[driver.AttrNode]; n != "" {
+		if n := a.Attrs[ipam.AttrNode]; n != "" {
 			set[n] = true
 		}
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
-	"github.com/calico-cnm/calico-cnm/driver"
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/nodes"
 )
@@ -65,10 +64,10 @@ func newCluster(t *testing.T) *cluster {
 			t.Fatal(err)
 		}
 	}
-	attrs := func(node string) map[string]string { return map[string]string{driver.AttrNode: node} }
+	attrs := func(node string) map[string]string { return map[string]string{ipam.AttrNode: node} }
 	c.goneIP = assign(t, c.gone, "gone", "10.1.0.0/26", attrs("gone"))
 	c.borrowed = assign(t, c.stays, "stays", "10.1.0.0/26", attrs("stays")) // the pool's only block is gone's
-	c.swarmIP = assign(t, c.gone, "gone", "10.1.0.0/26", map[string]string{driver.AttrNode: "gone", driver.AttrSwarm: "true"})
+	c.swarmIP = assign(t, c.gone, "gone", "10.1.0.0/26", map[string]string{ipam.AttrNode: "gone", ipam.AttrSwarm: "true"})
 	empty := assign(t, c.gone, "gone", "10.2.0.0/26", attrs("gone"))
 	if err := c.gone.ReleaseIP(ctx, empty); err != nil {
 		t.Fatal(err)

@@ -50,7 +50,7 @@ func startPolicy(ctx context.Context, cfg Config, store *datastore.Store, engine
 		names.cli.Close()
 		return nil, err
 	}
-	_ = engine // pools are followed in the datastore directly (policy.PoolsPrefix)
+	_ = engine // pools are followed in the datastore directly (ipam.PoolsPrefix)
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {

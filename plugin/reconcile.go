@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sort"
 	"time"
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
-	"github.com/calico-cnm/calico-cnm/driver"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -70,9 +70,9 @@ type ReconcileInput struct {
 	// previous pass) was first seen stale.
 	FirstSeen map[string]time.Time
 	// ReleaseOrphans allows releasing this node's addresses that no
-	// endpoint holds. Off in global scope, where the swarm manager
-	// allocates addresses for other nodes' tasks and service VIPs that
-	// never get an endpoint here.
+	// endpoint holds. The swarm manager's assignments (other nodes' tasks,
+	// service VIPs) and aux/gateway reservations are never orphans, so the
+	// daemon sweeps in global scope too.
 	ReleaseOrphans bool
 }
 
@@ -179,17 +179,19 @@ func allocAddr(a ipam.Allocation) (netip.Addr, bool) {
 //   - An endpoint record of this node that Docker does not have is a
 //     candidate; once it was seen stale for Grace (same record revision), it
 //     is removed: veth and routes (unless a live Docker endpoint maps to the
-//     same interface name), the assignments of its addresses (unless Docker
-//     shows the address on another endpoint), then the record itself.
+//     same interface name), the assignments of its addresses (by handle, and
+//     only the record's own: see ownsAssignment; never while Docker shows the
+//     address on another endpoint), then the record itself.
 //   - An endpoint record Docker has: its routes are ensured if it is joined.
 //   - A detached veth pair (both ends in the host namespace, so no container
 //     holds it) whose name is no endpoint record's of this node and no
 //     Docker endpoint's is a candidate; seen so for Grace, it is deleted.
 //     (A record's own pair goes with the record, above.)
 //   - With ReleaseOrphans, an assignment whose "node" attribute is this node,
+//     that is neither the swarm manager's nor an aux/gateway reservation,
 //     whose address is in no endpoint record (any node) and on no Docker
 //     endpoint (any network) is a candidate; seen so for Grace (same
-//     handle), it is released.
+//     handle), it is released by that handle.
 func PlanReconcile(in ReconcileInput) Plan {
 	plan := Plan{Pending: map[string]time.Time{}}
 	mature := func(key string) bool {
@@ -271,10 +273,14 @@ func PlanReconcile(in ReconcileInput) Plan {
 			if !held {
 				continue // already free (Docker's ReleaseAddress got through)
 			}
-			if a.Attrs[driver.AttrSwarm] == "true" {
+			if ipam.IsSwarm(a.Attrs) {
 				// The swarm manager assigned it to a task and releases it
-				// when it frees the task (see driver.AttrSwarm).
+				// when it frees the task (see ipam.AttrSwarm).
 				rm.Kept = append(rm.Kept, fmt.Sprintf("%s was assigned by the swarm manager, which releases it", ip))
+				continue
+			}
+			if !ownsAssignment(ep, a) {
+				rm.Kept = append(rm.Kept, fmt.Sprintf("%s is now held by handle %s, which is not this endpoint's (re-assigned since)", ip, a.HandleID))
 				continue
 			}
 			rm.Release = append(rm.Release, AddressRelease{IP: ip, Handle: a.HandleID, Block: a.Block})
@@ -294,7 +300,13 @@ func PlanReconcile(in ReconcileInput) Plan {
 	if in.ReleaseOrphans {
 		for _, a := range in.Allocations {
 			ip, ok := allocAddr(a)
-			if !ok || a.Attrs[driver.AttrNode] != in.Node || recorded[ip] {
+			if !ok || a.Attrs[ipam.AttrNode] != in.Node || recorded[ip] {
+				continue
+			}
+			// The swarm manager's assignments (tasks of other nodes,
+			// service VIPs) and aux/gateway reservations never have an
+			// endpoint record: not orphans.
+			if ipam.IsSwarm(a.Attrs) || ipam.IsReserved(a.Attrs) {
 				continue
 			}
 			if _, used := dockerIPs[ip]; used {
@@ -314,6 +326,19 @@ func PlanReconcile(in ReconcileInput) Plan {
 	sort.Strings(plan.Unknown)
 	plan.NextDue = nextDue(plan.Pending, in.Grace)
 	return plan
+}
+
+// ownsAssignment tells whether assignment a, which holds one of ep's
+// addresses, is ep's own. A record names its handles; one written before
+// handles were recorded owns only assignments that predate the engine's
+// timestamps: a stamped assignment was made by a daemon that records
+// handles, so it belongs to a newer endpoint.
+func ownsAssignment(ep datastore.Endpoint, a ipam.Allocation) bool {
+	if len(ep.Handles) > 0 {
+		return slices.Contains(ep.Handles, a.HandleID)
+	}
+	_, stamped := ipam.AssignedAt(a.Attrs)
+	return !stamped
 }
 
 func nextDue(pending map[string]time.Time, grace time.Duration) time.Time {

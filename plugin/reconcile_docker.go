@@ -12,6 +12,8 @@ import (
 	"github.com/docker/docker/api/types/network"
 	"github.com/docker/docker/client"
 	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/internal/retry"
 )
 
 // DockerSource is the reconcile loop's view of Docker.
@@ -26,10 +28,7 @@ type DockerSource interface {
 }
 
 // Docker call bounds: a hung dockerd must not hang the reconcile loop.
-const (
-	dockerCallTimeout   = 15 * time.Second
-	dockerEventsBackoff = 30 * time.Second
-)
+const dockerCallTimeout = 15 * time.Second
 
 // dockerClient is DockerSource over the Docker Engine API.
 type dockerClient struct {
@@ -105,7 +104,7 @@ func (d *dockerClient) Changes(ctx context.Context) <-chan struct{} {
 	)
 	go func() {
 		defer close(out)
-		backoff := time.Second
+		backoff := retry.New(retry.Standard())
 		for first := true; ; first = false {
 			sctx, cancel := context.WithCancel(ctx)
 			msgs, errs := d.cli.Events(sctx, events.ListOptions{Filters: f})
@@ -118,7 +117,7 @@ func (d *dockerClient) Changes(ctx context.Context) <-chan struct{} {
 					case <-ctx.Done():
 						return ctx.Err()
 					case m := <-msgs:
-						backoff = time.Second // the stream works
+						backoff.Reset() // the stream works
 						d.log.WithFields(logrus.Fields{"type": m.Type, "action": m.Action, "id": shortID(m.Actor.ID)}).Debug("Docker event")
 						signal()
 					case err := <-errs:
@@ -130,13 +129,10 @@ func (d *dockerClient) Changes(ctx context.Context) <-chan struct{} {
 			if ctx.Err() != nil {
 				return
 			}
-			d.log.WithError(err).Debugf("Docker event stream ended, reconnecting in %s", backoff)
-			select {
-			case <-ctx.Done():
+			d.log.WithError(err).Debug("Docker event stream ended, reconnecting")
+			if !backoff.Wait(ctx) {
 				return
-			case <-time.After(backoff):
 			}
-			backoff = min(2*backoff, dockerEventsBackoff)
 		}
 	}()
 	return out

@@ -42,6 +42,21 @@ type ReconcileIPAM interface {
 	ReleaseByHandle(ctx context.Context, handleID string) error
 }
 
+// Why Run started a pass (the "trigger" field of its debug log line).
+const (
+	PassAtStart     = "start"
+	PassPeriodic    = "interval"
+	PassFollowUp    = "candidates maturing"
+	PassDockerEvent = "docker event"
+)
+
+// abandonedReleaser is implemented by *ipam.Engine: assignments it answered
+// as failed while etcd could not tell whether they landed are released once
+// etcd answers again (by handle: nobody else knows those handles).
+type abandonedReleaser interface {
+	ReleaseAbandoned(ctx context.Context) (int, error)
+}
+
 // Timing of the loop's extra passes.
 const (
 	// eventDebounce collects a burst of Docker events (docker rm of many
@@ -227,6 +242,15 @@ func (r *Reconciler) Pass(ctx context.Context) (PassResult, error) {
 		res.Fixes[FixOrphanReleased]++
 		log.Info("reconcile: released an address no endpoint holds (neither in the datastore nor in Docker)")
 	}
+	if ab, ok := r.IPAM.(abandonedReleaser); ok {
+		n, err := ab.ReleaseAbandoned(ctx)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("releasing assignments answered as failed during an etcd outage: %w", err))
+		}
+		if n > 0 {
+			res.Fixes[FixOrphanReleased] += n
+		}
+	}
 	for _, name := range plan.RemoveDetached {
 		if err := r.Dataplane.RemoveDetachedWorkload(ctx, name); err != nil {
 			errs = append(errs, err)
@@ -342,8 +366,9 @@ func (r *Reconciler) Run(ctx context.Context) {
 	var debounce <-chan time.Time
 	var lastPass time.Time
 
-	pass := func() {
+	pass := func(trigger string) {
 		lastPass = time.Now()
+		r.Log.WithField("trigger", trigger).Debug("reconcile pass")
 		res, err := r.Pass(ctx)
 		if ctx.Err() != nil {
 			return
@@ -360,15 +385,15 @@ func (r *Reconciler) Run(ctx context.Context) {
 			followUp.Reset(max(time.Until(res.Plan.NextDue)+100*time.Millisecond, minFollowUp))
 		}
 	}
-	pass()
+	pass(PassAtStart)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
-			pass()
+			pass(PassPeriodic)
 		case <-followUp.C:
-			pass()
+			pass(PassFollowUp)
 		case _, ok := <-changes:
 			if !ok {
 				changes = nil
@@ -379,7 +404,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 			}
 		case <-debounce:
 			debounce = nil
-			pass()
+			pass(PassDockerEvent)
 		}
 	}
 }
@@ -398,8 +423,9 @@ func newReconciler(cfg Config, store *datastore.Store, engine *ipam.Engine, dp R
 		Docker:    docker,
 		Grace:     cfg.ReconcileGrace,
 		Interval:  cfg.ResyncInterval,
-		// In global scope the swarm manager allocates for other nodes.
-		ReleaseOrphans: cfg.Scope != "global",
+		// Every scope: PlanReconcile never counts the swarm manager's
+		// assignments (for other nodes' tasks) as orphans.
+		ReleaseOrphans: true,
 		Metrics:        m,
 		Log:            log.WithField("component", "reconcile"),
 	}, nil

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
@@ -41,6 +44,24 @@ func alloc(ip, handle, node string) ipam.Allocation {
 	if node != "" {
 		a.Attrs = map[string]string{"node": node}
 	}
+	return a
+}
+
+func withHandles(se plugin.StoredEndpoint, handles ...string) plugin.StoredEndpoint {
+	se.Endpoint.Handles = handles
+	return se
+}
+
+// stampedAlloc is an assignment that records when it was made (every
+// assignment since the engine stamps them).
+func stampedAlloc(ip, handle, node string, at time.Time) ipam.Allocation {
+	a := alloc(ip, handle, node)
+	a.Attrs["assigned"] = at.UTC().Format(time.RFC3339Nano)
+	return a
+}
+
+func withAttr(a ipam.Allocation, k, v string) ipam.Allocation {
+	a.Attrs[k] = v
 	return a
 }
 
@@ -180,6 +201,31 @@ func TestPlanReconcile(t *testing.T) {
 			},
 		},
 		{
+			name: "stale endpoint: its address re-assigned to a new handle since is kept; its own handle's address goes",
+			eps: []plugin.StoredEndpoint{
+				withHandles(stored(host, "a1", "10.0.0.1", true, 5), "h1old"),
+				withHandles(stored(host, "a2", "10.0.0.2", true, 6), "h2"),
+			},
+			allocs:    []ipam.Allocation{stampedAlloc("10.0.0.1", "h1new", host, t0), stampedAlloc("10.0.0.2", "h2", host, t0)},
+			docker:    view(),
+			firstSeen: seenAt(epKey(host, "a1", 5), epKey(host, "a2", 6)),
+			want: planSummary{Remove: []string{
+				"a1 veth=true release= kept=1",
+				"a2 veth=true release=10.0.0.2:h2 kept=0",
+			}},
+		},
+		{
+			// A record written before handles were recorded cannot name its
+			// handle; an assignment stamped with its time was made by a
+			// daemon that records handles, so it is not this record's.
+			name:      "stale record without handles: a newer (stamped) assignment of its address is kept",
+			eps:       []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
+			allocs:    []ipam.Allocation{stampedAlloc("10.0.0.1", "h1new", host, t0)},
+			docker:    view(),
+			firstSeen: seenAt(epKey(host, "a1", 5)),
+			want:      planSummary{Remove: []string{"a1 veth=true release= kept=1"}},
+		},
+		{
 			name: "stale endpoint of a swarm task: the address stays with the swarm manager",
 			eps:  []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
 			allocs: []ipam.Allocation{{IP: net.ParseIP("10.0.0.1").To4(), HandleID: "hm", Block: "10.0.0.0/26", Host: "manager",
@@ -286,6 +332,21 @@ func TestPlanReconcile(t *testing.T) {
 			firstSeen: seenAt("interface/calid3d3d3d3d3d"),
 			want:      planSummary{Pending: []string{"interface/calid3d3d3d3d3d"}},
 			wantDue:   t0.Add(grace),
+		},
+		{
+			// Global scope sweeps orphans too (issue 12 item 5): the swarm
+			// manager's assignments are not its to sweep, and aux/gateway
+			// reservations never have an endpoint.
+			name: "swarm assignments and reservations of this node are never orphans",
+			allocs: []ipam.Allocation{
+				withAttr(alloc("10.0.0.9", "h9", host), ipam.AttrSwarm, "true"),
+				withAttr(alloc("10.0.0.10", "h10", host), ipam.AttrReserved, ipam.ReservedAux),
+				alloc("10.0.0.11", "h11", host),
+			},
+			docker:    view(),
+			firstSeen: seenAt("address/10.0.0.9/h9", "address/10.0.0.10/h10", "address/10.0.0.11/h11"),
+			orphans:   true,
+			want:      planSummary{Orphans: []string{"10.0.0.11:h11"}},
 		},
 		{
 			name:      "global scope: orphaned addresses are never released",
@@ -475,7 +536,8 @@ func newRecEnv(t *testing.T) *recEnv {
 }
 
 // container does what Docker and the driver do for a running container:
-// an address (as RequestAddress), an endpoint record, a veth with its route.
+// an address (as RequestAddress), an endpoint record naming its handle (as
+// CreateEndpoint), a veth with its route.
 func (e *recEnv) container(t *testing.T, tag string) (string, net.IP) {
 	t.Helper()
 	ctx := context.Background()
@@ -484,7 +546,7 @@ func (e *recEnv) container(t *testing.T, tag string) (string, net.IP) {
 		t.Fatal(err)
 	}
 	id := epID(tag)
-	ep := datastore.Endpoint{ID: id, Network: "net1", Node: host, IPv4: ipn.String(), MAC: "ee:ee:ee:ee:ee:ee", HostIfName: dataplane.HostIfName(id), Joined: true}
+	ep := datastore.Endpoint{ID: id, Network: "net1", Node: host, IPv4: ipn.String(), MAC: "ee:ee:ee:ee:ee:ee", HostIfName: dataplane.HostIfName(id), Joined: true, Handles: []string{"cnm." + tag}}
 	if err := e.store.Txn(ctx, datastore.Create(datastore.EndpointKey(host, id), datastore.MustJSON(ep))); err != nil {
 		t.Fatal(err)
 	}
@@ -658,6 +720,19 @@ func TestReconcilerRun(t *testing.T) {
 	e.docker.changes = make(chan struct{}, 1)
 	e.docker.set(view(), nil)
 	id1, _ := e.container(t, "c1")
+	log, hook := logtest.NewNullLogger()
+	log.SetLevel(logrus.DebugLevel)
+	e.rec.Log = log
+	// triggers: why each pass so far started, in order.
+	triggers := func() []string {
+		var out []string
+		for _, en := range hook.AllEntries() {
+			if en.Message == "reconcile pass" {
+				out = append(out, fmt.Sprint(en.Data["trigger"]))
+			}
+		}
+		return out
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -682,17 +757,18 @@ func TestReconcilerRun(t *testing.T) {
 		t.Errorf("%d passes, want the first one and a follow-up", calls)
 	}
 
-	// A Docker event triggers a pass (spaced from the previous one).
-	time.Sleep(500 * time.Millisecond)
-	if got := e.docker.viewCalls(); got != calls {
-		t.Fatalf("passes without a reason: %d -> %d", calls, got)
-	}
+	// A Docker event triggers a pass, spaced from the previous one by
+	// minEventGap (5 s). A pass without a reason (a follow-up timer left
+	// armed with nothing pending fires after at most ~1 s) would start
+	// before it: once the event's pass has started, it must be the only
+	// one since the follow-up.
+	before := len(triggers())
 	e.docker.changes <- struct{}{}
-	deadline := time.Now().Add(10 * time.Second)
-	for e.docker.viewCalls() == calls && time.Now().Before(deadline) {
+	deadline := time.Now().Add(15 * time.Second)
+	for !slices.Contains(triggers()[before:], plugin.PassDockerEvent) && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if e.docker.viewCalls() == calls {
-		t.Error("no pass after a Docker event")
+	if got := triggers()[before:]; !slices.Equal(got, []string{plugin.PassDockerEvent}) {
+		t.Errorf("passes after the follow-up, for one Docker event: %q", got)
 	}
 }

@@ -20,6 +20,9 @@ import (
 // requireNetns skips, loudly, where throw-away namespaces cannot be made.
 func requireNetns(t *testing.T) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("!!!!!! SKIPPED under -short (make unit): this nftables integration test creates a network namespace; run `go test ./policy/` as root. The kernel side is NOT verified !!!!!!")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("!!!!!! SKIPPED: this nftables integration test needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) for a throw-away network namespace; run `go test ./policy/` as root. The kernel side is NOT verified !!!!!!")
 	}

@@ -8,16 +8,15 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/retry"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
-
-// PoolsPrefix is where ipam keeps its pool records (ipam.Pool).
-const PoolsPrefix = "pools/"
 
 // Dataplane is what the syncer programs: *NFT, or a fake in tests.
 type Dataplane interface {
@@ -53,8 +52,6 @@ type Config struct {
 // Timing of the syncer's retries.
 const (
 	defaultResync   = 30 * time.Second
-	retryMin        = 200 * time.Millisecond
-	retryMax        = 10 * time.Second
 	nameRetryMin    = 250 * time.Millisecond
 	nameRetryMax    = 5 * time.Minute
 	nameCallTimeout = 10 * time.Second
@@ -66,6 +63,12 @@ const (
 type Syncer struct {
 	cfg Config
 	log logrus.FieldLogger
+
+	// passedRev is the datastore revision of the newest event a finished
+	// pass has taken in: tests wait on it before asserting what a change
+	// did not cause. seenRev is the loop's running maximum.
+	passedRev atomic.Int64
+	seenRev   int64
 }
 
 // NewSyncer checks cfg.
@@ -85,7 +88,7 @@ func NewSyncer(cfg Config) (*Syncer, error) {
 	return &Syncer{cfg: cfg, log: cfg.Log.WithField("component", "policy")}, nil
 }
 
-var followed = []string{PoolsPrefix, datastore.NetworksPrefix, datastore.EndpointsPrefix, datastore.NodesPrefix}
+var followed = []string{ipam.PoolsPrefix, datastore.NetworksPrefix, datastore.EndpointsPrefix, datastore.NodesPrefix}
 
 // update is what a prefix follower tells the main loop: a full snapshot
 // (after a (re-)list) or one event.
@@ -126,9 +129,9 @@ func (s *Syncer) Run(ctx context.Context) error {
 	records := map[string]map[string][]byte{}
 	loaded := map[string]bool{}
 	var lastApplied string
+	delay := retry.New(retry.Standard())
 	var retry *time.Timer
 	var retryC <-chan time.Time
-	delay := retryMin
 	ticker := time.NewTicker(s.cfg.ResyncInterval)
 	defer ticker.Stop()
 	warned := map[string]bool{}
@@ -161,16 +164,16 @@ func (s *Syncer) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return
 			}
-			s.log.WithError(err).WithField("retryIn", delay).Error("programming the nftables policy failed")
+			next := delay.Next()
+			s.log.WithError(err).WithField("retryIn", next).Error("programming the nftables policy failed")
 			lastApplied = ""
 			if retry == nil {
-				retry = time.NewTimer(delay)
+				retry = time.NewTimer(next)
 				retryC = retry.C
 			}
-			delay = min(2*delay, retryMax)
 			return
 		}
-		delay = retryMin
+		delay.Reset()
 		lastApplied = text
 		if n > 0 {
 			s.log.WithFields(logrus.Fields{"changes": n, "took": time.Since(start).Round(time.Microsecond), "localEndpoints": countLocal(st)}).Info("nftables policy updated")
@@ -201,10 +204,14 @@ func (s *Syncer) Run(ctx context.Context) error {
 			}
 		}
 		apply(force)
+		s.passedRev.Store(s.seenRev)
 	}
 }
 
 func (s *Syncer) merge(records map[string]map[string][]byte, loaded map[string]bool, u update) {
+	if u.event != nil {
+		s.seenRev = max(s.seenRev, u.event.ModRevision)
+	}
 	if u.snapshot != nil {
 		records[u.prefix] = u.snapshot
 		loaded[u.prefix] = true
@@ -225,17 +232,16 @@ func (s *Syncer) merge(records map[string]map[string][]byte, loaded map[string]b
 // watch breaks it lists again (with backoff), so the main loop always ends
 // up with the current records.
 func (s *Syncer) follow(ctx context.Context, prefix string, out chan<- update) {
-	delay := retryMin
+	delay := retry.New(retry.Standard())
 	for ctx.Err() == nil {
 		kvs, rev, err := s.cfg.Store.ListWithRevision(ctx, prefix)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.log.WithError(err).WithField("prefix", prefix).Warn("reading the datastore; retrying")
 			}
-			if !sleep(ctx, delay) {
+			if !delay.Wait(ctx) {
 				return
 			}
-			delay = min(2*delay, retryMax)
 			continue
 		}
 		snap := make(map[string][]byte, len(kvs))
@@ -255,7 +261,7 @@ func (s *Syncer) follow(ctx context.Context, prefix string, out chan<- update) {
 				}
 				break
 			}
-			delay = retryMin
+			delay.Reset()
 			e := ev
 			select {
 			case out <- update{prefix: prefix, event: &e}:
@@ -263,21 +269,9 @@ func (s *Syncer) follow(ctx context.Context, prefix string, out chan<- update) {
 			}
 		}
 		cancel()
-		if !sleep(ctx, delay) {
+		if !delay.Wait(ctx) {
 			return
 		}
-		delay = min(2*delay, retryMax)
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 
@@ -298,7 +292,7 @@ func (s *Syncer) state(records map[string]map[string][]byte) (State, []string) {
 			}
 		}
 	}
-	decode(PoolsPrefix, func(_ string, v []byte) error {
+	decode(ipam.PoolsPrefix, func(_ string, v []byte) error {
 		var p ipam.Pool
 		if err := json.Unmarshal(v, &p); err != nil {
 			return err
@@ -388,7 +382,7 @@ func offerNames(ch chan map[string]bool, ids map[string]bool) {
 func (s *Syncer) resolveNames(ctx context.Context, in <-chan map[string]bool) {
 	pending := map[string]bool{}
 	next := map[string]time.Time{}
-	delay := map[string]time.Duration{}
+	delay := map[string]*retry.Backoff{}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -410,14 +404,10 @@ func (s *Syncer) resolveNames(ctx context.Context, in <-chan map[string]bool) {
 				delete(delay, id)
 				continue
 			}
-			d := delay[id]
-			if d == 0 {
-				d = nameRetryMin
-			} else {
-				d = min(2*d, nameRetryMax)
+			if delay[id] == nil {
+				delay[id] = retry.New(retry.Policy{Initial: nameRetryMin, Max: nameRetryMax})
 			}
-			delay[id] = d
-			next[id] = time.Now().Add(d)
+			next[id] = time.Now().Add(delay[id].Next())
 			wake = minTime(wake, next[id])
 		}
 		if !timer.Stop() {

@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -205,8 +206,16 @@ func TestSyncerFollowsDatastore(t *testing.T) {
 	// Unchanged state is not applied again.
 	_, n := dp.current()
 	put(t, store, "unrelated/key", "x")
-	put(t, store, datastore.NodeKey("h2"), datastore.Node{Name: "h2", IPv4: "172.31.0.3"})
-	time.Sleep(300 * time.Millisecond)
+	rev, err := store.TxnRev(ctx, datastore.Put(datastore.NodeKey("h2"), datastore.MustJSON(datastore.Node{Name: "h2", IPv4: "172.31.0.3"})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a pass that took in the rewritten node", func() error {
+		if got := s.passedRev.Load(); got < rev {
+			return fmt.Errorf("passes have taken in revision %d, want %d", got, rev)
+		}
+		return nil
+	})
 	if _, n2 := dp.current(); n2 != n {
 		t.Errorf("%d applies for a change that does not change the tables", n2-n)
 	}

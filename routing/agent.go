@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/retry"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -120,23 +121,9 @@ func NewAgent(d Deps) (*Agent, error) {
 // survive a datastore that is not up yet or a port still held by a dying
 // predecessor, without blocking the plugin.
 func (a *Agent) retry(ctx context.Context, what string, fn func(ctx context.Context) error) error {
-	backoff := 200 * time.Millisecond
-	for {
-		err := fn(ctx)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		a.log.WithError(err).Warnf("%s failed, retrying in %s", what, backoff)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 10*time.Second)
-	}
+	return retry.Until(ctx, retry.Standard(), 0, fn, func(err error, next time.Duration) {
+		a.log.WithError(err).Warnf("%s failed, retrying in %s", what, next.Round(time.Millisecond))
+	})
 }
 
 // Run works until ctx ends. It returns nil then; other errors only for
@@ -161,7 +148,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Watches start before the first reads so that no change between the
 	// read and the watch is missed.
 	dirty := make(chan string, 8)
-	for _, prefix := range []string{datastore.NodesPrefix, "bgp/", "pools/", datastore.EndpointsPrefix + a.d.NodeName + "/"} {
+	for _, prefix := range []string{datastore.NodesPrefix, datastore.BGPPrefix, ipam.PoolsPrefix, datastore.EndpointsPrefix + a.d.NodeName + "/"} {
 		go a.follow(ctx, prefix, dirty)
 	}
 
@@ -216,9 +203,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		onDirty := func(prefix string) {
 			switch prefix {
-			case datastore.NodesPrefix, "bgp/":
+			case datastore.NodesPrefix, datastore.BGPPrefix:
 				reloadNodes = true
-			case "pools/":
+			case ipam.PoolsPrefix:
 				reloadPools = true
 			default:
 				reloadEndpoints = true

@@ -252,7 +252,17 @@ func TestAgentRestart(t *testing.T) {
 	// b is back but has not finished: both old routes stay.
 	b := addr("10.0.0.2")
 	sp.set([]LearnedPath{{Prefix: pfx("192.168.1.0/26"), NextHop: b, Peer: b}}, []PeerState{{Address: b, State: "Established"}})
-	time.Sleep(200 * time.Millisecond)
+	// The status is written at the end of the pass that programs the
+	// kernel: once it shows b's new session, that pass is over.
+	eventually(t, "a pass that saw b's session without End-of-RIB", func() error {
+		st := agent.Status(ctx)
+		for _, p := range st.Peers {
+			if p.Address == b.String() && p.State == "Established" && p.Received == 1 {
+				return nil
+			}
+		}
+		return fmt.Errorf("peers %+v", st.Peers)
+	})
 	if r := rt.routes(); len(r) != 2 {
 		t.Fatalf("before b's End-of-RIB the kernel routes changed: %v", r)
 	}

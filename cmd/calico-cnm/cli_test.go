@@ -88,9 +88,9 @@ func runSteps(t *testing.T, env map[string]string, steps []step) {
 	}
 }
 
-// checkStderr: a failure is exactly one line "calico-cnm: <sentence>"
-// (usage errors of the flag package may add the flag list after it); a
-// success prints nothing on stderr.
+// checkStderr: a failure starts with one line "calico-cnm: <sentence>"
+// (usage errors add a line naming the command's --help); a success prints
+// nothing on stderr.
 func checkStderr(t *testing.T, r result, want string) {
 	t.Helper()
 	switch {
@@ -100,7 +100,7 @@ func checkStderr(t *testing.T, r result, want string) {
 		}
 	default:
 		first, _, _ := strings.Cut(r.stderr, "\n")
-		if !strings.HasPrefix(first, "calico-cnm: ") && !strings.HasPrefix(r.stderr, "flag provided") {
+		if !strings.HasPrefix(first, "calico-cnm: ") {
 			t.Errorf("error output does not start with \"calico-cnm: \":\n%s", r.stderr)
 		}
 		if strings.Contains(r.stderr, "goroutine ") || strings.Contains(r.stderr, "panic") {
@@ -149,7 +149,7 @@ func TestCLIUsage(t *testing.T) {
 		stderr string // substring
 	}{
 		{"no arguments", nil, exitUsage, "", "Usage:"},
-		{"help", []string{"help"}, exitOK, "calico-cnm pool add|list|delete|disable|enable", ""},
+		{"help", []string{"help"}, exitOK, "Available Commands:", ""},
 		{"--help", []string{"--help"}, exitOK, "Usage:", ""},
 		{"-h", []string{"-h"}, exitOK, "Usage:", ""},
 		{"version", []string{"version"}, exitOK, "calico-cnm " + Version + "\n", ""},
@@ -165,27 +165,27 @@ func TestCLIUsage(t *testing.T) {
 		{"pool disable without CIDR", []string{"pool", "disable"}, exitUsage, "", "needs exactly one CIDR"},
 		{"pool enable bad CIDR", []string{"pool", "enable", "fd00::/129"}, exitUsage, "", "is not a CIDR"},
 		{"pool list with argument", []string{"pool", "list", "10.0.0.0/16"}, exitUsage, "", "pool list takes no arguments"},
-		{"pool unknown flag", []string{"pool", "list", "--colour"}, exitUsage, "", "flag provided but not defined: -colour"},
-		{"pool bad block size value", []string{"pool", "add", "10.0.0.0/16", "--block-size", "big"}, exitUsage, "", "invalid value"},
-		{"pool -h", []string{"pool", "list", "-h"}, exitOK, "", "-etcd-endpoints"},
-		{"bad output format", []string{"pool", "list", "-o", "yaml"}, exitUsage, "", `-o "yaml": use table or json`},
+		{"pool unknown flag", []string{"pool", "list", "--colour"}, exitUsage, "", "unknown flag: --colour"},
+		{"pool bad block size value", []string{"pool", "add", "10.0.0.0/16", "--block-size", "big"}, exitUsage, "", `invalid argument "big"`},
+		{"pool -h", []string{"pool", "list", "-h"}, exitOK, "--etcd-endpoints", ""},
+		{"bad output format", []string{"pool", "list", "-o", "xml"}, exitUsage, "", `invalid argument "xml" for "-o, --output" flag: use table, wide, json, yaml`},
 		{"ipam without subcommand", []string{"ipam"}, exitUsage, "", "ipam needs a subcommand"},
 		{"unknown ipam subcommand", []string{"ipam", "leak"}, exitUsage, "", `unknown ipam subcommand "leak"`},
-		{"ipam show with argument", []string{"ipam", "show", "10.0.0.1"}, exitUsage, "", "takes no positional arguments"},
+		{"ipam show with argument", []string{"ipam", "show", "10.0.0.1"}, exitUsage, "", `ipam show takes no arguments, got ["10.0.0.1"]`},
 		{"ipam release without --ip", []string{"ipam", "release"}, exitUsage, "", "needs --ip with a valid address"},
 		{"ipam release bad --ip", []string{"ipam", "release", "--ip", "10.0.0.300"}, exitUsage, "", `got "10.0.0.300"`},
 		{"ipam release CIDR as --ip", []string{"ipam", "release", "--ip", "10.0.0.1/32"}, exitUsage, "", "needs --ip with a valid address"},
-		{"ipam check bad timeout", []string{"ipam", "check", "--timeout", "soon"}, exitUsage, "", "invalid value"},
-		{"network without subcommand", []string{"network"}, exitUsage, "", "network needs the subcommand list"},
-		{"network unknown subcommand", []string{"network", "rm", "x"}, exitUsage, "", "network needs the subcommand list"},
+		{"ipam check bad timeout", []string{"ipam", "check", "--timeout", "soon"}, exitUsage, "", `invalid argument "soon"`},
+		{"network without subcommand", []string{"network"}, exitUsage, "", "network needs a subcommand: list"},
+		{"network unknown subcommand", []string{"network", "rm", "x"}, exitUsage, "", `unknown network subcommand "rm": use list`},
 		{"network list with argument", []string{"network", "list", "net1"}, exitUsage, "", "network list takes no arguments"},
-		{"node without subcommand", []string{"node"}, exitUsage, "", "node needs a subcommand: status, list or delete"},
+		{"node without subcommand", []string{"node"}, exitUsage, "", "node needs a subcommand: delete, list or status"},
 		{"unknown node subcommand", []string{"node", "remove", "h1"}, exitUsage, "", `unknown node subcommand "remove"`},
 		{"node delete without name", []string{"node", "delete"}, exitUsage, "", "node delete needs exactly one node name"},
 		{"node delete two names", []string{"node", "delete", "h1", "h2"}, exitUsage, "", "node delete needs exactly one node name"},
 		{"node list with argument", []string{"node", "list", "h1"}, exitUsage, "", "node list takes no arguments"},
 		{"serve with argument", []string{"serve", "now"}, exitUsage, "", "serve takes no arguments"},
-		{"serve unknown flag", []string{"serve", "--etcd", "x"}, exitUsage, "", "flag provided but not defined: -etcd"},
+		{"serve unknown flag", []string{"serve", "--etcd", "x"}, exitUsage, "", "unknown flag: --etcd"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

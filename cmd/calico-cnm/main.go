@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/sirupsen/logrus"
+	"github.com/spf13/cobra"
 )
 
 // Version is set at build time with -ldflags "-X main.Version=...".
@@ -33,80 +33,63 @@ func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
 
-const topUsage = `calico-cnm: Calico networking and IPAM for Docker (libnetwork remote drivers)
+// problemsFound is returned by `ipam check` when it found something to fix.
+type problemsFound struct{ n int }
 
-Usage:
-  calico-cnm serve [flags]                 run the plugin daemon
-  calico-cnm pool add|list|delete|disable|enable ...
-  calico-cnm ipam show|check|release ...
-  calico-cnm network list
-  calico-cnm bgp peer add|list|delete ... | bgp config ...
-  calico-cnm node status|list|delete ...
-  calico-cnm version
+func (p problemsFound) Error() string { return fmt.Sprintf("%d problem(s) found", p.n) }
 
-Run 'calico-cnm <command> -h' for the flags of a command.
-`
+// runError marks an error returned by a command's own work (exit 1), as
+// opposed to one cobra raised while parsing the command line (exit 2).
+type runError struct{ err error }
+
+func (e runError) Error() string { return e.err.Error() }
+func (e runError) Unwrap() error { return e.err }
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
 }
 
+// run executes one command line; stdout, stderr and getenv are the only
+// ways it sees the outside, so tests call it in process.
 func run(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, topUsage)
-		return exitUsage
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	cli := &cli{stdout: stdout, stderr: stderr, getenv: getenv}
-	var err error
-	switch args[0] {
-	case "serve":
-		err = cli.serve(ctx, args[1:])
-	case "pool":
-		err = cli.pool(ctx, args[1:])
-	case "ipam":
-		err = cli.ipam(ctx, args[1:])
-	case "network":
-		err = cli.network(ctx, args[1:])
-	case "bgp":
-		err = cli.bgp(ctx, args[1:])
-	case "node":
-		err = cli.node(ctx, args[1:])
-	case "version", "--version", "-v":
-		fmt.Fprintf(stdout, "calico-cnm %s\n", Version)
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, topUsage)
-	default:
-		err = usagef("unknown command %q (try 'calico-cnm help')", args[0])
-	}
-	return exitCode(err, stderr)
+	root := newRootCmd(&app{stdout: stdout, stderr: stderr, getenv: getenv})
+	root.SetArgs(args)
+	cmd, err := root.ExecuteContextC(ctx)
+	return exitCode(err, cmd, stderr)
 }
 
-func exitCode(err error, stderr io.Writer) int {
+func exitCode(err error, cmd *cobra.Command, stderr io.Writer) int {
 	if err == nil {
 		return exitOK
 	}
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
+	fmt.Fprintf(stderr, "calico-cnm: %s\n", err)
 	var ue usageError
-	if errors.As(err, &ue) {
-		fmt.Fprintf(stderr, "calico-cnm: %s\n", ue.msg)
-		return exitUsage
-	}
 	var pe problemsFound
-	if errors.As(err, &pe) {
-		fmt.Fprintf(stderr, "calico-cnm: %s\n", pe.Error())
+	var re runError
+	switch {
+	case errors.As(err, &ue) || !errors.As(err, &re):
+		// Everything cobra itself refuses (unknown flags, bad values,
+		// wrong argument counts) is a usage mistake too.
+		if cmd != nil {
+			fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+		}
+		return exitUsage
+	case errors.As(err, &pe):
 		return exitProblem
 	}
-	fmt.Fprintf(stderr, "calico-cnm: %s\n", err)
 	return exitFailed
 }
 
-type cli struct {
+// app is what every command shares: where it writes, its environment, and
+// the global flags.
+type app struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	global         globalFlags
+	// host is what diags reads of the host; nil: the real one.
+	host hostAccess
 }
 
 func newLogger(w io.Writer) *logrus.Logger {

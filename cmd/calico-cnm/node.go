@@ -2,138 +2,150 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
+	"io"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/nodes"
 	"github.com/calico-cnm/calico-cnm/plugin"
 	"github.com/calico-cnm/calico-cnm/routing"
 )
 
-func (c *cli) node(ctx context.Context, args []string) error {
-	if len(args) == 0 {
-		return usagef("node needs a subcommand: status, list or delete")
-	}
-	switch args[0] {
-	case "status":
-		return c.nodeStatus(ctx, args[1:])
-	case "list":
-		return c.nodeList(ctx, args[1:])
-	case "delete":
-		return c.nodeDelete(ctx, args[1:])
-	}
-	return usagef("unknown node subcommand %q: use status, list or delete", args[0])
+func (a *app) nodeCmd() *cobra.Command {
+	return group("node", "Inspect this host's daemon, list and remove nodes",
+		`  calico-cnm node status
+  calico-cnm node list
+  calico-cnm node delete host3`,
+		a.nodeStatusCmd(), a.nodeListCmd(), a.nodeDeleteCmd())
 }
 
 // nodeList shows every node the datastore knows, with whether its daemon
 // is running (holds its liveness lease) and what it holds.
-func (c *cli) nodeList(ctx context.Context, args []string) error {
-	fs, cf := c.newFlagSet("node list")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
+func (a *app) nodeListCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:     "list",
+		Short:   "List every node: its daemon's state, BGP address, AS, blocks, addresses and endpoints",
+		Example: "  calico-cnm node list\n  calico-cnm node list -o wide",
+		Args:    noArgs,
 	}
-	if len(pos) != 0 {
-		return usagef("node list takes no arguments")
+	out := addOutputFlag(c)
+	c.RunE = func(c *cobra.Command, _ []string) error {
+		return a.withStore(c.Context(), func(store *datastore.Store, eng *ipam.Engine) error {
+			list, err := nodes.List(c.Context(), store, eng)
+			if err != nil {
+				return err
+			}
+			return printList(a.stdout, out, list, []column[nodes.Info]{
+				{header: "NAME", value: func(n nodes.Info) string { return n.Name }},
+				{header: "DAEMON", value: func(n nodes.Info) string {
+					if n.Alive && n.AliveSince != nil {
+						return "up since " + n.AliveSince.Format(time.RFC3339)
+					}
+					if n.Alive {
+						return "up"
+					}
+					return "down"
+				}},
+				{header: "BGP ADDRESS", value: func(n nodes.Info) string { return orDash(n.BGPAddress) }},
+				{header: "IPV6 NEXT HOP", wide: true, value: func(n nodes.Info) string { return orDash(n.IPv6NextHop) }},
+				{header: "ASN", value: func(n nodes.Info) string {
+					if n.ASN == 0 {
+						return "-"
+					}
+					return strconv.FormatUint(uint64(n.ASN), 10)
+				}},
+				{header: "BLOCKS", value: func(n nodes.Info) string { return strconv.Itoa(n.Blocks) }},
+				{header: "ADDRESSES", value: func(n nodes.Info) string { return strconv.Itoa(n.Addresses) }},
+				{header: "ENDPOINTS", value: func(n nodes.Info) string { return strconv.Itoa(n.Endpoints) }},
+			})
+		})
 	}
-	store, err := cf.open(ctx)
-	if err != nil {
-		return err
-	}
-	defer store.Close()
-	list, err := nodes.List(ctx, store, ipam.New(store, ipam.Options{Log: c.log()}))
-	if err != nil {
-		return err
-	}
-	if cf.output == "json" {
-		if list == nil {
-			list = []nodes.Info{}
-		}
-		return c.printJSON(list)
-	}
-	var rows [][]string
-	for _, n := range list {
-		state := "down"
-		if n.Alive {
-			state = "up since " + n.AliveSince.Format(time.RFC3339)
-		}
-		asn := "-"
-		if n.ASN != 0 {
-			asn = strconv.FormatUint(uint64(n.ASN), 10)
-		}
-		rows = append(rows, []string{n.Name, state, orDash(n.BGPAddress), asn,
-			strconv.Itoa(n.Blocks), strconv.Itoa(n.Addresses), strconv.Itoa(n.Endpoints)})
-	}
-	return c.table("NAME\tDAEMON\tBGP ADDRESS\tASN\tBLOCKS\tADDRESSES\tENDPOINTS", rows)
+	return c
 }
 
-// nodeDelete removes what a decommissioned node left in the datastore.
-func (c *cli) nodeDelete(ctx context.Context, args []string) error {
-	fs, cf := c.newFlagSet("node delete")
-	force := fs.Bool("force", false, "delete even though the node's daemon looks alive (its lease has not expired yet)")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
+// nodeDeleteCmd removes what a decommissioned node left in the datastore.
+func (a *app) nodeDeleteCmd() *cobra.Command {
+	var force bool
+	c := &cobra.Command{
+		Use:   "delete NAME",
+		Short: "Remove a host that is gone for good (refused while its daemon runs)",
+		Long: `delete removes a node's endpoint records, its workloads' addresses, its blocks
+(kept without affinity while other hosts borrow from them), its node-scoped
+BGP peers and its node record, so the others stop peering with it at once.`,
+		Example:           "  calico-cnm node delete host3",
+		ValidArgsFunction: a.completeFrom(nodeNames),
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usagef("node delete needs exactly one node name (see `calico-cnm node list`)")
+			}
+			return nil
+		},
 	}
-	if len(pos) != 1 {
-		return usagef("node delete needs exactly one node name (see 'calico-cnm node list')")
+	c.Flags().BoolVar(&force, "force", false, "delete even though the node's daemon looks alive (its lease has not expired yet)")
+	out := addOutputFlag(c)
+	c.RunE = func(c *cobra.Command, args []string) error {
+		return a.withStore(c.Context(), func(store *datastore.Store, eng *ipam.Engine) error {
+			rep, err := nodes.Delete(c.Context(), store, eng, args[0], force, a.log())
+			if err != nil {
+				return err
+			}
+			return out.print(a.stdout, rep, func(w io.Writer) error {
+				fmt.Fprintf(w, "deleted node %s: %d endpoint records, %d addresses released, %d blocks released, %d blocks kept without affinity (other hosts' workloads borrow from them), %d node-scoped BGP peers\n",
+					rep.Node, rep.Endpoints, len(rep.Addresses), len(rep.Blocks.Released), len(rep.Blocks.Orphaned), len(rep.BGPPeers))
+				if !rep.NodeRecord {
+					fmt.Fprintln(w, "(it had no node record)")
+				}
+				return nil
+			})
+		})
 	}
-	store, err := cf.open(ctx)
-	if err != nil {
-		return err
-	}
-	defer store.Close()
-	rep, err := nodes.Delete(ctx, store, ipam.New(store, ipam.Options{Log: c.log()}), pos[0], *force, c.log())
-	if err != nil {
-		return err
-	}
-	if cf.output == "json" {
-		return c.printJSON(rep)
-	}
-	fmt.Fprintf(c.stdout, "deleted node %s: %d endpoint records, %d addresses released, %d blocks released, %d blocks kept without affinity (other hosts' workloads borrow from them), %d node-scoped BGP peers\n",
-		rep.Node, rep.Endpoints, len(rep.Addresses), len(rep.Blocks.Released), len(rep.Blocks.Orphaned), len(rep.BGPPeers))
-	if !rep.NodeRecord {
-		fmt.Fprintln(c.stdout, "(it had no node record)")
-	}
-	return nil
+	return c
 }
 
-func (c *cli) nodeStatus(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("node status", flag.ContinueOnError)
-	fs.SetOutput(c.stderr)
-	stateDir := fs.String("state-dir", plugin.DefaultConfig(c.getenv).StateDir, "the daemon's state dir, where its status socket is (env CALICO_CNM_STATE_DIR)")
-	socket := fs.String("socket", "", "the daemon's BGP status socket (default: <state-dir>/"+routing.StatusSocketName+")")
-	output := fs.String("o", "table", "output format: table or json")
-	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the daemon")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
+func (a *app) nodeStatusCmd() *cobra.Command {
+	var stateDir, socket string
+	c := &cobra.Command{
+		Use:   "status",
+		Short: "Show this host's BGP sessions and routes (asks the local daemon)",
+		Long: `status asks the daemon on this host, through <state-dir>/` + routing.StatusSocketName + `, for its BGP
+sessions (address, type, state, since, prefixes received/accepted/advertised)
+and routes. --timeout bounds the wait.`,
+		Example: "  calico-cnm node status\n  calico-cnm node status -o json --state-dir /var/lib/calico-cnm",
+		Args:    noArgs,
 	}
-	if len(pos) != 0 {
-		return usagef("node status takes no arguments")
+	c.Flags().StringVar(&stateDir, "state-dir", plugin.DefaultConfig(a.getenv).StateDir, "the daemon's state dir, where its status socket is (env "+plugin.EnvStateDir+")")
+	c.Flags().StringVar(&socket, "socket", "", "the daemon's BGP status socket (default: <state-dir>/"+routing.StatusSocketName+")")
+	out := addOutputFlag(c)
+	c.RunE = func(c *cobra.Command, _ []string) error {
+		path := socket
+		if path == "" {
+			path = filepath.Join(stateDir, routing.StatusSocketName)
+		}
+		st, err := a.fetchStatus(c.Context(), path)
+		if err != nil {
+			return err
+		}
+		return out.print(a.stdout, st, func(w io.Writer) error { return writeNodeStatus(w, st) })
 	}
-	if *output != "table" && *output != "json" {
-		return usagef("-o %q: use table or json", *output)
-	}
-	path := *socket
-	if path == "" {
-		path = filepath.Join(*stateDir, routing.StatusSocketName)
-	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	return c
+}
+
+// fetchStatus asks the daemon's status socket, within the global timeout.
+func (a *app) fetchStatus(ctx context.Context, path string) (routing.Status, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.global.ds.RequestTimeout)
 	defer cancel()
-	st, err := routing.FetchStatus(ctx, path)
-	if err != nil {
-		return err
-	}
-	if *output == "json" {
-		return c.printJSON(st)
-	}
+	return routing.FetchStatus(ctx, path)
+}
+
+func writeNodeStatus(w io.Writer, st routing.Status) error {
 	role := "node-to-node mesh"
 	if !st.Mesh {
 		role = "mesh off"
@@ -145,25 +157,25 @@ func (c *cli) nodeStatus(ctx context.Context, args []string) error {
 	if st.IPv6NextHop != "" {
 		v6 = "IPv6 next hop " + st.IPv6NextHop
 	}
-	fmt.Fprintf(c.stdout, "calico-cnm is running on node %s: BGP address %s, %s, AS %d, %s\n\n", st.Node, st.Address, v6, st.ASN, role)
-	fmt.Fprintln(c.stdout, "BGP status (IPv4 sessions, IPv4 and IPv6 unicast)")
+	fmt.Fprintf(w, "calico-cnm is running on node %s: BGP address %s, %s, AS %d, %s\n\n", st.Node, st.Address, v6, st.ASN, role)
+	fmt.Fprintln(w, "BGP status (IPv4 sessions, IPv4 and IPv6 unicast)")
 	var rows [][]string
 	for _, p := range st.Peers {
 		rows = append(rows, []string{p.Address, string(p.Type), orDash(p.Name), p.State, orDash(p.Uptime),
 			strconv.Itoa(p.Received), strconv.Itoa(p.Accepted), strconv.Itoa(p.Advertised)})
 	}
-	if err := c.table("PEER ADDRESS\tPEER TYPE\tNAME\tSTATE\tSINCE\tRECEIVED\tACCEPTED\tADVERTISED", rows); err != nil {
+	if err := writeTable(w, []string{"PEER ADDRESS", "PEER TYPE", "NAME", "STATE", "SINCE", "RECEIVED", "ACCEPTED", "ADVERTISED"}, rows); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.stdout, "\nadvertised: %s\n", orDash(strings.Join(st.Advertised, " ")))
-	fmt.Fprintf(c.stdout, "learned routes: %d\n", len(st.Routes))
+	fmt.Fprintf(w, "\nadvertised: %s\n", orDash(strings.Join(st.Advertised, " ")))
+	fmt.Fprintf(w, "learned routes: %d\n", len(st.Routes))
 	if len(st.Rejected) > 0 {
 		var reasons []string
 		for r, n := range st.Rejected {
 			reasons = append(reasons, fmt.Sprintf("%d %s", n, r))
 		}
 		sort.Strings(reasons)
-		fmt.Fprintf(c.stdout, "rejected paths: %s\n", strings.Join(reasons, "; "))
+		fmt.Fprintf(w, "rejected paths: %s\n", strings.Join(reasons, "; "))
 	}
 	return nil
 }

@@ -1,10 +1,11 @@
 package main
 
 import (
-	"flag"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/calico-cnm/calico-cnm/routing"
 )
@@ -24,7 +25,7 @@ const (
 )
 
 // addBGPFlags registers the BGP flags of `serve` on fs, defaulting from env.
-func addBGPFlags(fs *flag.FlagSet, cfg *routing.Config, getenv func(string) string) {
+func addBGPFlags(fs *pflag.FlagSet, cfg *routing.Config, getenv func(string) string) {
 	on, _ := strconv.ParseBool(getenv(envBGP))
 	cfg.Enabled = cfg.Enabled || on
 	fs.BoolVar(&cfg.Enabled, "bgp", cfg.Enabled, "run the BGP speaker: advertise this host's blocks, install other hosts' (env "+envBGP+"=true)")
@@ -63,6 +64,8 @@ func (f asnFlag) String() string {
 	}
 	return strconv.FormatUint(uint64(*f.p), 10)
 }
+
+func (f asnFlag) Type() string { return "asn" }
 
 func (f asnFlag) Set(s string) error {
 	n, err := strconv.ParseUint(s, 10, 32)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/calico-cnm/calico-cnm/driver"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -22,8 +21,8 @@ func TestCLIIPAMCheckSwarm(t *testing.T) {
 		handle string
 		attrs  map[string]string
 	}{
-		{"cnm.vip", map[string]string{driver.AttrNode: "mgr", driver.AttrSwarm: "true"}},
-		{"cnm.leaked", map[string]string{driver.AttrNode: "mgr"}},
+		{"cnm.vip", map[string]string{ipam.AttrNode: "mgr", ipam.AttrSwarm: "true"}},
+		{"cnm.leaked", map[string]string{ipam.AttrNode: "mgr"}},
 	} {
 		if _, err := eng.AutoAssign(ctx, ipam.AutoAssignArgs{Host: "mgr", HandleID: a.handle, Attrs: a.attrs}); err != nil {
 			t.Fatal(err)

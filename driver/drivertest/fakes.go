@@ -9,6 +9,7 @@ import (
 	"maps"
 	"math/big"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 
@@ -31,6 +32,7 @@ type IPAM struct {
 	mu       sync.Mutex
 	pools    []ipam.Pool
 	assigned map[string]Assignment // by IP string
+	expected map[string][]string   // ExpectRelease, by IP string
 	calls    []string
 }
 
@@ -49,6 +51,9 @@ var _ interface {
 	AssignIP(ctx context.Context, args ipam.AssignIPArgs) error
 	ReleaseIP(ctx context.Context, ip net.IP) error
 	AddressHolder(ctx context.Context, ip net.IP) (ipam.Allocation, bool, error)
+	ReleaseIPUnless(ctx context.Context, ip net.IP, keep func(ipam.Allocation) bool) error
+	UpdateHolder(ctx context.Context, ip net.IP, decide func(ipam.Allocation) (map[string]string, error)) (ipam.Allocation, bool, error)
+	ExpectRelease(ip net.IP, handles ...string)
 } = (*IPAM)(nil)
 
 // NewIPAM returns a fake with the given pools.
@@ -301,8 +306,49 @@ func (f *IPAM) ReleaseIP(ctx context.Context, ip net.IP) error {
 	if err := f.enter("ReleaseIP"); err != nil {
 		return err
 	}
+	return f.release(ip, nil)
+}
+
+// ReleaseIPUnless is ReleaseIP that spares a holder keep says to keep.
+func (f *IPAM) ReleaseIPUnless(ctx context.Context, ip net.IP, keep func(ipam.Allocation) bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("ReleaseIP"); err != nil {
+		return err
+	}
+	return f.release(ip, keep)
+}
+
+// UpdateHolder lets decide relabel the holder of ip.
+func (f *IPAM) UpdateHolder(ctx context.Context, ip net.IP, decide func(ipam.Allocation) (map[string]string, error)) (ipam.Allocation, bool, error) {
+	a, found, err := f.AddressHolder(ctx, ip)
+	if err != nil || !found {
+		return a, found, err
+	}
+	attrs, err := decide(a)
+	if err != nil || attrs == nil {
+		return a, true, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	as := f.assigned[ip.String()]
+	as.Attrs = maps.Clone(attrs)
+	f.assigned[ip.String()] = as
+	a.Attrs = maps.Clone(attrs)
+	return a, true, nil
+}
+
+func (f *IPAM) release(ip net.IP, keep func(ipam.Allocation) bool) error {
 	for _, p := range f.pools {
 		if _, n, _ := net.ParseCIDR(p.CIDR); n.Contains(ip) {
+			want, expected := f.expected[ip.String()]
+			a, ok := f.assigned[ip.String()]
+			if ok && expected && !slices.Contains(want, a.HandleID) {
+				return nil
+			}
+			if ok && keep != nil && keep(ipam.Allocation{IP: ip, HandleID: a.HandleID, Attrs: maps.Clone(a.Attrs), Host: a.Host}) {
+				return nil
+			}
 			delete(f.assigned, ip.String())
 			return nil
 		}
@@ -328,6 +374,18 @@ func (f *IPAM) AddressHolder(ctx context.Context, ip net.IP) (ipam.Allocation, b
 		}
 	}
 	return ipam.Allocation{}, false, fmt.Errorf("%s is in no pool: %w", ip, ipam.ErrNotInPool)
+}
+
+// ExpectRelease records the handles a release of ip is meant for; the
+// fake's ReleaseIP then spares any other holder, as the engine does.
+func (f *IPAM) ExpectRelease(ip net.IP, handles ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, "ExpectRelease")
+	if f.expected == nil {
+		f.expected = map[string][]string{}
+	}
+	f.expected[ip.String()] = slices.Clone(handles)
 }
 
 // Dataplane is a fake kernel: a map of workloads.

@@ -65,6 +65,7 @@ func (h *calicoHost) leftovers(t *testing.T) error {
 // left no leaked address (`ipam check` clean, 0 allocated), no orphan
 // veth and no orphan route.
 func TestKill9DaemonDuringChurn(t *testing.T) {
+	t.Parallel()
 	const iterations = 50
 	h := newFaultHost(t, "kill9", harness.HostOptions{}, nil, "--reconcile-grace", "3s", "--resync-interval", "3s")
 	h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.0.0/16", "calico-net")
@@ -171,6 +172,7 @@ func dockerTimed(h *calicoHost, args ...string) (string, time.Duration, error) {
 // overhead) with a message saying the datastore is unreachable; none hangs.
 // Once etcd is back, new containers work without any manual step.
 func TestEtcdOutage(t *testing.T) {
+	t.Parallel()
 	const (
 		etcdTimeout = 3 * time.Second
 		// dockerSlack is Docker's own work around the failing plugin
@@ -371,6 +373,7 @@ func (h *calicoHost) startRestartAlways(t *testing.T, names []string) map[string
 // container with --ip gets its address back exactly; the others get a
 // fresh one from the pool (Docker does not tell IPAM which container asks).
 func TestDockerdRestartWithRestartAlways(t *testing.T) {
+	t.Parallel()
 	h := newFaultHost(t, "restart", harness.HostOptions{DockerdDebug: true}, nil)
 	// always1/2 get whatever calico-ipam picks; fixed has --ip, which
 	// Docker keeps in the container's config and asks for again.
@@ -484,6 +487,7 @@ func pluginRequests(log string) []pluginRequest {
 // the same processes with the same addresses, veths and routes, and the
 // plugin's reconcile, given time to act, releases nothing.
 func TestDockerdLiveRestore(t *testing.T) {
+	t.Parallel()
 	const metricsAddr = "127.0.0.1:9091"
 	h := newFaultHost(t, "liverestore", harness.HostOptions{DockerdDebug: true, LiveRestore: true}, nil,
 		"--metrics-listen", metricsAddr, "--reconcile-grace", "3s")

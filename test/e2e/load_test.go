@@ -68,6 +68,7 @@ func sampleErrors(errs []error, max int) (n int, sample []string) {
 // /32 route); `docker rm -f` of all of them at once leaves no address
 // allocated, no cali veth and no /32 route, and `ipam check` is clean.
 func TestLoad100ConcurrentContainers(t *testing.T) {
+	t.Parallel()
 	const n = 100
 	h := newCalicoHost(t, "load")
 	h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.0.0/16", "calico-net")
@@ -167,6 +168,7 @@ func TestLoad100ConcurrentContainers(t *testing.T) {
 // once, straight to their IPAM sockets as dockerd would send them: every
 // call succeeds and no address is handed out twice. Then all are released.
 func TestThreeNodesConcurrentAssignments(t *testing.T) {
+	t.Parallel()
 	const nodes, perNode = 3, 100
 	harness.RequirePrereqs(t)
 	bin := harness.BuildBinary(t)

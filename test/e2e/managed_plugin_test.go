@@ -199,6 +199,7 @@ var debugLine = regexp.MustCompile(`level=debug msg=\\"plugin request\\"`)
 // the plugin survives a disable / set / enable cycle with running
 // containers (their dataplane is in the kernel, not in the plugin).
 func TestManagedPlugin(t *testing.T) {
+	t.Parallel()
 	harness.RequirePrereqs(t)
 	// On a fabric: proxy ARP needs the host to have a default route.
 	h := harness.NewFabric(t, "").AddHost(t, "managed", harness.HostOptions{})
@@ -454,6 +455,7 @@ func TestManagedPlugin(t *testing.T) {
 // every start: a network created after the restart gets its Docker name
 // recorded (the policy asks Docker for it).
 func TestManagedPluginLiveRestore(t *testing.T) {
+	t.Parallel()
 	harness.RequirePrereqs(t)
 	h := harness.NewFabric(t, "").AddHost(t, "mplive", harness.HostOptions{LiveRestore: true})
 	h.ImportBusybox(t)

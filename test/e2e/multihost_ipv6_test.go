@@ -17,6 +17,7 @@ import (
 // 81`: containers on different hosts reach each other over IPv6. When the
 // last container of a block goes, the block's route goes everywhere.
 func TestMultiHostIPv6(t *testing.T) {
+	t.Parallel()
 	const pool6 = "fd00:beef::/64"
 	c := newBGPCluster(t)
 	c.fabric.EnableIPv6(t)

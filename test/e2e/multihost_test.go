@@ -175,6 +175,24 @@ func (h *bgpHost) waitPeers(t testing.TB, want map[string]routing.PeerType, time
 	return st
 }
 
+// waitPeerDown waits until h reports its session to addr as not
+// Established.
+func (h *bgpHost) waitPeerDown(t testing.TB, addr string, timeout time.Duration) {
+	t.Helper()
+	harness.Eventually(t, timeout, 100*time.Millisecond, h.Name+": session to "+addr+" down", func() error {
+		st, err := h.status(t)
+		if err != nil {
+			return err
+		}
+		for _, p := range st.Peers {
+			if p.Address == addr && p.State == "Established" {
+				return fmt.Errorf("still Established")
+			}
+		}
+		return nil
+	})
+}
+
 func (h *bgpHost) ping(t *testing.T, from string, to net.IP) {
 	t.Helper()
 	// The first packet may wait for ARP on the fabric; allow a few tries.
@@ -207,6 +225,7 @@ func pingStats(ctx context.Context, h *bgpHost, from string, to net.IP, secs int
 // TestMultiHostMesh: three hosts in a full mesh, then a fourth joining, a
 // withdrawal, and a kill -9 restart under graceful restart.
 func TestMultiHostMesh(t *testing.T) {
+	t.Parallel()
 	c := newBGPCluster(t)
 	runMultiHost(t, c, false)
 }
@@ -214,6 +233,7 @@ func TestMultiHostMesh(t *testing.T) {
 // TestMultiHostRouteReflectors: the same story with the mesh off, hosts a
 // and c route reflectors (one cluster id) and b and d their clients.
 func TestMultiHostRouteReflectors(t *testing.T) {
+	t.Parallel()
 	c := newBGPCluster(t)
 	c.mustCtl(t, "bgp", "config", "--mesh", "off")
 	for _, n := range []string{"a", "c"} {
@@ -343,7 +363,12 @@ func runMultiHost(t *testing.T, c *bgpCluster, rr bool) {
 		time.Sleep(2 * time.Second)
 		b.plugin.Kill9(t)
 		killed := time.Now()
-		time.Sleep(2 * time.Second)
+		// The status is written at the end of the pass that programs the
+		// kernel: once a and c report b's session down, the pass that
+		// could have dropped b's routes is over.
+		for _, h := range []*bgpHost{a, hc} {
+			h.waitPeerDown(t, b.IP.String(), 30*time.Second)
+		}
 		// During the restart window: everyone keeps b's route, b keeps its own.
 		for _, h := range []*bgpHost{a, hc} {
 			if !learnedRoute(blkB2, b.IP).MatchString(h.routes(t)) {
@@ -413,6 +438,7 @@ func mhContains(ss []string, s string) bool {
 // prefix inside the pools (installed on the hosts, via the router) and one
 // outside (rejected and counted, never installed).
 func TestMultiHostInterop(t *testing.T) {
+	t.Parallel()
 	harness.RequireFile(t, "/usr/sbin/bird", "package bird2")
 	harness.RequireFile(t, "/usr/bin/gobgpd", "package gobgpd")
 	const torPW, gobgpPW = "tor-Secret-1", "gobgp-Secret-2"

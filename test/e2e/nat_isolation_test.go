@@ -163,6 +163,7 @@ func hostOf(s string) net.IP {
 // the source; traffic between containers keeps the containers' addresses;
 // a pool without natOutgoing is not masqueraded.
 func TestOutgoingNAT(t *testing.T) {
+	t.Parallel()
 	l := newPolicyLab(t)
 	d := func(args ...string) string { return l.MustDocker(t, args...) }
 	d("network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "natnet")
@@ -281,6 +282,7 @@ func inEchos(t *testing.T, h *harness.Host) int {
 // two different networks do not, unless both have isolation off; after a
 // container leaves, nothing of it is left in the rules.
 func TestNetworkIsolation(t *testing.T) {
+	t.Parallel()
 	l := newPolicyLab(t)
 	d := func(args ...string) string { return l.MustDocker(t, args...) }
 	create := func(name string, opts ...string) {
@@ -390,6 +392,7 @@ func TestNetworkIsolation(t *testing.T) {
 // networks, two ids) are one network; net2 is another; the cluster's hosts
 // reach the containers, a host outside the cluster does not.
 func TestNetworkIsolationAcrossHosts(t *testing.T) {
+	t.Parallel()
 	c := newBGPCluster(t)
 	a, b := c.addHost(t, "a"), c.addHost(t, "b") // both with net1
 	for _, h := range []*bgpHost{a, b} {

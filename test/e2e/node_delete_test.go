@@ -40,6 +40,7 @@ func (c *bgpCluster) nodeList(t *testing.T) map[string]nodeRow {
 // drops the BGP session and b's block route at once instead of after the
 // graceful-restart time; a keeps working.
 func TestNodeDecommission(t *testing.T) {
+	t.Parallel()
 	c := newBGPCluster(t)
 	a, b := c.addHost(t, "a"), c.addHost(t, "b")
 	c.addHost(t, "c") // a bystander: its routes and records must stay

@@ -150,6 +150,10 @@ func requireOutput(t *testing.T, text string, wants ...string) {
 // as written (it starts dockerd, since none answers, and the daemon on its
 // embedded etcd with the default socket dir), then the quick start pasted
 // into a shell.
+//
+// The README tests are not parallel: both build bin/calico-cnm in the
+// checkout (make run, make plugin), as a user would. They run before the
+// parallel tests start.
 func TestReadmeQuickStart(t *testing.T) {
 	sb := newUserSandbox(t, "readme", "make run")
 	sb.waitFor(t, "/run/docker/plugins/calico-ipam.sock", 4*time.Minute)

@@ -82,6 +82,7 @@ func hostRouteRE(ip net.IP) *regexp.Regexp {
 // Docker requested but never used, and leave the running containers (and a
 // foreign cali* veth) alone.
 func TestReconcileAfterCrash(t *testing.T) {
+	t.Parallel()
 	h := newReconcileHost(t, "reconcile")
 	d := func(args ...string) string { return h.MustDocker(t, args...) }
 

@@ -119,6 +119,7 @@ func listeningUnixPaths(t *testing.T, pid int, mine map[string]bool) []string {
 // no UDP socket, no other unix listener. A non-loopback metrics address is
 // refused at start. (BGP is off here: its port belongs to the routing tests.)
 func TestDaemonExposure(t *testing.T) {
+	t.Parallel()
 	const metrics = "127.0.0.1:9091"
 	// The BGP speaker runs too, bound to the host's fabric address: the one
 	// listener that may face the network.

@@ -112,6 +112,7 @@ func blockOf(ip net.IP) string {
 // create a calico network, run containers, check their addressing and the
 // host's routes, remove them and check nothing is left.
 func TestSingleHostDocker(t *testing.T) {
+	t.Parallel()
 	h := newCalicoHost(t, "single")
 	d := func(args ...string) string { return h.MustDocker(t, args...) }
 
@@ -285,6 +286,7 @@ func TestSingleHostDocker(t *testing.T) {
 // TestDockerShowsPluginErrors checks that bad requests reach the user as a
 // sentence from the plugin, and leave nothing behind.
 func TestDockerShowsPluginErrors(t *testing.T) {
+	t.Parallel()
 	h := newCalicoHost(t, "errors")
 	out, err := h.Docker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "10.77.0.0/16", "nopool")
 	if err == nil {
@@ -316,6 +318,7 @@ func TestDockerShowsPluginErrors(t *testing.T) {
 // and removes them, and a restart over stale socket files (left by kill -9)
 // serves again.
 func TestDaemonSocketsLifecycle(t *testing.T) {
+	t.Parallel()
 	h := newCalicoHost(t, "sockets")
 	socks := []string{filepath.Join(h.PluginDir, "calico.sock"), filepath.Join(h.PluginDir, "calico-ipam.sock")}
 	for _, s := range socks {

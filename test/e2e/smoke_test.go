@@ -92,14 +92,17 @@ func testSmokeNoneNetwork(t *testing.T) {
 	h.MustDocker(t, "run", "-d", "--name", "sleeper", "--net", "none", harness.Image, "sleep", "600")
 
 	// The image with extra dynamically linked binaries (iperf3 for the benchmarks).
-	if _, err := os.Stat("/usr/bin/iperf3"); err == nil {
-		h.ImportImage(t, "bbiperf", "/usr/bin/iperf3")
+	t.Run("iperf3-image", func(t *testing.T) {
+		harness.RequireFile(t, iperf3Path, "iperf3, for the benchmarks")
+		h.ImportImage(t, "bbiperf", iperf3Path)
 		out := h.MustDocker(t, "run", "--rm", "--net", "none", "bbiperf", "iperf3", "--version")
 		if !strings.Contains(out, "iperf") {
 			t.Errorf("iperf3 --version: %q", out)
 		}
-	}
+	})
 }
+
+const iperf3Path = "/usr/bin/iperf3"
 
 func mustReadlink(t *testing.T, p string) string {
 	s, err := os.Readlink(p)
@@ -125,7 +128,7 @@ func testSmokeBridgeBaseline(t *testing.T) {
 	}
 	// docker0 and dockerd's NAT rules live in the host's netns.
 	h.MustExec(t, "ip", "link", "show", "docker0")
-	if nat, err := h.Exec(t, "iptables", "-w", "-t", "nat", "-S", "POSTROUTING"); err == nil && !strings.Contains(nat, "MASQUERADE") {
+	if nat := h.MustExec(t, "iptables", "-w", "-t", "nat", "-S", "POSTROUTING"); !strings.Contains(nat, "MASQUERADE") {
 		t.Errorf("no MASQUERADE rule in the host's netns:\n%s", nat)
 	}
 	// Containers on the bridge reach each other.
@@ -203,23 +206,23 @@ func testSmokeFabric(t *testing.T) {
 		t.Errorf("default route of a: %q", route)
 	}
 	// A long-running helper in a host's netns, reached from another host.
-	if _, err := os.Stat("/usr/bin/iperf3"); err == nil {
-		srv := a.StartProcess(t, "iperf3-server", nil, harness.TCPReady(a.IP.String()+":5201"), "/usr/bin/iperf3", "-s")
-		out := b.MustExec(t, "/usr/bin/iperf3", "-c", a.IP.String(), "-t", "1", "-J")
+	t.Run("iperf3", func(t *testing.T) {
+		harness.RequireFile(t, iperf3Path, "iperf3, for the benchmarks")
+		srv := a.StartProcess(t, "iperf3-server", nil, harness.TCPReady(a.IP.String()+":5201"), iperf3Path, "-s")
+		out := b.MustExec(t, iperf3Path, "-c", a.IP.String(), "-t", "1", "-J")
 		if !strings.Contains(out, "bits_per_second") {
 			t.Errorf("iperf3 client: %.300s", out)
 		}
 		if !srv.Running() {
 			t.Errorf("iperf3 server exited: %v", srv.ExitErr())
 		}
-	}
-	if _, err := os.Stat(harness.EtcdPath); err != nil {
-		t.Logf("no %s: etcd part skipped", harness.EtcdPath)
-		return
-	}
-	ep := f.StartEtcd(t)
-	out := b.MustExec(t, harness.BusyboxPath, "wget", "-q", "-O", "-", ep+"/health")
-	if !strings.Contains(out, "true") {
-		t.Errorf("etcd health from host b: %q", out)
-	}
+	})
+	t.Run("etcd", func(t *testing.T) {
+		harness.RequireFile(t, harness.EtcdPath, "etcd-server, for multi-host tests")
+		ep := f.StartEtcd(t)
+		out := b.MustExec(t, harness.BusyboxPath, "wget", "-q", "-O", "-", ep+"/health")
+		if !strings.Contains(out, "true") {
+			t.Errorf("etcd health from host b: %q", out)
+		}
+	})
 }

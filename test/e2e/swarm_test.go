@@ -185,6 +185,7 @@ func swPing(t *testing.T, h *swarmHost, from string, to net.IP) {
 // routes; an attachable container joins them; removing everything releases
 // every address and the network record.
 func TestSwarm(t *testing.T) {
+	t.Parallel()
 	c := newSwarmCluster(t, "mgr", "wrk1", "wrk2")
 	mgr := c.hosts[0]
 	drv := mgr.driver
@@ -361,14 +362,26 @@ func TestSwarm(t *testing.T) {
 	})
 
 	t.Run("reconcile keeps the manager's addresses", func(t *testing.T) {
-		// --reconcile-grace 5s, --resync-interval 2s: by now several
-		// passes saw the VIP (no endpoint anywhere) and the workers' task
-		// addresses (assigned by the manager, held by other nodes).
+		// The VIP (no endpoint anywhere) and the workers' task addresses
+		// (assigned by the manager, held by other nodes) are candidates
+		// for every node's reconcile by its next pass, and due one
+		// --reconcile-grace later: the assertion waits for a pass on
+		// every node that started after that.
 		want := len(tasks) + 1
 		if n := c.usedIPs(t); n != want {
 			t.Fatalf("%d addresses assigned, want %d (tasks and VIP)", n, want)
 		}
-		time.Sleep(12 * time.Second)
+		seen := c.waitReconcilePasses(t, 1)
+		const grace = 5 * time.Second // --reconcile-grace above
+		harness.Eventually(t, 2*grace, 100*time.Millisecond, "the reconcile grace to pass", func() error {
+			if left := time.Until(seen.Add(grace)); left > 0 {
+				return fmt.Errorf("%s left", left)
+			}
+			return nil
+		})
+		// Two pass starts: the first started after the grace, and has
+		// finished when the second starts (passes never overlap).
+		c.waitReconcilePasses(t, 2)
 		if n := c.usedIPs(t); n != want {
 			t.Errorf("%d addresses assigned after the reconcile grace, want still %d: %+v", n, want, c.usage(t))
 		}
@@ -489,4 +502,28 @@ func shortID(id string) string {
 		return id[:12]
 	}
 	return id
+}
+
+// reconcilePass is the debug line each reconcile pass starts with, as
+// dockerd quotes it in its log.
+var reconcilePass = regexp.MustCompile(`msg=\\"reconcile pass\\" `)
+
+// waitReconcilePasses waits until every node's reconcile loop has started
+// n passes after the call, and returns when the last node's n-th was seen.
+func (c *swarmCluster) waitReconcilePasses(t *testing.T, n int) time.Time {
+	t.Helper()
+	offsets := map[string]int{}
+	for _, h := range c.hosts {
+		_, offsets[h.Name] = h.pluginLog(t, h.pluginID(t), 0)
+	}
+	for _, h := range c.hosts {
+		harness.Eventually(t, 30*time.Second, 200*time.Millisecond, h.Name+": reconcile passes", func() error {
+			log, _ := h.pluginLog(t, h.pluginID(t), offsets[h.Name])
+			if got := len(reconcilePass.FindAllStringIndex(log, -1)); got < n {
+				return fmt.Errorf("%d passes started, want %d", got, n)
+			}
+			return nil
+		})
+	}
+	return time.Now()
 }

@@ -84,6 +84,9 @@ var prereqMissing []string
 // fails the test.
 func RequirePrereqs(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		skipLoudly(t, "-short (make unit) leaves out tests that start dockerd in network namespaces")
+	}
 	prereqOnce.Do(func() {
 		if os.Geteuid() != 0 {
 			prereqMissing = append(prereqMissing, fmt.Sprintf("not running as root (euid %d)", os.Geteuid()))
@@ -107,6 +110,9 @@ func RequirePrereqs(t testing.TB) {
 // RequireRoot skips (loudly) unless the test runs as root.
 func RequireRoot(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		skipLoudly(t, "-short (make unit) leaves out tests that need root")
+	}
 	if os.Geteuid() != 0 {
 		skipLoudly(t, fmt.Sprintf("not running as root (euid %d)", os.Geteuid()))
 	}
@@ -241,7 +247,11 @@ func BuildPackage(t testing.TB, pkg string) string {
 		out := filepath.Join(processDir(t), "bin", filepath.Base(pkg))
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
+		// -trimpath as make build and scripts/build-plugin.sh: they then
+		// reuse these compiled packages from the build cache and only
+		// link (without it the managed-plugin tests compile everything
+		// again, minutes on a small machine).
+		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, pkg)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		start := time.Now()

@@ -1,0 +1,6 @@
+package dataplane
+
+// HostIfPrefix begins the name of every workload veth's host side
+// (`cali...`): tools outside the dataplane (diagnostics) find workload
+// interfaces by it.
+const HostIfPrefix = hostIfPrefix
