@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -61,8 +62,9 @@ func listPorts(ctx context.Context, store *datastore.Store) ([]portRow, error) {
 		if json.Unmarshal(kv.Value, &ep) != nil || !ep.Joined {
 			continue
 		}
+		ip, _, _ := strings.Cut(ep.IPv4, "/")
 		for _, b := range ep.Ports {
-			rows = append(rows, portRow{Node: ep.Node, Endpoint: ep.ID, Network: ep.Network, IP: ep.IPv4, PortBinding: b})
+			rows = append(rows, portRow{Node: ep.Node, Endpoint: ep.ID, Network: ep.Network, IP: ip, PortBinding: b})
 		}
 	}
 	return rows, nil
