@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
 // OptInternal is the option libnetwork passes to CreateNetwork for
@@ -189,3 +191,44 @@ func (p joinPlan) joinResponse(tempIfName string, v4 bool, gw6 net.IP) *network.
 // RouteTypeNextHop is libnetwork's route type of a route via NextHop
 // (types.NEXTHOP).
 const RouteTypeNextHop = 0
+
+// markAuxAddresses labels the reservations of a network's --aux-address
+// entries (libnetwork requested them from calico-ipam before CreateNetwork,
+// with nothing telling them from a container's --ip) with
+// ipam.AttrReserved=aux, so that reconcile and `ipam check` never take
+// them for leaks; `docker network rm` releases them. An aux address
+// outside the network's pool was never reserved: nothing to mark.
+func (d *NetworkDriver) markAuxAddresses(ctx context.Context, data []*network.IPAMData) error {
+	if d.ipam == nil {
+		return nil
+	}
+	for _, dt := range data {
+		if dt == nil {
+			continue
+		}
+		for name, v := range dt.AuxAddresses {
+			s, _ := v.(string)
+			ip, _, err := net.ParseCIDR(s)
+			if err != nil {
+				if ip = net.ParseIP(s); ip == nil {
+					return userError(fmt.Sprintf("aux address %s=%v is not an address", name, v), ErrInvalidRequest)
+				}
+			}
+			_, _, err = d.ipam.UpdateHolder(ctx, ip, func(a ipam.Allocation) (map[string]string, error) {
+				if a.Attrs[ipam.AttrReserved] == ipam.ReservedAux {
+					return nil, nil
+				}
+				attrs := maps.Clone(a.Attrs)
+				if attrs == nil {
+					attrs = map[string]string{}
+				}
+				attrs[ipam.AttrReserved] = ipam.ReservedAux
+				return attrs, nil
+			})
+			if err != nil && !errors.Is(err, ipam.ErrPoolNotFound) && !errors.Is(err, ipam.ErrNotInPool) {
+				return storeErr(fmt.Sprintf("marking aux address %s (%s) as reserved", name, ip), err)
+			}
+		}
+	}
+	return nil
+}

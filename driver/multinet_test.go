@@ -10,6 +10,7 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
 	"github.com/calico-cnm/calico-cnm/driver"
+	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
 // createNetworkWith creates a network from the given IPv4 pool (subnet, or
@@ -128,4 +129,32 @@ func fmtRoutes(rs []*network.StaticRoute) string {
 		s += "; "
 	}
 	return s + "]"
+}
+
+// TestAuxAddressesMarkedReserved proves CreateNetwork labels the
+// reservations of --aux-address entries (and nothing else) as reserved,
+// which reconcile and `ipam check` skip.
+func TestAuxAddressesMarkedReserved(t *testing.T) {
+	m := etcdtest.Start(t)
+	ctx := context.Background()
+	e := newEnv(t, m.Store)
+	for _, ip := range []string{"10.10.5.250", "10.10.5.9"} {
+		if err := e.ipam.AssignIP(ctx, ipam.AssignIPArgs{IP: net.ParseIP(ip), Host: testHost, HandleID: "cnm." + ip, Attrs: map[string]string{ipam.AttrNode: testHost}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req := &network.CreateNetworkRequest{NetworkID: newID('a'), IPv4Data: []*network.IPAMData{{
+		AddressSpace: driver.CalicoLocalAddressSpace, Pool: "10.10.5.0/24", Gateway: "0.0.0.0/0",
+		// Outside every pool: never reserved, nothing to mark.
+		AuxAddresses: map[string]interface{}{"router": "10.10.5.250/24", "far": "172.16.0.1/24"},
+	}}}
+	if err := e.nd.CreateNetwork(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	for ip, want := range map[string]string{"10.10.5.250": ipam.ReservedAux, "10.10.5.9": ""} {
+		a, ok := e.ipam.Assigned(ip)
+		if !ok || a.Attrs[ipam.AttrReserved] != want || a.Attrs[ipam.AttrNode] != testHost {
+			t.Errorf("%s: assignment %+v (found %v), want %s=%q and the node kept", ip, a, ok, ipam.AttrReserved, want)
+		}
+	}
 }

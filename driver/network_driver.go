@@ -169,6 +169,9 @@ func (d *NetworkDriver) CreateNetwork(ctx context.Context, req *network.CreateNe
 	if err := d.networkFromIPAMData(ctx, &nw, req.IPv4Data, req.IPv6Data); err != nil {
 		return err
 	}
+	if err := d.markAuxAddresses(ctx, append(append([]*network.IPAMData{}, req.IPv4Data...), req.IPv6Data...)); err != nil {
+		return err
+	}
 
 	key := datastore.NetworkKey(req.NetworkID)
 	shared := false
