@@ -17,7 +17,7 @@ export DEBIAN_FRONTEND=noninteractive
 # tests run them in their own network namespaces; calico-cnm itself needs
 # neither, its speaker is in process).
 # etcd-client (etcdctl) and curl: the tests read etcd and /metrics with them.
-pkgs="docker.io busybox-static iproute2 iputils-ping nftables etcd-server etcd-client curl iperf3 make git ca-certificates bird2 gobgpd"
+pkgs="docker.io busybox-static iproute2 iputils-ping nftables etcd-server etcd-client curl iperf3 wrk make git ca-certificates bird2 gobgpd"
 missing=""
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
