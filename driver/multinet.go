@@ -14,15 +14,12 @@ import (
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/ports"
 )
-
-// OptInternal is the option libnetwork passes to CreateNetwork for
-// `docker network create --internal` (netlabel.Internal).
-const OptInternal = "com.docker.network.internal"
 
 // IsInternal reports whether a network was created with --internal: its
 // containers get no default route and reach nothing outside the pools.
-func IsInternal(nw datastore.Network) bool { return nw.Options[OptInternal] == "true" }
+func IsInternal(nw datastore.Network) bool { return nw.Options[ports.OptInternal] == "true" }
 
 // joinPlan is what Join hands to Docker for one calico interface of a
 // container that may have others (docker network connect, compose

@@ -11,6 +11,7 @@ import (
 	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
 	"github.com/calico-cnm/calico-cnm/driver"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/ports"
 )
 
 // createNetworkWith creates a network from the given IPv4 pool (subnet, or
@@ -39,7 +40,7 @@ func TestJoinSeveralNetworks(t *testing.T) {
 	n2 := e.createNetworkWith(t, "10.10.2.0/24", nil)
 	nAny := e.createNetworkWith(t, "0.0.0.0/0", nil)
 	nSame := e.createNetworkWith(t, "10.10.1.0/24", nil) // overlaps n1
-	nInt := e.createNetworkWith(t, "10.10.3.0/24", map[string]interface{}{driver.OptInternal: true})
+	nInt := e.createNetworkWith(t, "10.10.3.0/24", map[string]interface{}{ports.OptInternal: true})
 
 	const sb1, sb2 = "/var/run/docker/netns/multi1", "/var/run/docker/netns/multi2"
 	type step struct {

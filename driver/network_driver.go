@@ -51,6 +51,9 @@ type Options struct {
 type Ports interface {
 	Publish(ctx context.Context, endpointID string, reqs []ports.Request) ([]datastore.PortBinding, error)
 	Unpublish(ctx context.Context, endpointID string) error
+	// Sync reprograms the tables from the datastore (the guard of an
+	// --internal network's new endpoint).
+	Sync(ctx context.Context) error
 }
 
 // NetworkDriver is the "calico" libnetwork network driver.
@@ -710,6 +713,13 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 	}
 	if err != nil {
 		return nil, undo(storeErr("recording the join of endpoint "+short(req.EndpointID), err))
+	}
+	if plan.internal && d.ports != nil {
+		// Fail closed: the endpoint of an --internal network is not
+		// handed to Docker before its guard is in the kernel.
+		if err := d.ports.Sync(ctx); err != nil {
+			return nil, undo(fmt.Errorf("programming the --internal guard of endpoint %s failed: %w", short(req.EndpointID), err))
+		}
 	}
 	log.WithFields(logrus.Fields{"sandbox": req.SandboxKey, "gateway": plan.gw4.String(), "routes": routes, "internal": plan.internal}).Info("endpoint joined")
 	return resp, nil

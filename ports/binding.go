@@ -216,3 +216,7 @@ func Resolve(reqs []Request, taken []datastore.PortBinding, owner func(i int) st
 	})
 	return out, nil
 }
+
+// OptInternal is libnetwork's option for `docker network create
+// --internal` (netlabel.Internal), as the driver records it.
+const OptInternal = "com.docker.network.internal"

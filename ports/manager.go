@@ -12,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
 // Dataplane is what the manager needs of the host's interfaces
@@ -74,6 +75,47 @@ func addrOf(cidr string) netip.Addr {
 	return netip.Addr{}
 }
 
+// internalState is what the guard of --internal networks needs: the pools
+// and the host interfaces of joined endpoints of internal networks.
+type internalState struct {
+	pools  []netip.Prefix
+	ifaces []string
+}
+
+// loadInternal reads the pools and which networks are --internal.
+func (m *Manager) loadInternal(ctx context.Context, recs []record) (internalState, error) {
+	var st internalState
+	kvs, err := m.store.List(ctx, ipam.PoolsPrefix)
+	if err != nil {
+		return st, fmt.Errorf("reading the pools: %w", err)
+	}
+	for _, kv := range kvs {
+		var p ipam.Pool
+		if json.Unmarshal(kv.Value, &p) == nil {
+			if pfx, err := netip.ParsePrefix(p.CIDR); err == nil {
+				st.pools = append(st.pools, pfx.Masked())
+			}
+		}
+	}
+	nets, err := m.store.List(ctx, datastore.NetworksPrefix)
+	if err != nil {
+		return st, fmt.Errorf("reading the networks: %w", err)
+	}
+	internal := map[string]bool{}
+	for _, kv := range nets {
+		var n datastore.Network
+		if json.Unmarshal(kv.Value, &n) == nil && n.Options[OptInternal] == "true" {
+			internal[n.ID] = true
+		}
+	}
+	for _, r := range recs {
+		if r.ep.Joined && internal[r.ep.Network] && r.ep.HostIfName != "" {
+			st.ifaces = append(st.ifaces, r.ep.HostIfName)
+		}
+	}
+	return st, nil
+}
+
 // entries are the active bindings: those of joined endpoints.
 func entries(recs []record) []entry {
 	var out []entry
@@ -91,12 +133,16 @@ func entries(recs []record) []entry {
 // apply programs the tables for recs.
 func (m *Manager) apply(ctx context.Context, recs []record) error {
 	es := entries(recs)
+	in, err := m.loadInternal(ctx, recs)
+	if err != nil {
+		return err
+	}
 	var errs []error
 	for _, v6 := range []bool{false, true} {
 		if v6 && !m.ipv6 {
 			continue
 		}
-		changed, err := m.nft.Apply(ctx, v6, es)
+		changed, err := m.nft.Apply(ctx, v6, es, in)
 		if err != nil {
 			errs = append(errs, err)
 		} else if changed {

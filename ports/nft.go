@@ -3,6 +3,7 @@ package ports
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -29,6 +30,7 @@ const (
 	chainPublished   = "published"   // one DNAT rule per binding
 	chainPostrouting = "postrouting" // nat, srcnat: masquerade where replies need it
 	chainRaw         = "raw"         // filter before conntrack: guard for route_localnet
+	chainInternal    = "internal"    // filter, forward: --internal networks reach only the pools
 )
 
 // How the host reaches its own published ports, and why the kernel alone
@@ -262,7 +264,47 @@ var chainDefs = []chainDef{
 	{chainPrerouting, nftables.ChainTypeNAT, nftables.ChainHookPrerouting, *nftables.ChainPriorityNATDest},
 	{chainOutput, nftables.ChainTypeNAT, nftables.ChainHookOutput, *nftables.ChainPriorityNATDest},
 	{chainPostrouting, nftables.ChainTypeNAT, nftables.ChainHookPostrouting, *nftables.ChainPriorityNATSource},
+	{chainInternal, nftables.ChainTypeFilter, nftables.ChainHookForward, *nftables.ChainPriorityFilter},
 	{chainPublished, "", nil, 0},
+}
+
+// internalRules keep the containers of --internal networks inside the
+// pools, whatever routes they have (Join gives them no default route; one
+// with NET_ADMIN could add its own): per such interface an accept per pool
+// of the family (an accept ends only this chain: the policy still filters)
+// and a drop for anything else.
+func internalRules(v6 bool, in internalState) []nftRule {
+	var rs []nftRule
+	for _, ifc := range in.ifaces {
+		name := []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: padIfname(ifc)},
+		}
+		for _, p := range in.pools {
+			if p.Addr().Is4() == v6 {
+				continue
+			}
+			off, l := uint32(16), uint32(4)
+			if v6 {
+				off, l = 24, 16
+			}
+			mask := net.CIDRMask(p.Bits(), int(l)*8)
+			rs = append(rs, nftRule{chain: chainInternal, id: fmt.Sprintf("internal network: %s to pool %s", ifc, p), exprs: append(append([]expr.Any{}, name...),
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: l},
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: l, Mask: mask, Xor: make([]byte, l)},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Addr().AsSlice()},
+				&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept})})
+		}
+		rs = append(rs, nftRule{chain: chainInternal, id: fmt.Sprintf("internal network: %s outside the pools", ifc), exprs: append(append([]expr.Any{}, name...),
+			&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop})})
+	}
+	return rs
+}
+
+func padIfname(s string) []byte {
+	b := make([]byte, 16)
+	copy(b, s)
+	return b
 }
 
 // current reads the identities ("chain|comment") of the table's rules;
@@ -301,7 +343,7 @@ func current(c *nftables.Conn, t *nftables.Table) (ids []string, exists bool, er
 // kernel's rules are read back and compared by identity; when they differ
 // the table is replaced in one batch (the old rules keep working until the
 // new ones are in). It reports whether it changed anything.
-func (n *NFT) Apply(ctx context.Context, v6 bool, entries []entry) (bool, error) {
+func (n *NFT) Apply(ctx context.Context, v6 bool, entries []entry, in internalState) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
@@ -310,7 +352,7 @@ func (n *NFT) Apply(ctx context.Context, v6 bool, entries []entry) (bool, error)
 		return false, fmt.Errorf("opening nftables: %w", err)
 	}
 	t := &nftables.Table{Name: TableName, Family: family(v6)}
-	want := desiredRules(v6, entries)
+	want := append(desiredRules(v6, entries), internalRules(v6, in)...)
 	var wantIDs []string
 	for _, d := range chainDefs {
 		wantIDs = append(wantIDs, "chain:"+d.name)

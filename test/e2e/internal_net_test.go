@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"strings"
 	"testing"
+
+	"github.com/calico-cnm/calico-cnm/ports"
 
 	"github.com/calico-cnm/calico-cnm/test/e2e/harness"
 )
@@ -31,4 +34,15 @@ func TestInternalNetwork(t *testing.T) {
 	// ... and not the internal one's.
 	noPing(t, a.Host, "i1", outside.IP, "internal network to a host outside the pools")
 	noPing(t, a.Host, "i1", a.IP, "internal network to its own host's address")
+
+	// A container that adds its own default route (it has NET_ADMIN)
+	// still reaches its peers and still not the outside: the nftables
+	// guard drops it.
+	a.MustDocker(t, "run", "-d", "--name", "i3", "--cap-add", "NET_ADMIN", "--net", "inet", harness.Image, "sleep", "3600")
+	a.MustDocker(t, "exec", "i3", "ip", "route", "add", "default", "via", "169.254.1.1")
+	a.ping(t, "i3", ipOn(t, b.Host, "i2", "inet"))
+	noPing(t, a.Host, "i3", outside.IP, "internal network with a default route of its own to a host outside the pools")
+	if tbl := a.MustExec(t, "nft", "list", "chain", "ip", ports.TableName, "internal"); !strings.Contains(tbl, "outside the pools") {
+		t.Errorf("no guard rule for the internal network's interfaces:\n%s", tbl)
+	}
 }
