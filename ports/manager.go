@@ -34,8 +34,6 @@ type Manager struct {
 	ipv6  bool
 	log   logrus.FieldLogger
 	mu    sync.Mutex
-	// passes counts completed syncs (Sync, Publish, Unpublish), for tests.
-	passes int
 }
 
 // NewManager publishes through nft (and dp for route_localnet, nil to skip)
@@ -149,7 +147,6 @@ func (m *Manager) apply(ctx context.Context, recs []record) error {
 			m.log.WithField("bindings", len(es)).WithField("ipv6", v6).Info("published ports programmed")
 		}
 	}
-	m.passes++
 	return errors.Join(errs...)
 }
 
@@ -162,13 +159,6 @@ func (m *Manager) Sync(ctx context.Context) error {
 		return err
 	}
 	return m.apply(ctx, recs)
-}
-
-// Passes is the number of completed programming passes.
-func (m *Manager) Passes() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.passes
 }
 
 // Run syncs every interval until ctx ends.
