@@ -228,7 +228,7 @@ func (l *Linux) AddWorkload(ctx context.Context, w Workload) (retErr error) {
 
 	if w.IPv6 != nil {
 		gw := &netlink.Addr{
-			IPNet: &net.IPNet{IP: net.ParseIP(GatewayIPv6), Mask: net.CIDRMask(64, 128)},
+			IPNet: &net.IPNet{IP: w.GatewayIPv6, Mask: net.CIDRMask(64, 128)},
 			// No DAD: nothing else on this point-to-point link can own it,
 			// and it must work before the container side even exists.
 			Flags: unix.IFA_F_NODAD,

@@ -60,6 +60,7 @@ func TestWorkloadValidation(t *testing.T) {
 		{"short MAC", Workload{EndpointID: id, MAC: net.HardwareAddr{1, 2}, IPv4: v4("10.0.0.1/32")}, "48-bit"},
 		{"MTU too small", Workload{EndpointID: id, MTU: 60, IPv4: v4("10.0.0.1/32")}, "MTU"},
 		{"MTU too small for v6", Workload{EndpointID: id, MTU: 1200, IPv6: v4("fd00::1/128")}, "MTU"},
+		{"v6 gateway not link-local", Workload{EndpointID: id, IPv6: v4("fd00::1/128"), GatewayIPv6: net.ParseIP("fd00::2")}, "not an IPv6 link-local"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -92,11 +93,13 @@ func TestAddWorkload(t *testing.T) {
 		mac     net.HardwareAddr
 		wantMTU int
 		wantMAC net.HardwareAddr
+		gw6     string // Workload.GatewayIPv6; "" = the default
 	}{
 		{name: "ipv4", ipv4: "10.65.0.1/32", wantMTU: 1500, wantMAC: eeMAC},
 		{name: "ipv6", ipv6: "fd00:65::1/128", wantMTU: 1500, wantMAC: eeMAC},
 		{name: "dual stack, jumbo MTU, own MAC", ipv4: "10.65.0.2/32", ipv6: "fd00:65::2/128", mtu: 9000,
 			mac: net.HardwareAddr{0x02, 0x42, 0xac, 0x11, 0x00, 0x02}, wantMTU: 9000, wantMAC: net.HardwareAddr{0x02, 0x42, 0xac, 0x11, 0x00, 0x02}},
+		{name: "second interface of a container: its own IPv6 gateway", ipv4: "10.65.0.3/32", ipv6: "fd00:65::3/128", wantMTU: 1500, wantMAC: eeMAC, gw6: "fe80::2"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -104,6 +107,10 @@ func TestAddWorkload(t *testing.T) {
 			ctx := context.Background()
 			id := newEndpointID()
 			w := Workload{EndpointID: id, MAC: tc.mac, MTU: tc.mtu}
+			wantGW := GatewayIPv6
+			if tc.gw6 != "" {
+				w.GatewayIPv6, wantGW = net.ParseIP(tc.gw6), tc.gw6
+			}
 			if tc.ipv4 != "" {
 				w.IPv4 = mustCIDR(t, tc.ipv4)
 			}
@@ -224,15 +231,15 @@ func TestAddWorkload(t *testing.T) {
 				}
 				return
 			}
-			if len(addrs) != 1 || addrs[0].IPNet.String() != GatewayIPv6+"/64" {
-				t.Fatalf("host side IPv6 addresses = %v, want only %s/64", addrs, GatewayIPv6)
+			if len(addrs) != 1 || addrs[0].IPNet.String() != wantGW+"/64" {
+				t.Fatalf("host side IPv6 addresses = %v, want only %s/64", addrs, wantGW)
 			}
 			gw, err := l.HostLinkLocalIPv6(ctx, hostName)
 			if err != nil {
 				t.Fatalf("HostLinkLocalIPv6: %v", err)
 			}
-			if !gw.Equal(net.ParseIP(GatewayIPv6)) {
-				t.Errorf("HostLinkLocalIPv6 = %s, want %s", gw, GatewayIPv6)
+			if !gw.Equal(net.ParseIP(wantGW)) {
+				t.Errorf("HostLinkLocalIPv6 = %s, want %s", gw, wantGW)
 			}
 		})
 	}
@@ -709,5 +716,32 @@ func TestConcurrentWorkloads(t *testing.T) {
 	}
 	if got := tn.ourRoutes(t); len(got) != 0 {
 		t.Errorf("routes left: %v", got)
+	}
+}
+
+func TestGateways(t *testing.T) {
+	tests := []struct {
+		index      int
+		want4      string
+		want6      string
+		wantErrSub string
+	}{
+		{index: 1, want4: GatewayIPv4, want6: GatewayIPv6},
+		{index: 2, want4: "169.254.1.2", want6: "fe80::2"},
+		{index: 254, want4: "169.254.1.254", want6: "fe80::fe"},
+		{index: 0, wantErrSub: "outside"},
+		{index: 255, wantErrSub: "outside"},
+	}
+	for _, tc := range tests {
+		v4, v6, err := Gateways(tc.index)
+		if tc.wantErrSub != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErrSub) {
+				t.Errorf("Gateways(%d) error = %v, want %q", tc.index, err, tc.wantErrSub)
+			}
+			continue
+		}
+		if err != nil || v4.String() != tc.want4 || v6.String() != tc.want6 {
+			t.Errorf("Gateways(%d) = %s, %s, %v; want %s, %s", tc.index, v4, v6, err, tc.want4, tc.want6)
+		}
 	}
 }

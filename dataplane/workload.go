@@ -80,6 +80,9 @@ type Workload struct {
 	IPv4       *net.IPNet       // nil or a /32
 	IPv6       *net.IPNet       // nil or a /128
 	MTU        int              // 0 = 1500
+	// GatewayIPv6 is the link-local address of the host side: the
+	// container's IPv6 gateway. nil = GatewayIPv6 (see Gateways).
+	GatewayIPv6 net.IP
 }
 
 // HostIfName is the name of the host side of the endpoint's veth.
@@ -178,6 +181,14 @@ func (w Workload) normalize() (Workload, error) {
 			return w, fmt.Errorf("IPv6 address %s is not a global unicast address", w.IPv6)
 		}
 		w.IPv6 = &net.IPNet{IP: ip6, Mask: net.CIDRMask(128, 128)}
+	}
+	if w.IPv6 != nil {
+		if w.GatewayIPv6 == nil {
+			w.GatewayIPv6 = net.ParseIP(GatewayIPv6)
+		}
+		if !w.GatewayIPv6.IsLinkLocalUnicast() || w.GatewayIPv6.To4() != nil {
+			return w, fmt.Errorf("IPv6 gateway %s is not an IPv6 link-local address", w.GatewayIPv6)
+		}
 	}
 	if w.MTU == 0 {
 		w.MTU = defaultMTU

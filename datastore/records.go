@@ -87,6 +87,29 @@ type Endpoint struct {
 	// could not be learnt; the endpoint then matches no selector.
 	Labels        map[string]string `json:"labels,omitempty"`
 	LabelsUnknown bool              `json:"labelsUnknown,omitempty"`
+	// GatewayIndex numbers the endpoint's gateway among the calico
+	// interfaces of its container (set at Join): 1 is 169.254.1.1 and
+	// fe80::1, 2 is 169.254.1.2 and fe80::2, ... 0 (a record written
+	// before several networks per container existed) means 1.
+	GatewayIndex int `json:"gatewayIndex,omitempty"`
+	// Routes are the destinations (CIDRs) the container routes through
+	// this interface besides its gateway, set at Join: the network's
+	// subnets (or pools) that no other calico interface of the same
+	// container routes already.
+	Routes []string `json:"routes,omitempty"`
+	// Ports are the endpoint's published ports (docker run -p), set by
+	// ProgramExternalConnectivity and cleared when revoked.
+	Ports []PortBinding `json:"ports,omitempty"`
+}
+
+// PortBinding is one published port of an endpoint: traffic to
+// HostIP:HostPort (any of this host's addresses when HostIP is empty) is
+// forwarded to the endpoint's address at Port.
+type PortBinding struct {
+	Proto    string `json:"proto"` // "tcp" or "udp"
+	HostIP   string `json:"hostIP,omitempty"`
+	HostPort int    `json:"hostPort"`
+	Port     int    `json:"port"`
 }
 
 // Node is one host running the daemon.

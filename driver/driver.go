@@ -28,6 +28,8 @@ type IPAM interface {
 	// (ipam.ErrPoolNotFound when there is none).
 	FindPool(ctx context.Context, subnet *net.IPNet) (ipam.Pool, error)
 	AddPool(ctx context.Context, p ipam.Pool) (ipam.Pool, error)
+	// ListPools returns every pool, disabled ones too.
+	ListPools(ctx context.Context) ([]ipam.Pool, error)
 	AutoAssign(ctx context.Context, args ipam.AutoAssignArgs) (net.IPNet, error)
 	AssignIP(ctx context.Context, args ipam.AssignIPArgs) error
 	// ReleaseIP frees ip; releasing a free address is not an error.

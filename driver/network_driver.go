@@ -16,6 +16,7 @@ import (
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/ports"
 )
 
 // Docker's option keys in CreateNetwork.
@@ -58,6 +59,17 @@ type Options struct {
 	// its IPv4 address (0: the dataplane's default): room for the VXLAN
 	// header on pools that may encapsulate.
 	WorkloadMTU func(ctx context.Context, ip net.IP) (int, error)
+	// Ports, when set, publishes container ports (*ports.Manager).
+	Ports Ports
+}
+
+// Ports is what the network driver needs to publish container ports.
+type Ports interface {
+	Publish(ctx context.Context, endpointID string, reqs []ports.Request) ([]datastore.PortBinding, error)
+	Unpublish(ctx context.Context, endpointID string) error
+	// Sync reprograms the tables from the datastore (the guard of an
+	// --internal network's new endpoint).
+	Sync(ctx context.Context) error
 }
 
 // Labeller learns the policy labels of the container joining an endpoint.
@@ -93,6 +105,7 @@ type NetworkDriver struct {
 	engineID func() string
 	// mtuFor: see Options.WorkloadMTU.
 	mtuFor func(ctx context.Context, ip net.IP) (int, error)
+	ports  Ports
 }
 
 // NewNetworkDriver records networks and endpoints in store and plumbs
@@ -114,7 +127,7 @@ func NewNetworkDriver(store *datastore.Store, dp Dataplane, host string, log log
 	if opts.PolicyWait <= 0 {
 		opts.PolicyWait = defaultPolicyWait
 	}
-	return &NetworkDriver{store: store, dp: dp, ipam: opts.IPAM, opts: opts, host: host, log: log, scope: scope, mtu: opts.MTU, engineID: opts.EngineID, mtuFor: opts.WorkloadMTU}
+	return &NetworkDriver{store: store, dp: dp, ipam: opts.IPAM, opts: opts, host: host, log: log, scope: scope, mtu: opts.MTU, engineID: opts.EngineID, mtuFor: opts.WorkloadMTU, ports: opts.Ports}
 }
 
 // GetCapabilities reports the scope; connectivity has the same scope.
@@ -200,6 +213,9 @@ func (d *NetworkDriver) CreateNetwork(ctx context.Context, req *network.CreateNe
 		}
 	}
 	if err := d.networkFromIPAMData(ctx, &nw, req.IPv4Data, req.IPv6Data); err != nil {
+		return err
+	}
+	if err := d.markAuxAddresses(ctx, append(append([]*network.IPAMData{}, req.IPv4Data...), req.IPv6Data...)); err != nil {
 		return err
 	}
 
@@ -649,17 +665,22 @@ func (d *NetworkDriver) DeleteEndpoint(ctx context.Context, req *network.DeleteE
 
 // Join plumbs the endpoint into a container: the dataplane creates the veth
 // (the container side, TempIfName, goes to Docker, which moves it into the
-// sandbox as eth*) and the host route; the container routes everything via
-// the virtual gateway 169.254.1.1, reachable through an on-link route. A
-// failed Join leaves nothing behind.
+// sandbox as eth*) and the host route; the container routes via a virtual
+// link-local gateway reachable through an on-link route, one per calico
+// interface of the container (see joinPlan). A failed Join leaves nothing
+// behind.
 func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*network.JoinResponse, error) {
 	log := d.log.WithFields(logrus.Fields{"network": short(req.NetworkID), "endpoint": short(req.EndpointID)})
-	ep, epRev, err := d.getEndpoint(ctx, req.EndpointID)
+	ep, epRev, peers, err := d.sandboxOf(ctx, req.EndpointID, req.SandboxKey)
 	if err != nil {
 		return nil, err
 	}
 	if ep.Network != req.NetworkID {
 		return nil, userError(fmt.Sprintf("endpoint %s belongs to network %s, not %s", short(req.EndpointID), short(ep.Network), short(req.NetworkID)), ErrInvalidRequest)
+	}
+	plan, err := d.planJoin(ctx, req.NetworkID, peers)
+	if err != nil {
+		return nil, err
 	}
 	v4, v6, ips := epIPs(ep)
 	if v4 != nil {
@@ -683,6 +704,9 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 			return nil, fmt.Errorf("choosing the MTU of endpoint %s: %w", short(req.EndpointID), err)
 		}
 	}
+	if v6 != nil && plan.index > 1 {
+		w.GatewayIPv6 = plan.gw6
+	}
 	if err := d.dp.AddWorkload(ctx, w); err != nil {
 		return nil, fmt.Errorf("setting up the veth %s of endpoint %s failed: %w", w.HostIfName, short(req.EndpointID), err)
 	}
@@ -696,27 +720,20 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 		return cause
 	}
 
-	resp := &network.JoinResponse{
-		InterfaceName:         network.InterfaceName{SrcName: w.TempIfName, DstPrefix: "eth"},
-		DisableGatewayService: true,
-	}
-	if v4 != nil {
-		resp.Gateway = dataplane.GatewayIPv4
-		resp.StaticRoutes = append(resp.StaticRoutes, &network.StaticRoute{
-			Destination: dataplane.GatewayIPv4 + "/32",
-			RouteType:   RouteTypeConnected,
-		})
-	}
+	var gw6 net.IP
 	if v6 != nil {
 		ll, err := d.dp.HostLinkLocalIPv6(ctx, w.HostIfName)
 		if err != nil {
 			return nil, undo(fmt.Errorf("finding the IPv6 gateway (link-local address of %s) for endpoint %s failed: %w", w.HostIfName, short(req.EndpointID), err))
 		}
-		resp.GatewayIPv6 = ll.String()
-		resp.StaticRoutes = append(resp.StaticRoutes, &network.StaticRoute{
-			Destination: ll.String() + "/128",
-			RouteType:   RouteTypeConnected,
-		})
+		gw6 = ll
+	}
+	resp := plan.joinResponse(w.TempIfName, v4 != nil, gw6)
+	var routes []string
+	for _, r := range resp.StaticRoutes {
+		if r.RouteType == RouteTypeNextHop {
+			routes = append(routes, r.Destination)
+		}
 	}
 
 	labels, unknown := d.endpointLabels(ctx, req, log)
@@ -741,6 +758,8 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 		cur.Joined = true
 		cur.Container = req.SandboxKey
 		cur.Labels, cur.LabelsUnknown = labels, unknown
+		cur.GatewayIndex = plan.index
+		cur.Routes = routes
 		var err error
 		written, err = d.store.TxnRev(ctx, datastore.Update(key, datastore.MustJSON(cur), rev))
 		return err
@@ -755,7 +774,14 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 		d.unjoin(context.WithoutCancel(ctx), key, log)
 		return nil, undo(fmt.Errorf("endpoint %s: %w", short(req.EndpointID), err))
 	}
-	log.WithField("sandbox", req.SandboxKey).Info("endpoint joined")
+	if plan.internal && d.ports != nil {
+		// Fail closed: the endpoint of an --internal network is not
+		// handed to Docker before its guard is in the kernel.
+		if err := d.ports.Sync(ctx); err != nil {
+			return nil, undo(fmt.Errorf("programming the --internal guard of endpoint %s failed: %w", short(req.EndpointID), err))
+		}
+	}
+	log.WithFields(logrus.Fields{"sandbox": req.SandboxKey, "gateway": plan.gw4.String(), "routes": routes, "internal": plan.internal}).Info("endpoint joined")
 	return resp, nil
 }
 
@@ -777,6 +803,13 @@ func (d *NetworkDriver) Leave(ctx context.Context, req *network.LeaveRequest) er
 	}
 	if err != nil {
 		return err
+	}
+	if d.ports != nil && len(ep.Ports) > 0 {
+		// Docker revokes before it leaves; this catches a revoke that
+		// never came. The resync removes the rules if this fails.
+		if err := d.ports.Unpublish(ctx, req.EndpointID); err != nil {
+			log.WithError(err).Warn("withdrawing the published ports at Leave")
+		}
 	}
 	_, _, ips := epIPs(ep)
 	if err := d.dp.RemoveWorkload(ctx, req.EndpointID, ips); err != nil {
@@ -800,14 +833,41 @@ func (d *NetworkDriver) DiscoverDelete(ctx context.Context, req *network.Discove
 	return nil
 }
 
-// ProgramExternalConnectivity: published ports are Docker's business
-// (docker-proxy); nothing to do.
+// ProgramExternalConnectivity publishes the endpoint's ports (docker run
+// -p/-P). Docker calls it for the container's gateway endpoint only, and
+// again when that changes; its port mapper serves only its bridge driver.
+// Without a Ports publisher (tests) there is nothing to do.
 func (d *NetworkDriver) ProgramExternalConnectivity(ctx context.Context, req *network.ProgramExternalConnectivityRequest) error {
+	if d.ports == nil {
+		return nil
+	}
+	reqs, err := ports.ParseOptions(req.Options)
+	if err != nil {
+		return userError(fmt.Sprintf("endpoint %s: %v", short(req.EndpointID), err), ErrInvalidRequest, err)
+	}
+	if len(reqs) == 0 {
+		return nil
+	}
+	bs, err := d.ports.Publish(ctx, req.EndpointID, reqs)
+	if errors.Is(err, ports.ErrPortInUse) {
+		return userError(err.Error(), err)
+	}
+	if err != nil {
+		return fmt.Errorf("publishing the ports of endpoint %s failed: %w", short(req.EndpointID), err)
+	}
+	d.log.WithFields(logrus.Fields{"network": short(req.NetworkID), "endpoint": short(req.EndpointID), "ports": ports.Summary(bs)}).Debug("external connectivity programmed")
 	return nil
 }
 
-// RevokeExternalConnectivity: see ProgramExternalConnectivity.
+// RevokeExternalConnectivity withdraws what ProgramExternalConnectivity
+// published.
 func (d *NetworkDriver) RevokeExternalConnectivity(ctx context.Context, req *network.RevokeExternalConnectivityRequest) error {
+	if d.ports == nil {
+		return nil
+	}
+	if err := d.ports.Unpublish(ctx, req.EndpointID); err != nil {
+		return fmt.Errorf("withdrawing the published ports of endpoint %s failed: %w", short(req.EndpointID), err)
+	}
 	return nil
 }
 
@@ -859,10 +919,11 @@ func (d *NetworkDriver) recordLeft(ctx context.Context, key string) error {
 		if err != nil {
 			return err
 		}
-		if !cur.Joined && cur.Container == "" && cur.Labels == nil && !cur.LabelsUnknown {
+		if !cur.Joined && cur.Container == "" && cur.Labels == nil && !cur.LabelsUnknown && cur.GatewayIndex == 0 && cur.Routes == nil && cur.Ports == nil {
 			return nil
 		}
 		cur.Joined, cur.Container, cur.Labels, cur.LabelsUnknown = false, "", nil, false
+		cur.GatewayIndex, cur.Routes, cur.Ports = 0, nil, nil
 		return d.store.Txn(ctx, datastore.Update(key, datastore.MustJSON(cur), rev))
 	})
 }

@@ -472,9 +472,12 @@ func TestJoinLeave(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := &network.JoinResponse{
-			InterfaceName:         network.InterfaceName{SrcName: dataplane.TempIfName(id), DstPrefix: "eth"},
-			Gateway:               "169.254.1.1",
-			StaticRoutes:          []*network.StaticRoute{{Destination: "169.254.1.1/32", RouteType: 1}},
+			InterfaceName: network.InterfaceName{SrcName: dataplane.TempIfName(id), DstPrefix: "eth"},
+			Gateway:       "169.254.1.1",
+			StaticRoutes: []*network.StaticRoute{
+				{Destination: "169.254.1.1/32", RouteType: 1},
+				{Destination: "10.10.1.0/24", RouteType: 0, NextHop: "169.254.1.1"},
+			},
 			DisableGatewayService: true,
 		}
 		if !reflect.DeepEqual(resp, want) {
@@ -529,7 +532,12 @@ func TestJoinLeave(t *testing.T) {
 		if resp.Gateway != "169.254.1.1" || resp.GatewayIPv6 != "fe80::ecee:eeff:feee:eeee" {
 			t.Errorf("gateways = %q, %q", resp.Gateway, resp.GatewayIPv6)
 		}
-		wantRoutes := []*network.StaticRoute{{Destination: "169.254.1.1/32", RouteType: 1}, {Destination: "fe80::ecee:eeff:feee:eeee/128", RouteType: 1}}
+		wantRoutes := []*network.StaticRoute{
+			{Destination: "169.254.1.1/32", RouteType: 1},
+			{Destination: "10.10.1.0/24", NextHop: "169.254.1.1"},
+			{Destination: "fe80::ecee:eeff:feee:eeee/128", RouteType: 1},
+			{Destination: "fd00:10:0:1::/64", NextHop: "fe80::ecee:eeff:feee:eeee"},
+		}
 		if !reflect.DeepEqual(resp.StaticRoutes, wantRoutes) {
 			t.Errorf("routes = %+v", resp.StaticRoutes)
 		}
@@ -569,7 +577,9 @@ func TestJoinLeave(t *testing.T) {
 		}
 	})
 
-	t.Run("Join costs one datastore read and one write", func(t *testing.T) {
+	// One read of this host's endpoints (the endpoint and the other
+	// interfaces of its container) and one of the network (its subnets).
+	t.Run("Join costs two datastore reads and one write", func(t *testing.T) {
 		e := newEnv(t, m.Store)
 		netID := e.createNetwork(t, false)
 		id := e.createEndpoint(t, netID, "10.10.1.45/32", "")
@@ -578,8 +588,8 @@ func TestJoinLeave(t *testing.T) {
 			t.Fatal(err)
 		}
 		after := m.Store.Stats()
-		if reads, txns := after.Reads-before.Reads, after.Txns-before.Txns; reads != 1 || txns != 1 {
-			t.Errorf("Join made %d reads and %d txns, want 1 and 1", reads, txns)
+		if reads, txns := after.Reads-before.Reads, after.Txns-before.Txns; reads != 2 || txns != 1 {
+			t.Errorf("Join made %d reads and %d txns, want 2 and 1", reads, txns)
 		}
 	})
 

@@ -71,7 +71,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	if err != nil {
 		return fmt.Errorf("starting VXLAN: %w", err)
 	}
-		pol, err := newPolicy(cfg, store, entry)
+	pol, err := newPolicy(cfg, store, entry)
 	if err != nil {
 		return fmt.Errorf("starting network policy: %w", err)
 	}
@@ -81,7 +81,12 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 			pol.close()
 		}
 	}()
-	nd := driver.NewNetworkDriver(store, dp, cfg.NodeName, entry, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: engine, Labels: pol.labels, Policy: pol.syncer, EngineID: ident.ID, WorkloadMTU: vx.mgr.WorkloadMTU})
+	portsMgr, portsNFT, err := newPorts(cfg, store, dp, entry)
+	if err != nil {
+		return err
+	}
+	defer portsNFT.Close()
+	nd := driver.NewNetworkDriver(store, dp, cfg.NodeName, entry, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: engine, Labels: pol.labels, Policy: pol.syncer, EngineID: ident.ID, WorkloadMTU: vx.mgr.WorkloadMTU, Ports: portsMgr})
 	id := driver.NewIPAMDriver(engine, cfg.NodeName, entry)
 	srv := NewServer(nd, id, entry)
 	metrics := NewMetrics(engine, entry)
@@ -171,6 +176,8 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 		return fmt.Errorf("starting BGP: %w", err)
 	}
 	defer stopRouting()
+
+	defer startPorts(ctx, cfg, portsMgr)()
 
 	policyStarted = true
 	defer pol.start(ctx)()

@@ -199,10 +199,13 @@ func TestEndpointsJSON(t *testing.T) {
 
 	out = mustOK(t, u, "/NetworkDriver.Join", map[string]any{"NetworkID": netID, "EndpointID": epID, "SandboxKey": "/var/run/docker/netns/abc", "Options": map[string]any{}})
 	want = map[string]any{
-		"InterfaceName":         map[string]any{"SrcName": dataplane.TempIfName(epID), "DstPrefix": "eth"},
-		"Gateway":               "169.254.1.1",
-		"GatewayIPv6":           "",
-		"StaticRoutes":          []any{map[string]any{"Destination": "169.254.1.1/32", "RouteType": float64(1), "NextHop": ""}},
+		"InterfaceName": map[string]any{"SrcName": dataplane.TempIfName(epID), "DstPrefix": "eth"},
+		"Gateway":       "169.254.1.1",
+		"GatewayIPv6":   "",
+		"StaticRoutes": []any{
+			map[string]any{"Destination": "169.254.1.1/32", "RouteType": float64(1), "NextHop": ""},
+			map[string]any{"Destination": "10.10.1.0/24", "RouteType": float64(0), "NextHop": "169.254.1.1"},
+		},
 		"DisableGatewayService": true,
 	}
 	if !reflect.DeepEqual(out, want) {
@@ -290,7 +293,9 @@ func TestIPv6JoinJSON(t *testing.T) {
 		t.Errorf("GatewayIPv6 = %v", out["GatewayIPv6"])
 	}
 	routes, _ := out["StaticRoutes"].([]any)
-	if len(routes) != 2 || !reflect.DeepEqual(routes[1], map[string]any{"Destination": "fe80::1/128", "RouteType": float64(1), "NextHop": ""}) {
+	// The IPv4 side is any pool (10.10.0.0/16), the IPv6 side its subnet.
+	if len(routes) != 4 || !reflect.DeepEqual(routes[2], map[string]any{"Destination": "fe80::1/128", "RouteType": float64(1), "NextHop": ""}) ||
+		!reflect.DeepEqual(routes[3], map[string]any{"Destination": "fd00:10:0:1::/64", "RouteType": float64(0), "NextHop": "fe80::1"}) {
 		t.Errorf("StaticRoutes = %v", routes)
 	}
 }

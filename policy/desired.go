@@ -393,11 +393,19 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 	return t
 }
 
+// publishedPortRule opens a published port (docker run -p) to whoever
+// reaches the host's port, whatever the network's isolation and ingress
+// options say, as Docker's bridge does: only package ports DNATs to
+// workloads. It lives in the network's chains, the endpoint's profile, so
+// that a GlobalNetworkPolicy selecting the endpoint still decides, as
+// Calico's policy applies after DNAT.
+var publishedPortRule = Rule{Matches: []Match{{Kind: MatchCtDNAT}}, Verdict: Return, Comment: "published ports"}
+
 // ingressChain checks traffic to a network's local containers: it drops
 // what the network does not allow and returns otherwise, so that the
 // sender's egress chain (for a local sender) is consulted too.
 func ingressChain(name, netSet, network string, p NetworkPolicy) Chain {
-	c := Chain{Name: name}
+	c := Chain{Name: name, Rules: []Rule{publishedPortRule}}
 	if p.Isolated {
 		c.Rules = append(c.Rules,
 			Rule{Matches: []Match{{Kind: MatchAddrSet, In: true, Value: netSet}}, Verdict: Return, Comment: "from network " + network},
@@ -427,6 +435,7 @@ func ingressChain(name, netSet, network string, p NetworkPolicy) Chain {
 // networks it drops.
 func egressChain(name, netSet, network string) Chain {
 	return Chain{Name: name, Rules: []Rule{
+		publishedPortRule,
 		{Matches: []Match{{Kind: MatchAddrSet, Value: netSet}}, Verdict: Return, Comment: "to network " + network},
 		{Matches: []Match{{Kind: MatchAddrSet, Value: setPools}}, Verdict: Drop, Comment: "to other calico networks"},
 	}}

@@ -176,6 +176,7 @@ func TestDesiredIsolation(t *testing.T) {
 	}
 	in := rulesOf(t, v4, IngressChainName(net1ID))
 	wantIn := []string{
+		"ct status dnat counter return",
 		"ip saddr @" + net1Set + " counter return",
 		"ip saddr @pools counter drop",
 		"ip saddr @hosts counter return",
@@ -190,7 +191,7 @@ func TestDesiredIsolation(t *testing.T) {
 		}
 	}
 	out := rulesOf(t, v4, EgressChainName(net1ID))
-	if len(out) != 2 || !strings.HasPrefix(out[0], "ip daddr @"+net1Set+" counter return") || !strings.HasPrefix(out[1], "ip daddr @pools counter drop") {
+	if len(out) != 3 || !strings.HasPrefix(out[0], "ct status dnat counter return") || !strings.HasPrefix(out[1], "ip daddr @"+net1Set+" counter return") || !strings.HasPrefix(out[2], "ip daddr @pools counter drop") {
 		t.Errorf("egress chain of net1 = %q", out)
 	}
 	// Linear growth: 20 more endpoints on net1 add 40 rules, no chain
@@ -229,7 +230,7 @@ func TestDesiredNetworkOptions(t *testing.T) {
 					t.Errorf("rules = %q, want the ingress jump only", got)
 				}
 				in := rulesOf(t, v4, IngressChainName(net3ID))
-				if len(in) != 3 || !strings.HasPrefix(in[0], "ip saddr @pools counter return") {
+				if len(in) != 4 || !strings.HasPrefix(in[0], "ct status dnat counter return") || !strings.HasPrefix(in[1], "ip saddr @pools counter return") {
 					t.Errorf("ingress chain = %q", in)
 				}
 				if _, ok := v4.Chain(EgressChainName(net3ID)); ok {
@@ -246,8 +247,8 @@ func TestDesiredNetworkOptions(t *testing.T) {
 			eps:      []datastore.Endpoint{ep(0, net1ID, "h1", "192.168.0.1", true)},
 			check: func(t *testing.T, v4 Table, _ []string) {
 				in := rulesOf(t, v4, IngressChainName(net1ID))
-				if len(in) != 2 || !strings.HasPrefix(in[1], "ip saddr @pools counter drop") {
-					t.Errorf("ingress chain = %q, want same-network return and other-pools drop only", in)
+				if len(in) != 3 || !strings.HasPrefix(in[2], "ip saddr @pools counter drop") {
+					t.Errorf("ingress chain = %q, want published ports, same-network return and other-pools drop only", in)
 				}
 			},
 		},
@@ -257,7 +258,7 @@ func TestDesiredNetworkOptions(t *testing.T) {
 			eps:      []datastore.Endpoint{ep(0, net1ID, "h1", "192.168.0.1", true)},
 			check: func(t *testing.T, v4 Table, _ []string) {
 				in := rulesOf(t, v4, IngressChainName(net1ID))
-				if len(in) != 3 || strings.Contains(strings.Join(in, "\n"), "@hosts") || !strings.HasPrefix(in[2], "counter drop") {
+				if len(in) != 4 || strings.Contains(strings.Join(in, "\n"), "@hosts") || !strings.HasPrefix(in[3], "counter drop") {
 					t.Errorf("ingress chain = %q", in)
 				}
 			},

@@ -102,6 +102,9 @@ const (
 	// type or code is Proto. Only after a MatchL4Proto of ICMP.
 	MatchICMPType
 	MatchICMPCode
+	// MatchCtDNAT: the connection was destination-NATed (`ct status
+	// dnat`): a published port (package ports).
+	MatchCtDNAT
 )
 
 // Match is one condition of a rule.
@@ -166,6 +169,8 @@ func (m Match) render(f Family) string {
 	switch m.Kind {
 	case MatchCtEstablished:
 		return "ct state established,related"
+	case MatchCtDNAT:
+		return "ct status dnat"
 	case MatchIfname:
 		v := m.Value
 		if m.Prefix {

@@ -315,6 +315,9 @@ func padIfname(s string) []byte {
 
 var ctEstablishedMask = binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED)
 
+// ctDNATMask is the kernel's IPS_DST_NAT conntrack status bit.
+var ctDNATMask = binaryutil.NativeEndian.PutUint32(1 << 5)
+
 // encodeRule turns a rule into nftables expressions; setIDs are the ids of
 // sets created in the same batch (0 = an existing set, found by name).
 func encodeRule(f Family, r Rule, setIDs map[string]uint32) ([]expr.Any, error) {
@@ -325,6 +328,12 @@ func encodeRule(f Family, r Rule, setIDs map[string]uint32) ([]expr.Any, error) 
 			ex = append(ex,
 				&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
 				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ctEstablishedMask, Xor: make([]byte, 4)},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+			)
+		case MatchCtDNAT:
+			ex = append(ex,
+				&expr.Ct{Register: 1, Key: expr.CtKeySTATUS},
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ctDNATMask, Xor: make([]byte, 4)},
 				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
 			)
 		case MatchIfname, MatchIfnameSet:
@@ -457,15 +466,19 @@ func decodeRule(f Family, nr *nftables.Rule) Rule {
 		}
 		switch e := ex[i].(type) {
 		case *expr.Ct:
-			if e.Key != expr.CtKeySTATE || i+2 >= len(ex) {
+			if (e.Key != expr.CtKeySTATE && e.Key != expr.CtKeySTATUS) || i+2 >= len(ex) {
 				return bad()
+			}
+			kind, mask := MatchCtEstablished, ctEstablishedMask
+			if e.Key == expr.CtKeySTATUS {
+				kind, mask = MatchCtDNAT, ctDNATMask
 			}
 			bw, ok1 := ex[i+1].(*expr.Bitwise)
 			cmp, ok2 := ex[i+2].(*expr.Cmp)
-			if !ok1 || !ok2 || !bytes.Equal(bw.Mask, ctEstablishedMask) || cmp.Op != expr.CmpOpNeq || !bytes.Equal(cmp.Data, make([]byte, 4)) {
+			if !ok1 || !ok2 || !bytes.Equal(bw.Mask, mask) || cmp.Op != expr.CmpOpNeq || !bytes.Equal(cmp.Data, make([]byte, 4)) {
 				return bad()
 			}
-			r.Matches = append(r.Matches, Match{Kind: MatchCtEstablished})
+			r.Matches = append(r.Matches, Match{Kind: kind})
 			i += 2
 		case *expr.Meta:
 			if e.Key == expr.MetaKeyMARK || e.Key == expr.MetaKeyL4PROTO {

@@ -30,8 +30,8 @@ type Status struct {
 	Rejected       map[string]int `json:"rejected"`
 	// RouteError says why the last pass could not program the learned
 	// routes into the kernel ("" when it could); /healthz reports it.
-	RouteError string `json:"routeError,omitempty"`
-	VXLAN          *VXLANStatus   `json:"vxlan,omitempty"`
+	RouteError string       `json:"routeError,omitempty"`
+	VXLAN      *VXLANStatus `json:"vxlan,omitempty"`
 	// BGPOff: the daemon runs without a speaker (the status is VXLAN's).
 	BGPOff bool `json:"bgpOff,omitempty"`
 }

@@ -20,7 +20,7 @@ export DEBIAN_FRONTEND=noninteractive
 # iptables (iptables-legacy): the daemon opens Docker's legacy FORWARD filter
 # with it on hosts whose Docker uses that backend; a test builds one.
 # util-linux (setpriv): a test checks an unprivileged user is kept out.
-pkgs="docker.io busybox-static iproute2 iputils-ping nftables iptables util-linux etcd-server etcd-client curl iperf3 make git ca-certificates bird2 gobgpd"
+pkgs="docker.io busybox-static iproute2 iputils-ping nftables iptables util-linux etcd-server etcd-client curl iperf3 wrk make git ca-certificates bird2 gobgpd"
 missing=""
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

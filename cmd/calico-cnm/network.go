@@ -14,7 +14,7 @@ import (
 
 func (a *app) networkCmd() *cobra.Command {
 	return group("network", "Inspect the calico networks Docker created",
-		"  calico-cnm network list", a.networkListCmd())
+		"  calico-cnm network list\n  calico-cnm network ports", a.networkListCmd(), a.networkPortsCmd())
 }
 
 // networkRow is a network as listed: its record and how many endpoints it

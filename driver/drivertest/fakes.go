@@ -46,6 +46,7 @@ var _ interface {
 	EnsureDefaultPool(ctx context.Context) (ipam.Pool, error)
 	FindPool(ctx context.Context, subnet *net.IPNet) (ipam.Pool, error)
 	AddPool(ctx context.Context, p ipam.Pool) (ipam.Pool, error)
+	ListPools(ctx context.Context) ([]ipam.Pool, error)
 	AutoAssign(ctx context.Context, args ipam.AutoAssignArgs) (net.IPNet, error)
 	AssignIP(ctx context.Context, args ipam.AssignIPArgs) error
 	ReleaseIP(ctx context.Context, ip net.IP) error
@@ -200,6 +201,16 @@ func (f *IPAM) AddPool(ctx context.Context, p ipam.Pool) (ipam.Pool, error) {
 		return ipam.Pool{}, err
 	}
 	return f.add(p)
+}
+
+// ListPools returns every pool.
+func (f *IPAM) ListPools(ctx context.Context) ([]ipam.Pool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("ListPools"); err != nil {
+		return nil, err
+	}
+	return append([]ipam.Pool(nil), f.pools...), nil
 }
 
 func nextIP(ip net.IP) net.IP {

@@ -164,6 +164,16 @@ func TestReadmeQuickStart(t *testing.T) {
 		"blackhole 192.168.",
 		"192.168.0.77/32",
 	)
+	// The published port answered on 127.0.0.1 and is listed; c1 on two
+	// networks reached c3 and c2.
+	for _, re := range []string{`(?m)^published-web$`, `(?m)\s8080/tcp -> 0\.0\.0\.0:18080$`} {
+		if !regexp.MustCompile(re).MatchString(text) {
+			t.Errorf("output lacks a line matching %s", re)
+		}
+	}
+	if n := strings.Count(text, "2 packets transmitted, 2 packets received"); n != 3 {
+		t.Errorf("%d pings answered in full, want 3 (c2, then c3 and c2 from c1 on two networks)", n)
+	}
 	// make run names the node after the hostname, as a user's daemon does.
 	if hostname, _ := os.Hostname(); !regexp.MustCompile(`(?m)^192\.168\.\S+/26\s+192\.168\.0\.0/16\s+` + regexp.QuoteMeta(hostname) + `\s+2\s+62$`).MatchString(text) {
 		t.Errorf("ipam show does not list a block of host %s with 2 used, 62 free", hostname)

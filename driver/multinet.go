@@ -1,0 +1,231 @@
+package driver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+
+	"github.com/docker/go-plugins-helpers/network"
+
+	"github.com/calico-cnm/calico-cnm/dataplane"
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/ports"
+)
+
+// IsInternal reports whether a network was created with --internal: its
+// containers get no default route and reach nothing outside the pools.
+func IsInternal(nw datastore.Network) bool { return nw.Options[ports.OptInternal] == "true" }
+
+// joinPlan is what Join hands to Docker for one calico interface of a
+// container that may have others (docker network connect, compose
+// services on several networks, a calico network next to a bridge one).
+//
+// How Docker uses it (libnetwork sandbox.populateNetworkResources and
+// updateGateway): the on-link (RouteTypeConnected) routes are added with
+// the interface, the routes via a next hop after it, and the sandbox's
+// default route goes through the Gateway of exactly one endpoint, the
+// first of its endpoints in libnetwork's order (internal networks last,
+// then by network name) that has one; when that endpoint leaves, the next
+// one's gateway takes over. So every interface gets a gateway of its own
+// (dataplane.Gateways: 169.254.1.n, fe80::n, n unused by the container's
+// other calico interfaces, so the on-link routes never collide) plus
+// routes via that gateway to its network's own subnets, which keep its
+// peers reachable through it whichever interface holds the default route
+// (another calico network, or Docker's bridge). A destination another
+// interface of the container already routes is left out: the kernel
+// refuses a second route to the same prefix ("file exists").
+type joinPlan struct {
+	index    int
+	gw4, gw6 net.IP
+	routes   []string // destinations, both families
+	internal bool
+}
+
+// sandboxOf reads this host's endpoint records once: the joining endpoint
+// (with its revision) and the others joined to the same sandbox.
+func (d *NetworkDriver) sandboxOf(ctx context.Context, endpointID, sandboxKey string) (self datastore.Endpoint, rev int64, peers []datastore.Endpoint, err error) {
+	kvs, err := d.store.List(ctx, datastore.EndpointKey(d.host, ""))
+	if err != nil {
+		return self, 0, nil, storeErr("reading endpoint "+short(endpointID), err)
+	}
+	found := false
+	for _, kv := range kvs {
+		var ep datastore.Endpoint
+		if err := json.Unmarshal(kv.Value, &ep); err != nil {
+			continue // not ours to judge here; reconcile reports it
+		}
+		switch {
+		case ep.ID == endpointID:
+			self, rev, found = ep, kv.ModRevision, true
+		case ep.Joined && sandboxKey != "" && ep.Container == sandboxKey:
+			peers = append(peers, ep)
+		}
+	}
+	if !found {
+		return self, 0, nil, userError(fmt.Sprintf("endpoint %s is not known on host %s", short(endpointID), d.host), ErrEndpointNotFound, datastore.ErrNotFound)
+	}
+	return self, rev, peers, nil
+}
+
+// planJoin picks the interface's gateway and routes, given the container's
+// other calico interfaces.
+func (d *NetworkDriver) planJoin(ctx context.Context, networkID string, peers []datastore.Endpoint) (joinPlan, error) {
+	var p joinPlan
+	used := map[int]bool{}
+	routed := map[string]bool{}
+	for _, peer := range peers {
+		used[max(peer.GatewayIndex, 1)] = true
+		for _, r := range peer.Routes {
+			routed[r] = true
+		}
+	}
+	for p.index = 1; used[p.index]; p.index++ {
+	}
+	var err error
+	if p.gw4, p.gw6, err = dataplane.Gateways(p.index); err != nil {
+		return p, userError(fmt.Sprintf("cannot join network %s: %v", short(networkID), err), ErrNotSupported, err)
+	}
+	var nw datastore.Network
+	if _, err := d.store.GetJSON(ctx, datastore.NetworkKey(networkID), &nw); err != nil {
+		if !errors.Is(err, datastore.ErrNotFound) {
+			return p, storeErr("reading network "+short(networkID), err)
+		}
+		// CreateEndpoint checked the record; without it there is
+		// nothing to route but the gateway.
+		d.log.WithField("network", short(networkID)).Warn("Join: network record missing; the interface gets only its gateway")
+		return p, nil
+	}
+	p.internal = IsInternal(nw)
+	dsts, err := d.networkDestinations(ctx, nw)
+	if err != nil {
+		return p, err
+	}
+	for _, dst := range dsts {
+		if !routed[dst] {
+			p.routes = append(p.routes, dst)
+		}
+	}
+	return p, nil
+}
+
+// networkDestinations are the prefixes holding a network's addresses: its
+// subnets, or for a network created without --subnet (0.0.0.0/0, any
+// pool) every calico pool of that family.
+func (d *NetworkDriver) networkDestinations(ctx context.Context, nw datastore.Network) ([]string, error) {
+	var out []string
+	anyPool := map[bool]bool{} // by "is IPv4"
+	for _, s := range nw.Subnets {
+		_, n, err := net.ParseCIDR(s)
+		if err != nil {
+			continue
+		}
+		if ones, _ := n.Mask.Size(); ones == 0 {
+			anyPool[n.IP.To4() != nil] = true
+			continue
+		}
+		out = append(out, n.String())
+	}
+	if len(anyPool) > 0 && d.ipam != nil {
+		pools, err := d.ipam.ListPools(ctx)
+		if err != nil {
+			return nil, storeErr("listing the calico pools for network "+short(nw.ID), err)
+		}
+		for _, p := range pools {
+			if _, n, err := net.ParseCIDR(p.CIDR); err == nil && anyPool[n.IP.To4() != nil] && !slices.Contains(out, n.String()) {
+				out = append(out, n.String())
+			}
+		}
+	}
+	return out, nil
+}
+
+// joinResponse is Docker's answer for the plan: interface names, gateways
+// (none for an internal network) and routes. gw6 is the IPv6 gateway the
+// dataplane confirmed (nil: no IPv6).
+func (p joinPlan) joinResponse(tempIfName string, v4 bool, gw6 net.IP) *network.JoinResponse {
+	resp := &network.JoinResponse{
+		InterfaceName:         network.InterfaceName{SrcName: tempIfName, DstPrefix: "eth"},
+		DisableGatewayService: true,
+	}
+	families := []struct {
+		on    bool
+		gw    net.IP
+		bits  int
+		setGW *string
+	}{
+		{v4, p.gw4, 32, &resp.Gateway},
+		{gw6 != nil, gw6, 128, &resp.GatewayIPv6},
+	}
+	for _, f := range families {
+		if !f.on {
+			continue
+		}
+		if !p.internal {
+			*f.setGW = f.gw.String()
+		}
+		resp.StaticRoutes = append(resp.StaticRoutes, &network.StaticRoute{
+			Destination: fmt.Sprintf("%s/%d", f.gw, f.bits),
+			RouteType:   RouteTypeConnected,
+		})
+		for _, r := range p.routes {
+			if _, n, err := net.ParseCIDR(r); err == nil && (n.IP.To4() != nil) == (f.bits == 32) {
+				resp.StaticRoutes = append(resp.StaticRoutes, &network.StaticRoute{
+					Destination: r,
+					RouteType:   RouteTypeNextHop,
+					NextHop:     f.gw.String(),
+				})
+			}
+		}
+	}
+	return resp
+}
+
+// RouteTypeNextHop is libnetwork's route type of a route via NextHop
+// (types.NEXTHOP).
+const RouteTypeNextHop = 0
+
+// markAuxAddresses labels the reservations of a network's --aux-address
+// entries (libnetwork requested them from calico-ipam before CreateNetwork,
+// with nothing telling them from a container's --ip) with
+// ipam.AttrReserved=aux, so that reconcile and `ipam check` never take
+// them for leaks; `docker network rm` releases them. An aux address
+// outside the network's pool was never reserved: nothing to mark.
+func (d *NetworkDriver) markAuxAddresses(ctx context.Context, data []*network.IPAMData) error {
+	if d.ipam == nil {
+		return nil
+	}
+	for _, dt := range data {
+		if dt == nil {
+			continue
+		}
+		for name, v := range dt.AuxAddresses {
+			s, _ := v.(string)
+			ip, _, err := net.ParseCIDR(s)
+			if err != nil {
+				if ip = net.ParseIP(s); ip == nil {
+					return userError(fmt.Sprintf("aux address %s=%v is not an address", name, v), ErrInvalidRequest)
+				}
+			}
+			_, _, err = d.ipam.UpdateHolder(ctx, ip, func(a ipam.Allocation) (map[string]string, error) {
+				if a.Attrs[ipam.AttrReserved] == ipam.ReservedAux {
+					return nil, nil
+				}
+				attrs := maps.Clone(a.Attrs)
+				if attrs == nil {
+					attrs = map[string]string{}
+				}
+				attrs[ipam.AttrReserved] = ipam.ReservedAux
+				return attrs, nil
+			})
+			if err != nil && !errors.Is(err, ipam.ErrPoolNotFound) && !errors.Is(err, ipam.ErrNotInPool) {
+				return storeErr(fmt.Sprintf("marking aux address %s (%s) as reserved", name, ip), err)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,296 @@
+package ports
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/ipam"
+)
+
+// Dataplane is what the manager needs of the host's interfaces
+// (*dataplane.Linux).
+type Dataplane interface {
+	// SetRouteLocalnet lets 127.0.0.0/8 traffic leave (and its replies
+	// enter) through a workload's host-side veth: see the notes in nft.go.
+	SetRouteLocalnet(ctx context.Context, hostIfName string, on bool) error
+}
+
+// Manager publishes ports of this host's endpoints. All its changes are
+// serialised: one daemon serves one host, so a mutex is what keeps two
+// containers from taking the same host port at once.
+type Manager struct {
+	store *datastore.Store
+	node  string
+	nft   *NFT
+	dp    Dataplane
+	ipv6  bool
+	log   logrus.FieldLogger
+	mu    sync.Mutex
+}
+
+// NewManager publishes through nft (and dp for route_localnet, nil to skip)
+// the ports of node's endpoints in store; ipv6 adds the ip6 table.
+func NewManager(store *datastore.Store, node string, nft *NFT, dp Dataplane, ipv6 bool, log logrus.FieldLogger) *Manager {
+	if log == nil {
+		log = logrus.StandardLogger()
+	}
+	return &Manager{store: store, node: node, nft: nft, dp: dp, ipv6: ipv6, log: log.WithField("component", "ports")}
+}
+
+type record struct {
+	ep  datastore.Endpoint
+	rev int64
+}
+
+// load reads this host's endpoint records.
+func (m *Manager) load(ctx context.Context) ([]record, error) {
+	kvs, err := m.store.List(ctx, datastore.EndpointKey(m.node, ""))
+	if err != nil {
+		return nil, fmt.Errorf("reading the endpoints of %s: %w", m.node, err)
+	}
+	out := make([]record, 0, len(kvs))
+	for _, kv := range kvs {
+		var ep datastore.Endpoint
+		if json.Unmarshal(kv.Value, &ep) == nil {
+			out = append(out, record{ep: ep, rev: kv.ModRevision})
+		}
+	}
+	return out, nil
+}
+
+func addrOf(cidr string) netip.Addr {
+	if p, err := netip.ParsePrefix(cidr); err == nil {
+		return p.Addr()
+	}
+	return netip.Addr{}
+}
+
+// internalState is what the guard of --internal networks needs: the pools
+// and the host interfaces of joined endpoints of internal networks.
+type internalState struct {
+	pools  []netip.Prefix
+	ifaces []string
+}
+
+// loadInternal reads the pools and which networks are --internal.
+func (m *Manager) loadInternal(ctx context.Context, recs []record) (internalState, error) {
+	var st internalState
+	kvs, err := m.store.List(ctx, ipam.PoolsPrefix)
+	if err != nil {
+		return st, fmt.Errorf("reading the pools: %w", err)
+	}
+	for _, kv := range kvs {
+		var p ipam.Pool
+		if json.Unmarshal(kv.Value, &p) == nil {
+			if pfx, err := netip.ParsePrefix(p.CIDR); err == nil {
+				st.pools = append(st.pools, pfx.Masked())
+			}
+		}
+	}
+	nets, err := m.store.List(ctx, datastore.NetworksPrefix)
+	if err != nil {
+		return st, fmt.Errorf("reading the networks: %w", err)
+	}
+	internal := map[string]bool{}
+	for _, kv := range nets {
+		var n datastore.Network
+		if json.Unmarshal(kv.Value, &n) == nil && n.Options[OptInternal] == "true" {
+			internal[n.ID] = true
+		}
+	}
+	for _, r := range recs {
+		if r.ep.Joined && internal[r.ep.Network] && r.ep.HostIfName != "" {
+			st.ifaces = append(st.ifaces, r.ep.HostIfName)
+		}
+	}
+	return st, nil
+}
+
+// entries are the active bindings: those of joined endpoints.
+func entries(recs []record) []entry {
+	var out []entry
+	for _, r := range recs {
+		if !r.ep.Joined {
+			continue
+		}
+		for _, b := range r.ep.Ports {
+			out = append(out, entry{b: b, endpoint: r.ep.ID, v4: addrOf(r.ep.IPv4), v6: addrOf(r.ep.IPv6)})
+		}
+	}
+	return out
+}
+
+// apply programs the tables for recs.
+func (m *Manager) apply(ctx context.Context, recs []record) error {
+	es := entries(recs)
+	in, err := m.loadInternal(ctx, recs)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, v6 := range []bool{false, true} {
+		if v6 && !m.ipv6 {
+			continue
+		}
+		changed, err := m.nft.Apply(ctx, v6, es, in)
+		if err != nil {
+			errs = append(errs, err)
+		} else if changed {
+			m.log.WithField("bindings", len(es)).WithField("ipv6", v6).Info("published ports programmed")
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Sync programs the tables from the datastore: at start, and on resync.
+func (m *Manager) Sync(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	recs, err := m.load(ctx)
+	if err != nil {
+		return err
+	}
+	return m.apply(ctx, recs)
+}
+
+// Run syncs every interval until ctx ends.
+func (m *Manager) Run(ctx context.Context, interval time.Duration) {
+	if interval <= 0 {
+		interval = 30 * time.Second
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if err := m.Sync(ctx); err != nil && ctx.Err() == nil {
+			m.log.WithError(err).Warn("published ports resync failed")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Publish resolves and records the endpoint's bindings and programs them.
+// On any failure nothing of it remains: the record keeps its old bindings
+// and the tables their old rules.
+func (m *Manager) Publish(ctx context.Context, endpointID string, reqs []Request) ([]datastore.PortBinding, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	recs, err := m.load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	self := -1
+	var taken []datastore.PortBinding
+	var owners []string
+	for i, r := range recs {
+		if r.ep.ID == endpointID {
+			self = i
+			continue
+		}
+		if !r.ep.Joined {
+			continue
+		}
+		for _, b := range r.ep.Ports {
+			taken = append(taken, b)
+			owners = append(owners, fmt.Sprintf("endpoint %s (%s) of this host", shortID(r.ep.ID), addrOf(r.ep.IPv4)))
+		}
+	}
+	if self < 0 {
+		return nil, fmt.Errorf("endpoint %s is not known on host %s", shortID(endpointID), m.node)
+	}
+	bs, err := Resolve(reqs, taken, func(i int) string { return owners[i] })
+	if err != nil {
+		return nil, err
+	}
+	old := recs[self].ep.Ports
+	if err := m.write(ctx, &recs[self], bs); err != nil {
+		return nil, err
+	}
+	if err := m.program(ctx, recs, recs[self].ep, len(bs) > 0); err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if werr := m.write(cctx, &recs[self], old); werr != nil {
+			m.log.WithError(werr).Error("restoring the bindings of a failed publish")
+		}
+		if aerr := m.apply(cctx, recs); aerr != nil {
+			m.log.WithError(aerr).Error("restoring the tables after a failed publish")
+		}
+		return nil, err
+	}
+	m.log.WithField("endpoint", shortID(endpointID)).WithField("ports", Summary(bs)).Info("ports published")
+	return bs, nil
+}
+
+// program sets route_localnet for an endpoint with IPv4 bindings and
+// writes the tables.
+func (m *Manager) program(ctx context.Context, recs []record, ep datastore.Endpoint, any bool) error {
+	if err := m.apply(ctx, recs); err != nil {
+		return err
+	}
+	if any && m.dp != nil && ep.IPv4 != "" && ep.HostIfName != "" {
+		if err := m.dp.SetRouteLocalnet(ctx, ep.HostIfName, true); err != nil {
+			return fmt.Errorf("letting 127.0.0.1 reach the published ports through %s: %w", ep.HostIfName, err)
+		}
+	}
+	return nil
+}
+
+// write records bs on r's endpoint, re-reading it on a conflict.
+func (m *Manager) write(ctx context.Context, r *record, bs []datastore.PortBinding) error {
+	key := datastore.EndpointKey(m.node, r.ep.ID)
+	return m.store.Retry(ctx, func(ctx context.Context) error {
+		if r.rev == 0 {
+			var ep datastore.Endpoint
+			rev, err := m.store.GetJSON(ctx, key, &ep)
+			if err != nil {
+				return err
+			}
+			r.ep, r.rev = ep, rev
+		}
+		ep := r.ep
+		ep.Ports = bs
+		rev, err := m.store.TxnRev(ctx, datastore.Update(key, datastore.MustJSON(ep), r.rev))
+		if err != nil {
+			r.rev = 0
+			return err
+		}
+		r.ep, r.rev = ep, rev
+		return nil
+	})
+}
+
+// Unpublish drops the endpoint's bindings and their rules. An unknown
+// endpoint is fine (Docker may retry).
+func (m *Manager) Unpublish(ctx context.Context, endpointID string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	recs, err := m.load(ctx)
+	if err != nil {
+		return err
+	}
+	for i := range recs {
+		if recs[i].ep.ID != endpointID || len(recs[i].ep.Ports) == 0 {
+			continue
+		}
+		if err := m.write(ctx, &recs[i], nil); err != nil && !errors.Is(err, datastore.ErrNotFound) {
+			return fmt.Errorf("forgetting the published ports of endpoint %s: %w", shortID(endpointID), err)
+		}
+		if recs[i].ep.HostIfName != "" && m.dp != nil {
+			if err := m.dp.SetRouteLocalnet(ctx, recs[i].ep.HostIfName, false); err != nil {
+				m.log.WithError(err).Debug("route_localnet not reset (the veth may be gone)")
+			}
+		}
+	}
+	return m.apply(ctx, recs)
+}
