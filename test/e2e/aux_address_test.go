@@ -15,6 +15,7 @@ import (
 // the grace period (so it would be gone without its mark), and is free again
 // after docker network rm.
 func TestAuxAddressReserved(t *testing.T) {
+	t.Parallel()
 	harness.RequirePrereqs(t)
 	bin := harness.BuildBinary(t)
 	h := harness.NewFabric(t, "").AddHost(t, "aux", harness.HostOptions{})

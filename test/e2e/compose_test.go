@@ -49,6 +49,7 @@ networks:
 // they share (web both, proxy and db only through web), and down removes
 // everything.
 func TestCompose(t *testing.T) {
+	t.Parallel()
 	harness.RequirePrereqs(t)
 	harness.RequireFile(t, "/usr/bin/docker-compose", "docker-compose (Debian package docker-compose)")
 	bin := harness.BuildBinary(t)

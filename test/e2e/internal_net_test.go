@@ -13,6 +13,7 @@ import (
 // each other across two hosts, have no default route, and cannot reach a
 // host outside the pools that a container of an ordinary network reaches.
 func TestInternalNetwork(t *testing.T) {
+	t.Parallel()
 	c := newBGPCluster(t)
 	a, b := c.addHost(t, "inA"), c.addHost(t, "inB")
 	outside := c.fabric.AddHost(t, "inOut", harness.HostOptions{NoDockerd: true})

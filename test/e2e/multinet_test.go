@@ -52,6 +52,7 @@ func noPing(t *testing.T, h *harness.Host, from string, to net.IP, what string) 
 // a container on a bridge network connected to a calico network reaches
 // its calico peers; isolation holds per interface.
 func TestSeveralNetworksPerContainer(t *testing.T) {
+	t.Parallel()
 	c := newBGPCluster(t)
 	a, b := c.addHost(t, "mnA"), c.addHost(t, "mnB")
 	nets := map[string]string{"front": "192.168.10.0/24", "back": "192.168.20.0/24"}

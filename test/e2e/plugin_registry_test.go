@@ -15,6 +15,7 @@ import (
 // removed, then `docker plugin install`ed from the registry, configured,
 // enabled and used by two containers that ping each other.
 func TestPluginInstallFromRegistry(t *testing.T) {
+	t.Parallel()
 	harness.RequirePrereqs(t)
 	harness.RequireFile(t, "/usr/bin/docker-registry", "docker-registry (Debian package docker-registry)")
 	f := harness.NewFabric(t, "")

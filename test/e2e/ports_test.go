@@ -79,6 +79,7 @@ func caliCount(t *testing.T, h *harness.Host) int {
 // published already is refused at docker run and leaves nothing; docker rm
 // leaves no rule.
 func TestPublishedPorts(t *testing.T) {
+	t.Parallel()
 	c := newBGPCluster(t)
 	udpecho := harness.BuildPackage(t, "./test/e2e/internal/udpecho")
 	a, b := c.addHost(t, "ppA"), c.addHost(t, "ppB")
