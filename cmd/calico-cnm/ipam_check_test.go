@@ -16,7 +16,7 @@ import (
 )
 
 // fakeDockerd answers the Engine API calls of a Docker view (network list
-// and inspect, API 1.41) with one bridge network holding containers.
+// and inspect, engine info, API 1.41) with one bridge network holding containers.
 func fakeDockerd(t *testing.T, containerIPs ...string) string {
 	t.Helper()
 	containers := map[string]any{}
@@ -29,6 +29,8 @@ func fakeDockerd(t *testing.T, containerIPs ...string) string {
 		switch {
 		case r.URL.Path == "/_ping":
 			w.Write([]byte("OK"))
+		case strings.HasSuffix(r.URL.Path, "/info"):
+			json.NewEncoder(w).Encode(map[string]any{"ID": "FAKE:ENGINE", "Name": "fakedockerd"})
 		case strings.HasSuffix(r.URL.Path, "/networks"):
 			json.NewEncoder(w).Encode([]map[string]any{{"Id": "n1", "Name": "other", "Driver": "macvlan"}})
 		case strings.HasSuffix(r.URL.Path, "/networks/n1"):
