@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/calico-cnm/calico-cnm/plugin"
 	"github.com/calico-cnm/calico-cnm/test/e2e/harness"
 )
 
@@ -268,8 +269,10 @@ func TestManagedPlugin(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(h.StateDir, "etcd", "member")); err != nil {
 			t.Errorf("no embedded etcd data under the state mount's source: %v", err)
 		}
-		// The host CLI reaches the plugin's embedded member (host network).
-		out, err := h.Exec(t, mp.bin, "ipam", "show")
+		// The host CLI reaches the plugin's embedded member through its
+		// root-only socket in the state dir (here the test's, not
+		// /var/lib/calico-cnm: STATE_DIR says where).
+		out, err := h.Exec(t, "env", plugin.EnvStateDir+"="+h.StateDir, mp.bin, "ipam", "show")
 		if err != nil {
 			t.Fatalf("ipam show: %v\n%s", err, out)
 		}
