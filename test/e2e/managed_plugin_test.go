@@ -122,10 +122,18 @@ func (mp *managedPlugin) remove(t *testing.T) {
 	docker("plugin", "rm", "-f", mp.name)
 }
 
+// cli runs the host's CLI against the plugin's embedded member: its
+// root-only socket is in the state mount's source, the test's StateDir
+// rather than /var/lib/calico-cnm, so the environment says where.
+func (mp *managedPlugin) cli(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	return mp.Exec(t, append([]string{"env", plugin.EnvStateDir + "=" + mp.StateDir, mp.bin}, args...)...)
+}
+
 // usedIPs counts the allocated addresses, with the host's CLI.
 func (mp *managedPlugin) usedIPs(t *testing.T) int {
 	t.Helper()
-	out, err := mp.Exec(t, mp.bin, "ipam", "show", "-o", "json")
+	out, err := mp.cli(t, "ipam", "show", "-o", "json")
 	if err != nil {
 		t.Fatalf("ipam show: %v\n%s", err, out)
 	}
@@ -269,10 +277,8 @@ func TestManagedPlugin(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(h.StateDir, "etcd", "member")); err != nil {
 			t.Errorf("no embedded etcd data under the state mount's source: %v", err)
 		}
-		// The host CLI reaches the plugin's embedded member through its
-		// root-only socket in the state dir (here the test's, not
-		// /var/lib/calico-cnm: STATE_DIR says where).
-		out, err := h.Exec(t, "env", plugin.EnvStateDir+"="+h.StateDir, mp.bin, "ipam", "show")
+		// The host CLI reaches the plugin's embedded member.
+		out, err := mp.cli(t, "ipam", "show")
 		if err != nil {
 			t.Fatalf("ipam show: %v\n%s", err, out)
 		}
@@ -375,7 +381,7 @@ func TestManagedPlugin(t *testing.T) {
 		if took := time.Since(enabled); took > 15*time.Second {
 			t.Errorf("reconcile released the address %s after enable; with --reconcile-grace 2s it should be seconds", took.Round(time.Second))
 		}
-		if out := mp.MustExec(t, mp.bin, "network", "list", "-o", "json"); !strings.Contains(out, `"endpoints": 3`) {
+		if out, _ := mp.cli(t, "network", "list", "-o", "json"); !strings.Contains(out, `"endpoints": 3`) {
 			t.Errorf("net1 should have 3 endpoints (c1 c2 c3) after reconcile:\n%s", out)
 		}
 		harness.Eventually(t, 30*time.Second, time.Second, "the veth of the removed container is deleted", func() error {
