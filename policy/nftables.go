@@ -323,122 +323,167 @@ var ctDNATMask = binaryutil.NativeEndian.PutUint32(1 << 5)
 func encodeRule(f Family, r Rule, setIDs map[string]uint32) ([]expr.Any, error) {
 	var ex []expr.Any
 	for _, m := range r.Matches {
-		switch m.Kind {
-		case MatchCtEstablished:
-			ex = append(ex,
-				&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
-				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ctEstablishedMask, Xor: make([]byte, 4)},
-				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
-			)
-		case MatchCtDNAT:
-			ex = append(ex,
-				&expr.Ct{Register: 1, Key: expr.CtKeySTATUS},
-				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ctDNATMask, Xor: make([]byte, 4)},
-				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
-			)
-		case MatchIfname, MatchIfnameSet:
-			key := expr.MetaKeyOIFNAME
-			if m.In {
-				key = expr.MetaKeyIIFNAME
-			}
-			ex = append(ex, &expr.Meta{Key: key, Register: 1})
-			if m.Kind == MatchIfnameSet {
-				ex = append(ex, &expr.Lookup{SourceRegister: 1, SetName: m.Value, SetID: setIDs[m.Value], Invert: m.Negate})
-				break
-			}
-			if m.Value == "" || len(m.Value) >= ifnameLen {
-				return nil, fmt.Errorf("interface name %q is not 1 to 15 characters", m.Value)
-			}
-			data := padIfname(m.Value)
-			if m.Prefix {
-				data = []byte(m.Value) // iptables' -i cali+: compare the first bytes only
-			}
-			op := expr.CmpOpEq
-			if m.Negate {
-				op = expr.CmpOpNeq
-			}
-			ex = append(ex, &expr.Cmp{Op: op, Register: 1, Data: data})
-		case MatchAddrSet:
-			off, l := addrPayload(f, m.In)
-			ex = append(ex,
-				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: l},
-				&expr.Lookup{SourceRegister: 1, SetName: m.Value, SetID: setIDs[m.Value], Invert: m.Negate},
-			)
-		case MatchMark:
-			op := expr.CmpOpNeq
-			if m.Negate {
-				op = expr.CmpOpEq
-			}
-			ex = append(ex,
-				&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(m.Mark), Xor: make([]byte, 4)},
-				&expr.Cmp{Op: op, Register: 1, Data: make([]byte, 4)},
-			)
-		case MatchL4Proto:
-			ex = append(ex, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: cmpOp(m.Negate), Register: 1, Data: []byte{m.Proto}})
-		case MatchPort:
-			off := uint32(2)
-			if m.In {
-				off = 0
-			}
-			ex = append(ex, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 2})
-			if m.Min == m.Max {
-				ex = append(ex, &expr.Cmp{Op: cmpOp(m.Negate), Register: 1, Data: binaryutil.BigEndian.PutUint16(m.Min)})
-			} else {
-				ex = append(ex, &expr.Range{Op: cmpOp(m.Negate), Register: 1, FromData: binaryutil.BigEndian.PutUint16(m.Min), ToData: binaryutil.BigEndian.PutUint16(m.Max)})
-			}
-		case MatchICMPType, MatchICMPCode:
-			off := uint32(0)
-			if m.Kind == MatchICMPCode {
-				off = 1
-			}
-			ex = append(ex,
-				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{m.Proto}},
-			)
-		default:
-			more, err := encodeExtraMatch(m)
-			if err != nil {
-				return nil, err
-			}
-			ex = append(ex, more...)
+		more, err := encodeMatch(f, m, setIDs)
+		if err != nil {
+			return nil, err
 		}
+		ex = append(ex, more...)
 	}
 	ex = append(ex, &expr.Counter{})
 	if r.SetMark != 0 || r.ClearMark != 0 {
-		ex = append(ex,
-			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(^(r.SetMark | r.ClearMark)), Xor: binaryutil.NativeEndian.PutUint32(r.SetMark)},
-			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
-		)
+		ex = append(ex, encodeMarkStatement(r.SetMark, r.ClearMark)...)
 	}
 	if r.LogPrefix != "" {
 		ex = append(ex, &expr.Log{Key: 1 << unix.NFTA_LOG_PREFIX, Data: []byte(r.LogPrefix)})
 	}
+	v, err := encodeVerdict(r)
+	if err != nil {
+		return nil, err
+	}
+	if v != nil {
+		ex = append(ex, v)
+	}
+	return ex, nil
+}
+
+// encodeMatch turns one match into expressions; one helper per family of
+// match kinds.
+func encodeMatch(f Family, m Match, setIDs map[string]uint32) ([]expr.Any, error) {
+	switch m.Kind {
+	case MatchCtEstablished:
+		return encodeCtMatch(expr.CtKeySTATE, ctEstablishedMask), nil
+	case MatchCtDNAT:
+		return encodeCtMatch(expr.CtKeySTATUS, ctDNATMask), nil
+	case MatchIfname, MatchIfnameSet:
+		return encodeIfnameMatch(m, setIDs)
+	case MatchAddrSet:
+		off, l := addrPayload(f, m.In)
+		return []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: l},
+			&expr.Lookup{SourceRegister: 1, SetName: m.Value, SetID: setIDs[m.Value], Invert: m.Negate},
+		}, nil
+	case MatchMark:
+		return encodeMarkMatch(m), nil
+	case MatchL4Proto:
+		return []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: cmpOp(m.Negate), Register: 1, Data: []byte{m.Proto}}}, nil
+	case MatchPort:
+		return encodePortMatch(m), nil
+	case MatchICMPType, MatchICMPCode:
+		return encodeICMPMatch(m), nil
+	default:
+		return encodeExtraMatch(m)
+	}
+}
+
+// encodeCtMatch tests that some of mask's bits are set in conntrack's key
+// (state or status).
+func encodeCtMatch(key expr.CtKey, mask []byte) []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: key},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+	}
+}
+
+// encodeIfnameMatch compares the input or output interface name with a
+// name, a name prefix or a set of names.
+func encodeIfnameMatch(m Match, setIDs map[string]uint32) ([]expr.Any, error) {
+	key := expr.MetaKeyOIFNAME
+	if m.In {
+		key = expr.MetaKeyIIFNAME
+	}
+	load := &expr.Meta{Key: key, Register: 1}
+	if m.Kind == MatchIfnameSet {
+		return []expr.Any{load, &expr.Lookup{SourceRegister: 1, SetName: m.Value, SetID: setIDs[m.Value], Invert: m.Negate}}, nil
+	}
+	if m.Value == "" || len(m.Value) >= ifnameLen {
+		return nil, fmt.Errorf("interface name %q is not 1 to 15 characters", m.Value)
+	}
+	data := padIfname(m.Value)
+	if m.Prefix {
+		data = []byte(m.Value) // iptables' -i cali+: compare the first bytes only
+	}
+	return []expr.Any{load, &expr.Cmp{Op: cmpOp(m.Negate), Register: 1, Data: data}}, nil
+}
+
+// encodeMarkMatch tests that some (Negate: none) of m.Mark's bits are set
+// in the packet mark.
+func encodeMarkMatch(m Match) []expr.Any {
+	op := expr.CmpOpNeq
+	if m.Negate {
+		op = expr.CmpOpEq
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(m.Mark), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: op, Register: 1, Data: make([]byte, 4)},
+	}
+}
+
+// encodePortMatch compares the source or destination port with one port
+// or a range.
+func encodePortMatch(m Match) []expr.Any {
+	off := uint32(2)
+	if m.In {
+		off = 0
+	}
+	load := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 2}
+	if m.Min == m.Max {
+		return []expr.Any{load, &expr.Cmp{Op: cmpOp(m.Negate), Register: 1, Data: binaryutil.BigEndian.PutUint16(m.Min)}}
+	}
+	return []expr.Any{load, &expr.Range{Op: cmpOp(m.Negate), Register: 1, FromData: binaryutil.BigEndian.PutUint16(m.Min), ToData: binaryutil.BigEndian.PutUint16(m.Max)}}
+}
+
+// encodeICMPMatch compares the ICMP type or code (the first two bytes of
+// the transport header) with m.Proto.
+func encodeICMPMatch(m Match) []expr.Any {
+	off := uint32(0)
+	if m.Kind == MatchICMPCode {
+		off = 1
+	}
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{m.Proto}},
+	}
+}
+
+// encodeMarkStatement sets setBits and clears clearBits of the packet
+// mark, in one read-modify-write.
+func encodeMarkStatement(setBits, clearBits uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(^(setBits | clearBits)), Xor: binaryutil.NativeEndian.PutUint32(setBits)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+	}
+}
+
+// encodeVerdict is the rule's last expression; nil for Continue (no
+// verdict: the next rule).
+func encodeVerdict(r Rule) (expr.Any, error) {
 	switch r.Verdict {
 	case Accept:
-		ex = append(ex, &expr.Verdict{Kind: expr.VerdictAccept})
+		return &expr.Verdict{Kind: expr.VerdictAccept}, nil
 	case Drop:
-		ex = append(ex, &expr.Verdict{Kind: expr.VerdictDrop})
+		return &expr.Verdict{Kind: expr.VerdictDrop}, nil
 	case Return:
-		ex = append(ex, &expr.Verdict{Kind: expr.VerdictReturn})
+		return &expr.Verdict{Kind: expr.VerdictReturn}, nil
 	case Jump:
 		if r.Target == "" {
 			return nil, errors.New("jump without a target chain")
 		}
-		ex = append(ex, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target})
+		return &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target}, nil
 	case Masquerade:
-		ex = append(ex, &expr.Masq{})
+		return &expr.Masq{}, nil
 	case Goto:
 		if r.Target == "" {
 			return nil, errors.New("goto without a target chain")
 		}
-		ex = append(ex, &expr.Verdict{Kind: expr.VerdictGoto, Chain: r.Target})
+		return &expr.Verdict{Kind: expr.VerdictGoto, Chain: r.Target}, nil
 	case Continue:
+		return nil, nil
 	default:
 		return nil, fmt.Errorf("unsupported verdict %d", r.Verdict)
 	}
-	return ex, nil
 }
 
 func cmpOp(negate bool) expr.CmpOp {
