@@ -501,129 +501,169 @@ func decodeRule(f Family, nr *nftables.Rule) Rule {
 	if c, ok := userdata.GetString(nr.UserData, userdata.TypeComment); ok {
 		r.Comment = c
 	}
-	bad := func() Rule { return Rule{Handle: nr.Handle, Comment: "unrecognised: " + r.Comment} }
-	ex := nr.Exprs
-	for i := 0; i < len(ex); i++ {
-		if m, n, ok := decodeExtraMatch(ex[i:]); ok {
-			r.Matches = append(r.Matches, m)
-			i += n - 1
-			continue
+	for i := 0; i < len(nr.Exprs); {
+		n, ok := decodeExprAt(f, nr.Exprs, i, &r)
+		if !ok {
+			return Rule{Handle: nr.Handle, Comment: "unrecognised: " + r.Comment}
 		}
-		switch e := ex[i].(type) {
-		case *expr.Ct:
-			if (e.Key != expr.CtKeySTATE && e.Key != expr.CtKeySTATUS) || i+2 >= len(ex) {
-				return bad()
-			}
-			kind, mask := MatchCtEstablished, ctEstablishedMask
-			if e.Key == expr.CtKeySTATUS {
-				kind, mask = MatchCtDNAT, ctDNATMask
-			}
-			bw, ok1 := ex[i+1].(*expr.Bitwise)
-			cmp, ok2 := ex[i+2].(*expr.Cmp)
-			if !ok1 || !ok2 || !bytes.Equal(bw.Mask, mask) || cmp.Op != expr.CmpOpNeq || !bytes.Equal(cmp.Data, make([]byte, 4)) {
-				return bad()
-			}
-			r.Matches = append(r.Matches, Match{Kind: kind})
-			i += 2
-		case *expr.Meta:
-			if e.Key == expr.MetaKeyMARK || e.Key == expr.MetaKeyL4PROTO {
-				n, ok := decodeMeta(ex[i:], &r)
-				if !ok {
-					return bad()
-				}
-				i += n - 1
-				continue
-			}
-			if (e.Key != expr.MetaKeyIIFNAME && e.Key != expr.MetaKeyOIFNAME) || i+1 >= len(ex) {
-				return bad()
-			}
-			in := e.Key == expr.MetaKeyIIFNAME
-			switch next := ex[i+1].(type) {
-			case *expr.Lookup:
-				r.Matches = append(r.Matches, Match{Kind: MatchIfnameSet, In: in, Value: next.SetName, Negate: next.Invert})
-			case *expr.Cmp:
-				if next.Op != expr.CmpOpEq && next.Op != expr.CmpOpNeq {
-					return bad()
-				}
-				m := Match{Kind: MatchIfname, In: in, Negate: next.Op == expr.CmpOpNeq}
-				if len(next.Data) == ifnameLen {
-					m.Value = string(bytes.TrimRight(next.Data, "\x00"))
-				} else {
-					m.Value, m.Prefix = string(next.Data), true
-				}
-				r.Matches = append(r.Matches, m)
-			default:
-				return bad()
-			}
-			i++
-		case *expr.Payload:
-			if e.Base == expr.PayloadBaseTransportHeader && i+1 < len(ex) {
-				m, ok := decodeTransport(e, ex[i+1])
-				if !ok {
-					return bad()
-				}
-				r.Matches = append(r.Matches, m)
-				i++
-				continue
-			}
-			if e.Base != expr.PayloadBaseNetworkHeader || i+1 >= len(ex) {
-				return bad()
-			}
-			lk, ok := ex[i+1].(*expr.Lookup)
-			if !ok {
-				return bad()
-			}
-			so, sl := addrPayload(f, true)
-			do, dl := addrPayload(f, false)
-			var src bool
-			switch {
-			case e.Offset == so && e.Len == sl:
-				src = true
-			case e.Offset == do && e.Len == dl:
-			default:
-				return bad()
-			}
-			r.Matches = append(r.Matches, Match{Kind: MatchAddrSet, In: src, Value: lk.SetName, Negate: lk.Invert})
-			i++
-		case *expr.Counter:
-			r.Packets, r.Bytes = e.Packets, e.Bytes
-		case *expr.Verdict:
-			if i != len(ex)-1 {
-				return bad()
-			}
-			switch e.Kind {
-			case expr.VerdictAccept:
-				r.Verdict = Accept
-			case expr.VerdictDrop:
-				r.Verdict = Drop
-			case expr.VerdictReturn:
-				r.Verdict = Return
-			case expr.VerdictJump:
-				r.Verdict, r.Target = Jump, e.Chain
-			case expr.VerdictGoto:
-				r.Verdict, r.Target = Goto, e.Chain
-			default:
-				return bad()
-			}
-		case *expr.Log:
-			// The kernel reports its defaults (level, flags) too.
-			if e.Key&(1<<unix.NFTA_LOG_PREFIX) == 0 || e.Key&(1<<unix.NFTA_LOG_GROUP) != 0 || r.LogPrefix != "" {
-				return bad()
-			}
-			r.LogPrefix = string(bytes.TrimRight(e.Data, "\x00"))
-		case *expr.Masq:
-			if i != len(ex)-1 || e.Random || e.FullyRandom || e.Persistent || e.ToPorts {
-				return bad()
-			}
-			r.Verdict = Masquerade
-		default:
-			return bad()
-		}
+		i += n
 	}
 	if r.Verdict == 0 {
 		r.Verdict = Continue
 	}
 	return r
+}
+
+// decodeExprAt reads the match, statement or verdict starting at ex[i]
+// into r; n is the number of expressions it took.
+func decodeExprAt(f Family, ex []expr.Any, i int, r *Rule) (n int, ok bool) {
+	if m, n, ok := decodeExtraMatch(ex[i:]); ok {
+		r.Matches = append(r.Matches, m)
+		return n, true
+	}
+	last := i == len(ex)-1
+	switch e := ex[i].(type) {
+	case *expr.Ct:
+		m, ok := decodeCtMatch(e, ex[i+1:])
+		return addMatch(r, m, ok, 3)
+	case *expr.Meta:
+		if e.Key == expr.MetaKeyMARK || e.Key == expr.MetaKeyL4PROTO {
+			return decodeMeta(ex[i:], r)
+		}
+		m, ok := decodeIfnameMatch(e, ex[i+1:])
+		return addMatch(r, m, ok, 2)
+	case *expr.Payload:
+		m, ok := decodePayloadMatch(f, e, ex[i+1:])
+		return addMatch(r, m, ok, 2)
+	case *expr.Counter:
+		r.Packets, r.Bytes = e.Packets, e.Bytes
+		return 1, true
+	case *expr.Verdict:
+		if !last {
+			return 0, false
+		}
+		verdict, target, known := decodeVerdict(e)
+		r.Verdict, r.Target = verdict, target
+		return 1, known
+	case *expr.Log:
+		// The kernel reports its defaults (level, flags) too.
+		if e.Key&(1<<unix.NFTA_LOG_PREFIX) == 0 || e.Key&(1<<unix.NFTA_LOG_GROUP) != 0 || r.LogPrefix != "" {
+			return 0, false
+		}
+		r.LogPrefix = string(bytes.TrimRight(e.Data, "\x00"))
+		return 1, true
+	case *expr.Masq:
+		if !last || e.Random || e.FullyRandom || e.Persistent || e.ToPorts {
+			return 0, false
+		}
+		r.Verdict = Masquerade
+		return 1, true
+	}
+	return 0, false
+}
+
+// addMatch appends m to r's matches when ok; n is the number of
+// expressions it took.
+func addMatch(r *Rule, m Match, ok bool, n int) (int, bool) {
+	if !ok {
+		return 0, false
+	}
+	r.Matches = append(r.Matches, m)
+	return n, true
+}
+
+// decodeCtMatch reads a conntrack state or status test (encodeCtMatch);
+// rest follows ct.
+func decodeCtMatch(ct *expr.Ct, rest []expr.Any) (Match, bool) {
+	if (ct.Key != expr.CtKeySTATE && ct.Key != expr.CtKeySTATUS) || len(rest) < 2 {
+		return Match{}, false
+	}
+	kind, mask := MatchCtEstablished, ctEstablishedMask
+	if ct.Key == expr.CtKeySTATUS {
+		kind, mask = MatchCtDNAT, ctDNATMask
+	}
+	bw, ok1 := rest[0].(*expr.Bitwise)
+	cmp, ok2 := rest[1].(*expr.Cmp)
+	if !ok1 || !ok2 || !bytes.Equal(bw.Mask, mask) || cmp.Op != expr.CmpOpNeq || !bytes.Equal(cmp.Data, make([]byte, 4)) {
+		return Match{}, false
+	}
+	return Match{Kind: kind}, true
+}
+
+// decodeIfnameMatch reads an interface name, prefix or set match
+// (encodeIfnameMatch); rest follows the name's load.
+func decodeIfnameMatch(load *expr.Meta, rest []expr.Any) (Match, bool) {
+	if (load.Key != expr.MetaKeyIIFNAME && load.Key != expr.MetaKeyOIFNAME) || len(rest) < 1 {
+		return Match{}, false
+	}
+	in := load.Key == expr.MetaKeyIIFNAME
+	switch next := rest[0].(type) {
+	case *expr.Lookup:
+		return Match{Kind: MatchIfnameSet, In: in, Value: next.SetName, Negate: next.Invert}, true
+	case *expr.Cmp:
+		if next.Op != expr.CmpOpEq && next.Op != expr.CmpOpNeq {
+			return Match{}, false
+		}
+		m := Match{Kind: MatchIfname, In: in, Negate: next.Op == expr.CmpOpNeq}
+		if len(next.Data) == ifnameLen {
+			m.Value = string(bytes.TrimRight(next.Data, "\x00"))
+		} else {
+			m.Value, m.Prefix = string(next.Data), true
+		}
+		return m, true
+	}
+	return Match{}, false
+}
+
+// decodePayloadMatch reads a port or ICMP match (a transport header load)
+// or an address set match (a network header load); rest follows the load.
+func decodePayloadMatch(f Family, load *expr.Payload, rest []expr.Any) (Match, bool) {
+	if len(rest) < 1 {
+		return Match{}, false
+	}
+	switch load.Base {
+	case expr.PayloadBaseTransportHeader:
+		return decodeTransport(load, rest[0])
+	case expr.PayloadBaseNetworkHeader:
+		return decodeAddrSetMatch(f, load, rest[0])
+	}
+	return Match{}, false
+}
+
+// decodeAddrSetMatch reads a source or destination address set lookup.
+func decodeAddrSetMatch(f Family, load *expr.Payload, next expr.Any) (Match, bool) {
+	lk, ok := next.(*expr.Lookup)
+	if !ok {
+		return Match{}, false
+	}
+	so, sl := addrPayload(f, true)
+	do, dl := addrPayload(f, false)
+	var src bool
+	switch {
+	case load.Offset == so && load.Len == sl:
+		src = true
+	case load.Offset == do && load.Len == dl:
+	default:
+		return Match{}, false
+	}
+	return Match{Kind: MatchAddrSet, In: src, Value: lk.SetName, Negate: lk.Invert}, true
+}
+
+// decodeVerdict reads the verdicts encodeVerdict writes.
+func decodeVerdict(v *expr.Verdict) (VerdictKind, string, bool) {
+	switch v.Kind {
+	case expr.VerdictAccept:
+		return Accept, "", true
+	case expr.VerdictDrop:
+		return Drop, "", true
+	case expr.VerdictReturn:
+		return Return, "", true
+	case expr.VerdictJump:
+		return Jump, v.Chain, true
+	case expr.VerdictGoto:
+		return Goto, v.Chain, true
+	}
+	return 0, "", false
 }
 
 // decodeMeta reads a mark match, a mark statement or an l4proto match at
