@@ -810,94 +810,137 @@ func (n *NFT) Execute(ctx context.Context, ops []Op) error {
 	if err != nil {
 		return err
 	}
-	setIDs := map[string]uint32{} // family/name -> id, sets created in this batch
-	idsOf := func(f Family) map[string]uint32 {
-		m := map[string]uint32{}
-		for k, v := range setIDs {
-			if fam, name, ok := cutFamily(k); ok && fam == f {
-				m[name] = v
-			}
-		}
-		return m
-	}
+	b := &nftBatch{n: n, c: c, setIDs: map[string]uint32{}}
 	for _, op := range ops {
-		t := ourTable(op.Family)
-		switch op.Kind {
-		case OpAddTable:
-			c.AddTable(t)
-		case OpDelTable:
-			c.DelTable(t)
-			for k := range setIDs {
-				if fam, _, _ := cutFamily(k); fam == op.Family {
-					delete(setIDs, k)
-				}
-			}
-		case OpAddSet:
-			ns := n.nftSet(op.Family, op.Set)
-			elems, err := setElements(op.Family, op.Set)
-			if err != nil {
-				return err
-			}
-			if err := c.AddSet(ns, elems); err != nil {
-				return fmt.Errorf("adding set %s: %w", op.Set.Name, err)
-			}
-			setIDs[string(op.Family)+"/"+op.Set.Name] = ns.ID
-		case OpDelSet:
-			c.DelSet(&nftables.Set{Table: t, Name: op.Set.Name})
-		case OpFlushSet:
-			c.FlushSet(&nftables.Set{Table: t, Name: op.Set.Name})
-		case OpAddElements, OpDelElements:
-			ns := n.nftSet(op.Family, op.Set)
-			ns.ID = setIDs[string(op.Family)+"/"+op.Set.Name]
-			elems, err := setElements(op.Family, op.Set)
-			if err != nil {
-				return err
-			}
-			if op.Kind == OpAddElements {
-				err = c.SetAddElements(ns, elems)
-			} else {
-				err = c.SetDeleteElements(ns, elems)
-			}
-			if err != nil {
-				return fmt.Errorf("changing elements of set %s: %w", op.Set.Name, err)
-			}
-		case OpAddChain:
-			ch := &nftables.Chain{Name: op.ChainDef.Name, Table: t}
-			if b := op.ChainDef.Base; b != nil {
-				hook, err := hookNum(b.Hook)
-				if err != nil {
-					return err
-				}
-				prio := nftables.ChainPriority(b.Priority)
-				policy := nftables.ChainPolicyAccept
-				ch.Type, ch.Hooknum, ch.Priority, ch.Policy = nftables.ChainType(b.Type), hook, &prio, &policy
-			}
-			c.AddChain(ch)
-		case OpDelChain:
-			c.DelChain(&nftables.Chain{Name: op.Chain, Table: t})
-		case OpFlushChain:
-			c.FlushChain(&nftables.Chain{Name: op.Chain, Table: t})
-		case OpAddRule:
-			ex, err := encodeRule(op.Family, op.Rule, idsOf(op.Family))
-			if err != nil {
-				return fmt.Errorf("rule %q: %w", op.Rule.Render(op.Family), err)
-			}
-			var ud []byte
-			if cm := clipComment(op.Rule.Comment); cm != "" {
-				ud = userdata.AppendString(nil, userdata.TypeComment, cm)
-			}
-			c.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: op.Chain, Table: t}, Exprs: ex, UserData: ud})
-		case OpDelRule:
-			if err := c.DelRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: op.Chain, Table: t}, Handle: op.Rule.Handle}); err != nil {
-				return fmt.Errorf("deleting rule %d of chain %s: %w", op.Rule.Handle, op.Chain, err)
-			}
-		default:
-			return fmt.Errorf("unsupported operation %d", op.Kind)
+		if err := b.add(op); err != nil {
+			return err
 		}
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nftables batch of %d changes failed (nothing was changed): %w", len(ops), err)
 	}
+	return nil
+}
+
+// nftBatch queues one Execute's operations on its connection.
+type nftBatch struct {
+	n      *NFT
+	c      *nftables.Conn
+	setIDs map[string]uint32 // family/name -> id, sets created in this batch
+}
+
+// idsOf are the ids of the sets of family f created in this batch, by name.
+func (b *nftBatch) idsOf(f Family) map[string]uint32 {
+	m := map[string]uint32{}
+	for k, v := range b.setIDs {
+		if fam, name, ok := cutFamily(k); ok && fam == f {
+			m[name] = v
+		}
+	}
+	return m
+}
+
+// add queues op.
+func (b *nftBatch) add(op Op) error {
+	t := ourTable(op.Family)
+	switch op.Kind {
+	case OpAddTable:
+		b.c.AddTable(t)
+	case OpDelTable:
+		b.c.DelTable(t)
+		for k := range b.setIDs {
+			if fam, _, _ := cutFamily(k); fam == op.Family {
+				delete(b.setIDs, k)
+			}
+		}
+	case OpAddSet:
+		return b.addSet(op)
+	case OpDelSet:
+		b.c.DelSet(&nftables.Set{Table: t, Name: op.Set.Name})
+	case OpFlushSet:
+		b.c.FlushSet(&nftables.Set{Table: t, Name: op.Set.Name})
+	case OpAddElements, OpDelElements:
+		return b.changeElements(op)
+	case OpAddChain:
+		return b.addChain(op)
+	case OpDelChain:
+		b.c.DelChain(&nftables.Chain{Name: op.Chain, Table: t})
+	case OpFlushChain:
+		b.c.FlushChain(&nftables.Chain{Name: op.Chain, Table: t})
+	case OpAddRule:
+		return b.addRule(op)
+	case OpDelRule:
+		if err := b.c.DelRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: op.Chain, Table: t}, Handle: op.Rule.Handle}); err != nil {
+			return fmt.Errorf("deleting rule %d of chain %s: %w", op.Rule.Handle, op.Chain, err)
+		}
+	default:
+		return fmt.Errorf("unsupported operation %d", op.Kind)
+	}
+	return nil
+}
+
+// addSet creates a set with its elements; later operations of the batch
+// refer to it by its id.
+func (b *nftBatch) addSet(op Op) error {
+	ns := b.n.nftSet(op.Family, op.Set)
+	elems, err := setElements(op.Family, op.Set)
+	if err != nil {
+		return err
+	}
+	if err := b.c.AddSet(ns, elems); err != nil {
+		return fmt.Errorf("adding set %s: %w", op.Set.Name, err)
+	}
+	b.setIDs[string(op.Family)+"/"+op.Set.Name] = ns.ID
+	return nil
+}
+
+// changeElements adds or deletes elements of a set.
+func (b *nftBatch) changeElements(op Op) error {
+	ns := b.n.nftSet(op.Family, op.Set)
+	ns.ID = b.setIDs[string(op.Family)+"/"+op.Set.Name]
+	elems, err := setElements(op.Family, op.Set)
+	if err != nil {
+		return err
+	}
+	if op.Kind == OpAddElements {
+		err = b.c.SetAddElements(ns, elems)
+	} else {
+		err = b.c.SetDeleteElements(ns, elems)
+	}
+	if err != nil {
+		return fmt.Errorf("changing elements of set %s: %w", op.Set.Name, err)
+	}
+	return nil
+}
+
+// addChain creates a regular chain, or a base chain on its hook.
+func (b *nftBatch) addChain(op Op) error {
+	ch := &nftables.Chain{Name: op.ChainDef.Name, Table: ourTable(op.Family)}
+	if base := op.ChainDef.Base; base != nil {
+		hook, err := hookNum(base.Hook)
+		if err != nil {
+			return err
+		}
+		prio := nftables.ChainPriority(base.Priority)
+		policy := nftables.ChainPolicyAccept
+		ch.Type, ch.Hooknum, ch.Priority, ch.Policy = nftables.ChainType(base.Type), hook, &prio, &policy
+	}
+	b.c.AddChain(ch)
+	return nil
+}
+
+// addRule appends a rule to its chain, its comment as user data.
+func (b *nftBatch) addRule(op Op) error {
+	ex, err := encodeRule(op.Family, op.Rule, b.idsOf(op.Family))
+	if err != nil {
+		return fmt.Errorf("rule %q: %w", op.Rule.Render(op.Family), err)
+	}
+	var ud []byte
+	if cm := clipComment(op.Rule.Comment); cm != "" {
+		ud = userdata.AppendString(nil, userdata.TypeComment, cm)
+	}
+	t := ourTable(op.Family)
+	b.c.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: op.Chain, Table: t}, Exprs: ex, UserData: ud})
 	return nil
 }
 
