@@ -206,15 +206,8 @@ func TestNFTApplyIntegration(t *testing.T) {
 	st2.Endpoints = append(slices.Clone(st.Endpoints), joined)
 	want2 := desired(t, st2)
 	handlesBefore := ruleHandles(t, n)
-	changes, err = n.Apply(ctx, want2)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Per family: 2 rules + workloads element (+ net1 element in ip).
-	if changes != 7 {
-		t.Errorf("join made %d changes, want 7 (2 rules and the workloads element per family, net1's element in ip)", changes)
-	}
-	checkInSync(t, n, want2)
+	applyChanges(t, n, want2, "join", 7)
 	handlesAfter := ruleHandles(t, n)
 	for h, r := range handlesBefore {
 		if handlesAfter[h] != r {
@@ -223,14 +216,7 @@ func TestNFTApplyIntegration(t *testing.T) {
 	}
 
 	// Leave: nothing of the endpoint is left, the rest untouched.
-	changes, err = n.Apply(ctx, want)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if changes != 7 {
-		t.Errorf("leave made %d changes, want 7", changes)
-	}
-	checkInSync(t, n, want)
+	applyChanges(t, n, want, "leave", 7)
 	all := nftIn(t, ns, "list", "ruleset")
 	for _, s := range []string{joined.HostIfName, "192.168.0.7"} {
 		if strings.Contains(all, s) {
@@ -274,6 +260,20 @@ func TestNFTApplyIntegration(t *testing.T) {
 	if after := listDecoys(t, ns); after != before {
 		t.Errorf("other tables changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
+}
+
+// applyChanges applies want (the step named what) and requires exactly
+// wantChanges changes and the kernel in step afterwards.
+func applyChanges(t *testing.T, n *NFT, want Ruleset, what string, wantChanges int) {
+	t.Helper()
+	changes, err := n.Apply(context.Background(), want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changes != wantChanges {
+		t.Errorf("%s made %d changes, want %d", what, changes, wantChanges)
+	}
+	checkInSync(t, n, want)
 }
 
 func ruleHandles(t *testing.T, n *NFT) map[uint64]string {
