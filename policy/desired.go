@@ -199,87 +199,15 @@ type localEndpoint struct {
 // option value, an unparsable address) do not stop the rest; they are
 // returned as warnings, and the record gets the safe default (isolated).
 func Desired(st State) (Ruleset, []string) {
-	var warnings []string
 	networks := make(map[string]datastore.Network, len(st.Networks))
 	for _, n := range st.Networks {
 		networks[n.ID] = n
 	}
-	keyOf := func(networkID string) string {
-		if n, ok := networks[networkID]; ok {
-			return NetworkKey(n)
-		}
-		return "id:" + networkID
-	}
-
-	// Members of each logical network, cluster-wide, by family.
-	members := map[string]map[Family][]netip.Addr{}
-	var locals []localEndpoint
-	seenIf := map[string]bool{}
-	for _, ep := range st.Endpoints {
-		key := keyOf(ep.Network)
-		if members[key] == nil {
-			members[key] = map[Family][]netip.Addr{}
-		}
-		if a, ok := endpointAddr(ep.IPv4); ok && a.Is4() {
-			members[key][IPv4] = append(members[key][IPv4], a)
-		} else if ep.IPv4 != "" {
-			warnings = append(warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv4 address %q", shortID(ep.ID), ep.IPv4))
-		}
-		if a, ok := endpointAddr(ep.IPv6); ok && a.Is6() {
-			members[key][IPv6] = append(members[key][IPv6], a)
-		} else if ep.IPv6 != "" {
-			warnings = append(warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv6 address %q", shortID(ep.ID), ep.IPv6))
-		}
-		if ep.Node != st.Node || !ep.Joined {
-			continue
-		}
-		if !validIfname(ep.HostIfName) {
-			warnings = append(warnings, fmt.Sprintf("endpoint %s: host interface name %q is not a workload interface name; no rules for it", shortID(ep.ID), ep.HostIfName))
-			continue
-		}
-		if seenIf[ep.HostIfName] {
-			warnings = append(warnings, fmt.Sprintf("endpoint %s: interface %s is claimed by another endpoint record too; using the first", shortID(ep.ID), ep.HostIfName))
-			continue
-		}
-		seenIf[ep.HostIfName] = true
-		n, ok := networks[ep.Network]
-		if !ok {
-			n = datastore.Network{ID: ep.Network}
-		}
-		pol, err := ParseOptions(n.Options)
-		if err != nil {
-			warnings = append(warnings, fmt.Sprintf("network %s: %v; applying the defaults (isolated, ingress from the cluster)", shortID(n.ID), err))
-		}
-		locals = append(locals, localEndpoint{ep: ep, network: n, policy: pol, key: key})
-	}
-	sort.Slice(locals, func(i, j int) bool { return locals[i].ep.HostIfName < locals[j].ep.HostIfName })
-
-	var pools, natPools = map[Family][]netip.Prefix{}, map[Family][]netip.Prefix{}
-	for _, p := range st.Pools {
-		pfx, err := netip.ParsePrefix(p.CIDR)
-		if err != nil {
-			warnings = append(warnings, fmt.Sprintf("pool %q: invalid CIDR, ignored", p.CIDR))
-			continue
-		}
-		f := familyOf(pfx.Addr())
-		// Disabled pools still hold addresses in use: they stay in both.
-		pools[f] = append(pools[f], pfx)
-		if p.NATOutgoing {
-			natPools[f] = append(natPools[f], pfx)
-		}
-	}
-	hosts := map[Family][]netip.Addr{}
-	for _, n := range st.Nodes {
-		if n.IPv4 == "" {
-			continue
-		}
-		a, ok := endpointAddr(n.IPv4)
-		if !ok || !a.Is4() {
-			warnings = append(warnings, fmt.Sprintf("node %s: ignoring invalid IPv4 address %q", n.Name, n.IPv4))
-			continue
-		}
-		hosts[IPv4] = append(hosts[IPv4], a)
-	}
+	members, locals, warnings := splitEndpoints(st, networks)
+	pools, natPools, poolWarnings := poolPrefixes(st.Pools)
+	warnings = append(warnings, poolWarnings...)
+	hosts, hostWarnings := hostAddrs(st.Nodes)
+	warnings = append(warnings, hostWarnings...)
 
 	plan, pw := planPolicies(st, locals)
 	warnings = append(warnings, pw...)
@@ -295,6 +223,115 @@ func Desired(st State) (Ruleset, []string) {
 	return rs, warnings
 }
 
+// splitEndpoints reads the endpoint records: the members of each logical
+// network, cluster-wide, by family, and this host's joined endpoints that
+// get rules, sorted by interface name.
+func splitEndpoints(st State, networks map[string]datastore.Network) (map[string]map[Family][]netip.Addr, []localEndpoint, []string) {
+	var warnings []string
+	members := map[string]map[Family][]netip.Addr{}
+	var locals []localEndpoint
+	seenIf := map[string]bool{}
+	for _, ep := range st.Endpoints {
+		key := "id:" + ep.Network
+		if n, ok := networks[ep.Network]; ok {
+			key = NetworkKey(n)
+		}
+		if members[key] == nil {
+			members[key] = map[Family][]netip.Addr{}
+		}
+		warnings = append(warnings, addMemberAddrs(members[key], ep)...)
+		if ep.Node != st.Node || !ep.Joined {
+			continue
+		}
+		l, ok, warning := newLocalEndpoint(ep, key, networks, seenIf)
+		if warning != "" {
+			warnings = append(warnings, warning)
+		}
+		if ok {
+			locals = append(locals, l)
+		}
+	}
+	sort.Slice(locals, func(i, j int) bool { return locals[i].ep.HostIfName < locals[j].ep.HostIfName })
+	return members, locals, warnings
+}
+
+// addMemberAddrs adds the endpoint's addresses to its network's members.
+func addMemberAddrs(members map[Family][]netip.Addr, ep datastore.Endpoint) []string {
+	var warnings []string
+	if a, ok := endpointAddr(ep.IPv4); ok && a.Is4() {
+		members[IPv4] = append(members[IPv4], a)
+	} else if ep.IPv4 != "" {
+		warnings = append(warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv4 address %q", shortID(ep.ID), ep.IPv4))
+	}
+	if a, ok := endpointAddr(ep.IPv6); ok && a.Is6() {
+		members[IPv6] = append(members[IPv6], a)
+	} else if ep.IPv6 != "" {
+		warnings = append(warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv6 address %q", shortID(ep.ID), ep.IPv6))
+	}
+	return warnings
+}
+
+// newLocalEndpoint prepares a joined endpoint of this host; ok is false
+// when it gets no rules (its interface name is not a workload's, or
+// seenIf shows another endpoint claimed it first). warning is "" or says
+// why it gets no rules or the network's default policy.
+func newLocalEndpoint(ep datastore.Endpoint, key string, networks map[string]datastore.Network, seenIf map[string]bool) (l localEndpoint, ok bool, warning string) {
+	if !validIfname(ep.HostIfName) {
+		return localEndpoint{}, false, fmt.Sprintf("endpoint %s: host interface name %q is not a workload interface name; no rules for it", shortID(ep.ID), ep.HostIfName)
+	}
+	if seenIf[ep.HostIfName] {
+		return localEndpoint{}, false, fmt.Sprintf("endpoint %s: interface %s is claimed by another endpoint record too; using the first", shortID(ep.ID), ep.HostIfName)
+	}
+	seenIf[ep.HostIfName] = true
+	n, known := networks[ep.Network]
+	if !known {
+		n = datastore.Network{ID: ep.Network}
+	}
+	pol, err := ParseOptions(n.Options)
+	if err != nil {
+		warning = fmt.Sprintf("network %s: %v; applying the defaults (isolated, ingress from the cluster)", shortID(n.ID), err)
+	}
+	return localEndpoint{ep: ep, network: n, policy: pol, key: key}, true, warning
+}
+
+// poolPrefixes are the pools' CIDRs by family: all of them, and those
+// with natOutgoing.
+func poolPrefixes(ps []ipam.Pool) (pools, natPools map[Family][]netip.Prefix, warnings []string) {
+	pools, natPools = map[Family][]netip.Prefix{}, map[Family][]netip.Prefix{}
+	for _, p := range ps {
+		pfx, err := netip.ParsePrefix(p.CIDR)
+		if err != nil {
+			warnings = append(warnings, fmt.Sprintf("pool %q: invalid CIDR, ignored", p.CIDR))
+			continue
+		}
+		f := familyOf(pfx.Addr())
+		// Disabled pools still hold addresses in use: they stay in both.
+		pools[f] = append(pools[f], pfx)
+		if p.NATOutgoing {
+			natPools[f] = append(natPools[f], pfx)
+		}
+	}
+	return pools, natPools, warnings
+}
+
+// hostAddrs are the cluster's hosts (the node records' IPv4 addresses).
+func hostAddrs(nodes []datastore.Node) (map[Family][]netip.Addr, []string) {
+	var warnings []string
+	hosts := map[Family][]netip.Addr{}
+	for _, n := range nodes {
+		if n.IPv4 == "" {
+			continue
+		}
+		a, ok := endpointAddr(n.IPv4)
+		if !ok || !a.Is4() {
+			warnings = append(warnings, fmt.Sprintf("node %s: ignoring invalid IPv4 address %q", n.Name, n.IPv4))
+			continue
+		}
+		hosts[IPv4] = append(hosts[IPv4], a)
+	}
+	return hosts, warnings
+}
+
 func familyOf(a netip.Addr) Family {
 	if a.Unmap().Is4() {
 		return IPv4
@@ -304,19 +341,54 @@ func familyOf(a netip.Addr) Family {
 
 func desiredTable(f Family, locals []localEndpoint, members map[string]map[Family][]netip.Addr, pools, natPools []netip.Prefix, hosts []netip.Addr, plan policyPlan) Table {
 	pt := newPolicyTable(f, plan)
-	t := Table{Family: f}
+	t := Table{Family: f, Sets: fixedSets(locals, pools, natPools, hosts), Chains: []Chain{natChain()}}
+	forward := forwardChain()
+	netSets := map[string]bool{}
+	netChains := map[string]bool{}
+	for _, l := range locals {
+		name := l.network.Name
+		if name == "" {
+			name = shortID(l.network.ID)
+		}
+		forward.Unordered = append(forward.Unordered, endpointJumps(pt, l, name)...)
+		set := NetworkSetName(l.key)
+		if l.policy.Isolated && !netSets[set] {
+			netSets[set] = true
+			t.Sets = append(t.Sets, Set{Name: set, Type: SetAddr, Elements: addrElements(members[l.key][f]), Comment: "members of " + l.key})
+		}
+		in := IngressChainName(l.network.ID)
+		if netChains[in] {
+			continue
+		}
+		netChains[in] = true
+		t.Chains = append(t.Chains, ingressChain(in, set, name, l.policy))
+		if l.policy.Isolated {
+			t.Chains = append(t.Chains, egressChain(EgressChainName(l.network.ID), set, name))
+		}
+	}
+	t.Chains = append(t.Chains, forward)
+	pt.finish(&t)
+	return t
+}
+
+// fixedSets are the sets every table has.
+func fixedSets(locals []localEndpoint, pools, natPools []netip.Prefix, hosts []netip.Addr) []Set {
 	var ifnames []string
 	for _, l := range locals {
 		ifnames = append(ifnames, l.ep.HostIfName)
 	}
-	t.Sets = append(t.Sets,
-		Set{Name: setPools, Type: SetAddr, Interval: true, Elements: intervalElements(pools), Comment: "every calico pool"},
-		Set{Name: setNATPools, Type: SetAddr, Interval: true, Elements: intervalElements(natPools), Comment: "pools with natOutgoing"},
-		Set{Name: setHosts, Type: SetAddr, Elements: addrElements(hosts), Comment: "the cluster's hosts (node records)"},
-		Set{Name: setWorkloads, Type: SetIfname, Elements: sortedUnique(ifnames), Comment: "this host's joined workload interfaces"},
-	)
+	return []Set{
+		{Name: setPools, Type: SetAddr, Interval: true, Elements: intervalElements(pools), Comment: "every calico pool"},
+		{Name: setNATPools, Type: SetAddr, Interval: true, Elements: intervalElements(natPools), Comment: "pools with natOutgoing"},
+		{Name: setHosts, Type: SetAddr, Elements: addrElements(hosts), Comment: "the cluster's hosts (node records)"},
+		{Name: setWorkloads, Type: SetIfname, Elements: sortedUnique(ifnames), Comment: "this host's joined workload interfaces"},
+	}
+}
 
-	t.Chains = append(t.Chains, Chain{
+// natChain masquerades what leaves a natOutgoing pool for outside the
+// pools.
+func natChain() Chain {
+	return Chain{
 		Name: chainNAT,
 		Base: &BaseChain{Type: "nat", Hook: "postrouting", Priority: prioritySrcNAT},
 		Rules: []Rule{{
@@ -327,9 +399,12 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 			Verdict: Masquerade,
 			Comment: "natOutgoing: pool to outside the pools",
 		}},
-	})
+	}
+}
 
-	forward := Chain{
+// forwardChain is the filter base chain before the endpoints' jumps.
+func forwardChain() Chain {
+	return Chain{
 		Name: chainForward,
 		Base: &BaseChain{Type: "filter", Hook: "forward", Priority: priorityFilter},
 		Rules: []Rule{
@@ -342,55 +417,38 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 				Verdict: Drop, Comment: "to a workload interface without rules"},
 		},
 	}
-	netSets := map[string]bool{}
-	netChains := map[string]bool{}
-	for _, l := range locals {
-		name := l.network.Name
-		if name == "" {
-			name = shortID(l.network.ID)
-		}
-		in, out := IngressChainName(l.network.ID), EgressChainName(l.network.ID)
-		outProfile := ""
-		if l.policy.Isolated {
-			outProfile = out
-		}
-		// A policy selecting the endpoint for a direction replaces the
-		// network's jump; the network's chain is then its profile (Pass).
-		if r, ok := pt.endpointJump(l, api.Egress, outProfile); ok {
-			forward.Unordered = append(forward.Unordered, r)
-		} else if l.policy.Isolated {
-			forward.Unordered = append(forward.Unordered, Rule{
-				Matches: []Match{{Kind: MatchIfname, In: true, Value: l.ep.HostIfName}},
-				Verdict: Jump, Target: out,
-				Comment: fmt.Sprintf("from endpoint %s of network %s", shortID(l.ep.ID), name),
-			})
-		}
-		if r, ok := pt.endpointJump(l, api.Ingress, in); ok {
-			forward.Unordered = append(forward.Unordered, r)
-		} else {
-			forward.Unordered = append(forward.Unordered, Rule{
-				Matches: []Match{{Kind: MatchIfname, Value: l.ep.HostIfName}},
-				Verdict: Jump, Target: in,
-				Comment: fmt.Sprintf("to endpoint %s of network %s", shortID(l.ep.ID), name),
-			})
-		}
-		set := NetworkSetName(l.key)
-		if l.policy.Isolated && !netSets[set] {
-			netSets[set] = true
-			t.Sets = append(t.Sets, Set{Name: set, Type: SetAddr, Elements: addrElements(members[l.key][f]), Comment: "members of " + l.key})
-		}
-		if netChains[in] {
-			continue
-		}
-		netChains[in] = true
-		t.Chains = append(t.Chains, ingressChain(in, set, name, l.policy))
-		if l.policy.Isolated {
-			t.Chains = append(t.Chains, egressChain(out, set, name))
-		}
+}
+
+// endpointJumps send an endpoint's traffic (from it, then to it) to its
+// network's chains. A policy selecting the endpoint for a direction
+// replaces the network's jump; the network's chain is then its profile
+// (Pass).
+func endpointJumps(pt *policyTable, l localEndpoint, network string) []Rule {
+	in, out := IngressChainName(l.network.ID), EgressChainName(l.network.ID)
+	var jumps []Rule
+	outProfile := ""
+	if l.policy.Isolated {
+		outProfile = out
 	}
-	t.Chains = append(t.Chains, forward)
-	pt.finish(&t)
-	return t
+	if r, ok := pt.endpointJump(l, api.Egress, outProfile); ok {
+		jumps = append(jumps, r)
+	} else if l.policy.Isolated {
+		jumps = append(jumps, Rule{
+			Matches: []Match{{Kind: MatchIfname, In: true, Value: l.ep.HostIfName}},
+			Verdict: Jump, Target: out,
+			Comment: fmt.Sprintf("from endpoint %s of network %s", shortID(l.ep.ID), network),
+		})
+	}
+	if r, ok := pt.endpointJump(l, api.Ingress, in); ok {
+		jumps = append(jumps, r)
+	} else {
+		jumps = append(jumps, Rule{
+			Matches: []Match{{Kind: MatchIfname, Value: l.ep.HostIfName}},
+			Verdict: Jump, Target: in,
+			Comment: fmt.Sprintf("to endpoint %s of network %s", shortID(l.ep.ID), network),
+		})
+	}
+	return jumps
 }
 
 // publishedPortRule opens a published port (docker run -p) to whoever

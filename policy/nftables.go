@@ -323,122 +323,167 @@ var ctDNATMask = binaryutil.NativeEndian.PutUint32(1 << 5)
 func encodeRule(f Family, r Rule, setIDs map[string]uint32) ([]expr.Any, error) {
 	var ex []expr.Any
 	for _, m := range r.Matches {
-		switch m.Kind {
-		case MatchCtEstablished:
-			ex = append(ex,
-				&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
-				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ctEstablishedMask, Xor: make([]byte, 4)},
-				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
-			)
-		case MatchCtDNAT:
-			ex = append(ex,
-				&expr.Ct{Register: 1, Key: expr.CtKeySTATUS},
-				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ctDNATMask, Xor: make([]byte, 4)},
-				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
-			)
-		case MatchIfname, MatchIfnameSet:
-			key := expr.MetaKeyOIFNAME
-			if m.In {
-				key = expr.MetaKeyIIFNAME
-			}
-			ex = append(ex, &expr.Meta{Key: key, Register: 1})
-			if m.Kind == MatchIfnameSet {
-				ex = append(ex, &expr.Lookup{SourceRegister: 1, SetName: m.Value, SetID: setIDs[m.Value], Invert: m.Negate})
-				break
-			}
-			if m.Value == "" || len(m.Value) >= ifnameLen {
-				return nil, fmt.Errorf("interface name %q is not 1 to 15 characters", m.Value)
-			}
-			data := padIfname(m.Value)
-			if m.Prefix {
-				data = []byte(m.Value) // iptables' -i cali+: compare the first bytes only
-			}
-			op := expr.CmpOpEq
-			if m.Negate {
-				op = expr.CmpOpNeq
-			}
-			ex = append(ex, &expr.Cmp{Op: op, Register: 1, Data: data})
-		case MatchAddrSet:
-			off, l := addrPayload(f, m.In)
-			ex = append(ex,
-				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: l},
-				&expr.Lookup{SourceRegister: 1, SetName: m.Value, SetID: setIDs[m.Value], Invert: m.Negate},
-			)
-		case MatchMark:
-			op := expr.CmpOpNeq
-			if m.Negate {
-				op = expr.CmpOpEq
-			}
-			ex = append(ex,
-				&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(m.Mark), Xor: make([]byte, 4)},
-				&expr.Cmp{Op: op, Register: 1, Data: make([]byte, 4)},
-			)
-		case MatchL4Proto:
-			ex = append(ex, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: cmpOp(m.Negate), Register: 1, Data: []byte{m.Proto}})
-		case MatchPort:
-			off := uint32(2)
-			if m.In {
-				off = 0
-			}
-			ex = append(ex, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 2})
-			if m.Min == m.Max {
-				ex = append(ex, &expr.Cmp{Op: cmpOp(m.Negate), Register: 1, Data: binaryutil.BigEndian.PutUint16(m.Min)})
-			} else {
-				ex = append(ex, &expr.Range{Op: cmpOp(m.Negate), Register: 1, FromData: binaryutil.BigEndian.PutUint16(m.Min), ToData: binaryutil.BigEndian.PutUint16(m.Max)})
-			}
-		case MatchICMPType, MatchICMPCode:
-			off := uint32(0)
-			if m.Kind == MatchICMPCode {
-				off = 1
-			}
-			ex = append(ex,
-				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{m.Proto}},
-			)
-		default:
-			more, err := encodeExtraMatch(m)
-			if err != nil {
-				return nil, err
-			}
-			ex = append(ex, more...)
+		more, err := encodeMatch(f, m, setIDs)
+		if err != nil {
+			return nil, err
 		}
+		ex = append(ex, more...)
 	}
 	ex = append(ex, &expr.Counter{})
 	if r.SetMark != 0 || r.ClearMark != 0 {
-		ex = append(ex,
-			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(^(r.SetMark | r.ClearMark)), Xor: binaryutil.NativeEndian.PutUint32(r.SetMark)},
-			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
-		)
+		ex = append(ex, encodeMarkStatement(r.SetMark, r.ClearMark)...)
 	}
 	if r.LogPrefix != "" {
 		ex = append(ex, &expr.Log{Key: 1 << unix.NFTA_LOG_PREFIX, Data: []byte(r.LogPrefix)})
 	}
+	v, err := encodeVerdict(r)
+	if err != nil {
+		return nil, err
+	}
+	if v != nil {
+		ex = append(ex, v)
+	}
+	return ex, nil
+}
+
+// encodeMatch turns one match into expressions; one helper per family of
+// match kinds.
+func encodeMatch(f Family, m Match, setIDs map[string]uint32) ([]expr.Any, error) {
+	switch m.Kind {
+	case MatchCtEstablished:
+		return encodeCtMatch(expr.CtKeySTATE, ctEstablishedMask), nil
+	case MatchCtDNAT:
+		return encodeCtMatch(expr.CtKeySTATUS, ctDNATMask), nil
+	case MatchIfname, MatchIfnameSet:
+		return encodeIfnameMatch(m, setIDs)
+	case MatchAddrSet:
+		off, l := addrPayload(f, m.In)
+		return []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: l},
+			&expr.Lookup{SourceRegister: 1, SetName: m.Value, SetID: setIDs[m.Value], Invert: m.Negate},
+		}, nil
+	case MatchMark:
+		return encodeMarkMatch(m), nil
+	case MatchL4Proto:
+		return []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: cmpOp(m.Negate), Register: 1, Data: []byte{m.Proto}}}, nil
+	case MatchPort:
+		return encodePortMatch(m), nil
+	case MatchICMPType, MatchICMPCode:
+		return encodeICMPMatch(m), nil
+	default:
+		return encodeExtraMatch(m)
+	}
+}
+
+// encodeCtMatch tests that some of mask's bits are set in conntrack's key
+// (state or status).
+func encodeCtMatch(key expr.CtKey, mask []byte) []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: key},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+	}
+}
+
+// encodeIfnameMatch compares the input or output interface name with a
+// name, a name prefix or a set of names.
+func encodeIfnameMatch(m Match, setIDs map[string]uint32) ([]expr.Any, error) {
+	key := expr.MetaKeyOIFNAME
+	if m.In {
+		key = expr.MetaKeyIIFNAME
+	}
+	load := &expr.Meta{Key: key, Register: 1}
+	if m.Kind == MatchIfnameSet {
+		return []expr.Any{load, &expr.Lookup{SourceRegister: 1, SetName: m.Value, SetID: setIDs[m.Value], Invert: m.Negate}}, nil
+	}
+	if m.Value == "" || len(m.Value) >= ifnameLen {
+		return nil, fmt.Errorf("interface name %q is not 1 to 15 characters", m.Value)
+	}
+	data := padIfname(m.Value)
+	if m.Prefix {
+		data = []byte(m.Value) // iptables' -i cali+: compare the first bytes only
+	}
+	return []expr.Any{load, &expr.Cmp{Op: cmpOp(m.Negate), Register: 1, Data: data}}, nil
+}
+
+// encodeMarkMatch tests that some (Negate: none) of m.Mark's bits are set
+// in the packet mark.
+func encodeMarkMatch(m Match) []expr.Any {
+	op := expr.CmpOpNeq
+	if m.Negate {
+		op = expr.CmpOpEq
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(m.Mark), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: op, Register: 1, Data: make([]byte, 4)},
+	}
+}
+
+// encodePortMatch compares the source or destination port with one port
+// or a range.
+func encodePortMatch(m Match) []expr.Any {
+	off := uint32(2)
+	if m.In {
+		off = 0
+	}
+	load := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 2}
+	if m.Min == m.Max {
+		return []expr.Any{load, &expr.Cmp{Op: cmpOp(m.Negate), Register: 1, Data: binaryutil.BigEndian.PutUint16(m.Min)}}
+	}
+	return []expr.Any{load, &expr.Range{Op: cmpOp(m.Negate), Register: 1, FromData: binaryutil.BigEndian.PutUint16(m.Min), ToData: binaryutil.BigEndian.PutUint16(m.Max)}}
+}
+
+// encodeICMPMatch compares the ICMP type or code (the first two bytes of
+// the transport header) with m.Proto.
+func encodeICMPMatch(m Match) []expr.Any {
+	off := uint32(0)
+	if m.Kind == MatchICMPCode {
+		off = 1
+	}
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{m.Proto}},
+	}
+}
+
+// encodeMarkStatement sets setBits and clears clearBits of the packet
+// mark, in one read-modify-write.
+func encodeMarkStatement(setBits, clearBits uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(^(setBits | clearBits)), Xor: binaryutil.NativeEndian.PutUint32(setBits)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+	}
+}
+
+// encodeVerdict is the rule's last expression; nil for Continue (no
+// verdict: the next rule).
+func encodeVerdict(r Rule) (expr.Any, error) {
 	switch r.Verdict {
 	case Accept:
-		ex = append(ex, &expr.Verdict{Kind: expr.VerdictAccept})
+		return &expr.Verdict{Kind: expr.VerdictAccept}, nil
 	case Drop:
-		ex = append(ex, &expr.Verdict{Kind: expr.VerdictDrop})
+		return &expr.Verdict{Kind: expr.VerdictDrop}, nil
 	case Return:
-		ex = append(ex, &expr.Verdict{Kind: expr.VerdictReturn})
+		return &expr.Verdict{Kind: expr.VerdictReturn}, nil
 	case Jump:
 		if r.Target == "" {
 			return nil, errors.New("jump without a target chain")
 		}
-		ex = append(ex, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target})
+		return &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target}, nil
 	case Masquerade:
-		ex = append(ex, &expr.Masq{})
+		return &expr.Masq{}, nil
 	case Goto:
 		if r.Target == "" {
 			return nil, errors.New("goto without a target chain")
 		}
-		ex = append(ex, &expr.Verdict{Kind: expr.VerdictGoto, Chain: r.Target})
+		return &expr.Verdict{Kind: expr.VerdictGoto, Chain: r.Target}, nil
 	case Continue:
+		return nil, nil
 	default:
 		return nil, fmt.Errorf("unsupported verdict %d", r.Verdict)
 	}
-	return ex, nil
 }
 
 func cmpOp(negate bool) expr.CmpOp {
@@ -456,129 +501,169 @@ func decodeRule(f Family, nr *nftables.Rule) Rule {
 	if c, ok := userdata.GetString(nr.UserData, userdata.TypeComment); ok {
 		r.Comment = c
 	}
-	bad := func() Rule { return Rule{Handle: nr.Handle, Comment: "unrecognised: " + r.Comment} }
-	ex := nr.Exprs
-	for i := 0; i < len(ex); i++ {
-		if m, n, ok := decodeExtraMatch(ex[i:]); ok {
-			r.Matches = append(r.Matches, m)
-			i += n - 1
-			continue
+	for i := 0; i < len(nr.Exprs); {
+		n, ok := decodeExprAt(f, nr.Exprs, i, &r)
+		if !ok {
+			return Rule{Handle: nr.Handle, Comment: "unrecognised: " + r.Comment}
 		}
-		switch e := ex[i].(type) {
-		case *expr.Ct:
-			if (e.Key != expr.CtKeySTATE && e.Key != expr.CtKeySTATUS) || i+2 >= len(ex) {
-				return bad()
-			}
-			kind, mask := MatchCtEstablished, ctEstablishedMask
-			if e.Key == expr.CtKeySTATUS {
-				kind, mask = MatchCtDNAT, ctDNATMask
-			}
-			bw, ok1 := ex[i+1].(*expr.Bitwise)
-			cmp, ok2 := ex[i+2].(*expr.Cmp)
-			if !ok1 || !ok2 || !bytes.Equal(bw.Mask, mask) || cmp.Op != expr.CmpOpNeq || !bytes.Equal(cmp.Data, make([]byte, 4)) {
-				return bad()
-			}
-			r.Matches = append(r.Matches, Match{Kind: kind})
-			i += 2
-		case *expr.Meta:
-			if e.Key == expr.MetaKeyMARK || e.Key == expr.MetaKeyL4PROTO {
-				n, ok := decodeMeta(ex[i:], &r)
-				if !ok {
-					return bad()
-				}
-				i += n - 1
-				continue
-			}
-			if (e.Key != expr.MetaKeyIIFNAME && e.Key != expr.MetaKeyOIFNAME) || i+1 >= len(ex) {
-				return bad()
-			}
-			in := e.Key == expr.MetaKeyIIFNAME
-			switch next := ex[i+1].(type) {
-			case *expr.Lookup:
-				r.Matches = append(r.Matches, Match{Kind: MatchIfnameSet, In: in, Value: next.SetName, Negate: next.Invert})
-			case *expr.Cmp:
-				if next.Op != expr.CmpOpEq && next.Op != expr.CmpOpNeq {
-					return bad()
-				}
-				m := Match{Kind: MatchIfname, In: in, Negate: next.Op == expr.CmpOpNeq}
-				if len(next.Data) == ifnameLen {
-					m.Value = string(bytes.TrimRight(next.Data, "\x00"))
-				} else {
-					m.Value, m.Prefix = string(next.Data), true
-				}
-				r.Matches = append(r.Matches, m)
-			default:
-				return bad()
-			}
-			i++
-		case *expr.Payload:
-			if e.Base == expr.PayloadBaseTransportHeader && i+1 < len(ex) {
-				m, ok := decodeTransport(e, ex[i+1])
-				if !ok {
-					return bad()
-				}
-				r.Matches = append(r.Matches, m)
-				i++
-				continue
-			}
-			if e.Base != expr.PayloadBaseNetworkHeader || i+1 >= len(ex) {
-				return bad()
-			}
-			lk, ok := ex[i+1].(*expr.Lookup)
-			if !ok {
-				return bad()
-			}
-			so, sl := addrPayload(f, true)
-			do, dl := addrPayload(f, false)
-			var src bool
-			switch {
-			case e.Offset == so && e.Len == sl:
-				src = true
-			case e.Offset == do && e.Len == dl:
-			default:
-				return bad()
-			}
-			r.Matches = append(r.Matches, Match{Kind: MatchAddrSet, In: src, Value: lk.SetName, Negate: lk.Invert})
-			i++
-		case *expr.Counter:
-			r.Packets, r.Bytes = e.Packets, e.Bytes
-		case *expr.Verdict:
-			if i != len(ex)-1 {
-				return bad()
-			}
-			switch e.Kind {
-			case expr.VerdictAccept:
-				r.Verdict = Accept
-			case expr.VerdictDrop:
-				r.Verdict = Drop
-			case expr.VerdictReturn:
-				r.Verdict = Return
-			case expr.VerdictJump:
-				r.Verdict, r.Target = Jump, e.Chain
-			case expr.VerdictGoto:
-				r.Verdict, r.Target = Goto, e.Chain
-			default:
-				return bad()
-			}
-		case *expr.Log:
-			// The kernel reports its defaults (level, flags) too.
-			if e.Key&(1<<unix.NFTA_LOG_PREFIX) == 0 || e.Key&(1<<unix.NFTA_LOG_GROUP) != 0 || r.LogPrefix != "" {
-				return bad()
-			}
-			r.LogPrefix = string(bytes.TrimRight(e.Data, "\x00"))
-		case *expr.Masq:
-			if i != len(ex)-1 || e.Random || e.FullyRandom || e.Persistent || e.ToPorts {
-				return bad()
-			}
-			r.Verdict = Masquerade
-		default:
-			return bad()
-		}
+		i += n
 	}
 	if r.Verdict == 0 {
 		r.Verdict = Continue
 	}
 	return r
+}
+
+// decodeExprAt reads the match, statement or verdict starting at ex[i]
+// into r; n is the number of expressions it took.
+func decodeExprAt(f Family, ex []expr.Any, i int, r *Rule) (n int, ok bool) {
+	if m, n, ok := decodeExtraMatch(ex[i:]); ok {
+		r.Matches = append(r.Matches, m)
+		return n, true
+	}
+	last := i == len(ex)-1
+	switch e := ex[i].(type) {
+	case *expr.Ct:
+		m, ok := decodeCtMatch(e, ex[i+1:])
+		return addMatch(r, m, ok, 3)
+	case *expr.Meta:
+		if e.Key == expr.MetaKeyMARK || e.Key == expr.MetaKeyL4PROTO {
+			return decodeMeta(ex[i:], r)
+		}
+		m, ok := decodeIfnameMatch(e, ex[i+1:])
+		return addMatch(r, m, ok, 2)
+	case *expr.Payload:
+		m, ok := decodePayloadMatch(f, e, ex[i+1:])
+		return addMatch(r, m, ok, 2)
+	case *expr.Counter:
+		r.Packets, r.Bytes = e.Packets, e.Bytes
+		return 1, true
+	case *expr.Verdict:
+		if !last {
+			return 0, false
+		}
+		verdict, target, known := decodeVerdict(e)
+		r.Verdict, r.Target = verdict, target
+		return 1, known
+	case *expr.Log:
+		// The kernel reports its defaults (level, flags) too.
+		if e.Key&(1<<unix.NFTA_LOG_PREFIX) == 0 || e.Key&(1<<unix.NFTA_LOG_GROUP) != 0 || r.LogPrefix != "" {
+			return 0, false
+		}
+		r.LogPrefix = string(bytes.TrimRight(e.Data, "\x00"))
+		return 1, true
+	case *expr.Masq:
+		if !last || e.Random || e.FullyRandom || e.Persistent || e.ToPorts {
+			return 0, false
+		}
+		r.Verdict = Masquerade
+		return 1, true
+	}
+	return 0, false
+}
+
+// addMatch appends m to r's matches when ok; n is the number of
+// expressions it took.
+func addMatch(r *Rule, m Match, ok bool, n int) (int, bool) {
+	if !ok {
+		return 0, false
+	}
+	r.Matches = append(r.Matches, m)
+	return n, true
+}
+
+// decodeCtMatch reads a conntrack state or status test (encodeCtMatch);
+// rest follows ct.
+func decodeCtMatch(ct *expr.Ct, rest []expr.Any) (Match, bool) {
+	if (ct.Key != expr.CtKeySTATE && ct.Key != expr.CtKeySTATUS) || len(rest) < 2 {
+		return Match{}, false
+	}
+	kind, mask := MatchCtEstablished, ctEstablishedMask
+	if ct.Key == expr.CtKeySTATUS {
+		kind, mask = MatchCtDNAT, ctDNATMask
+	}
+	bw, ok1 := rest[0].(*expr.Bitwise)
+	cmp, ok2 := rest[1].(*expr.Cmp)
+	if !ok1 || !ok2 || !bytes.Equal(bw.Mask, mask) || cmp.Op != expr.CmpOpNeq || !bytes.Equal(cmp.Data, make([]byte, 4)) {
+		return Match{}, false
+	}
+	return Match{Kind: kind}, true
+}
+
+// decodeIfnameMatch reads an interface name, prefix or set match
+// (encodeIfnameMatch); rest follows the name's load.
+func decodeIfnameMatch(load *expr.Meta, rest []expr.Any) (Match, bool) {
+	if (load.Key != expr.MetaKeyIIFNAME && load.Key != expr.MetaKeyOIFNAME) || len(rest) < 1 {
+		return Match{}, false
+	}
+	in := load.Key == expr.MetaKeyIIFNAME
+	switch next := rest[0].(type) {
+	case *expr.Lookup:
+		return Match{Kind: MatchIfnameSet, In: in, Value: next.SetName, Negate: next.Invert}, true
+	case *expr.Cmp:
+		if next.Op != expr.CmpOpEq && next.Op != expr.CmpOpNeq {
+			return Match{}, false
+		}
+		m := Match{Kind: MatchIfname, In: in, Negate: next.Op == expr.CmpOpNeq}
+		if len(next.Data) == ifnameLen {
+			m.Value = string(bytes.TrimRight(next.Data, "\x00"))
+		} else {
+			m.Value, m.Prefix = string(next.Data), true
+		}
+		return m, true
+	}
+	return Match{}, false
+}
+
+// decodePayloadMatch reads a port or ICMP match (a transport header load)
+// or an address set match (a network header load); rest follows the load.
+func decodePayloadMatch(f Family, load *expr.Payload, rest []expr.Any) (Match, bool) {
+	if len(rest) < 1 {
+		return Match{}, false
+	}
+	switch load.Base {
+	case expr.PayloadBaseTransportHeader:
+		return decodeTransport(load, rest[0])
+	case expr.PayloadBaseNetworkHeader:
+		return decodeAddrSetMatch(f, load, rest[0])
+	}
+	return Match{}, false
+}
+
+// decodeAddrSetMatch reads a source or destination address set lookup.
+func decodeAddrSetMatch(f Family, load *expr.Payload, next expr.Any) (Match, bool) {
+	lk, ok := next.(*expr.Lookup)
+	if !ok {
+		return Match{}, false
+	}
+	so, sl := addrPayload(f, true)
+	do, dl := addrPayload(f, false)
+	var src bool
+	switch {
+	case load.Offset == so && load.Len == sl:
+		src = true
+	case load.Offset == do && load.Len == dl:
+	default:
+		return Match{}, false
+	}
+	return Match{Kind: MatchAddrSet, In: src, Value: lk.SetName, Negate: lk.Invert}, true
+}
+
+// decodeVerdict reads the verdicts encodeVerdict writes.
+func decodeVerdict(v *expr.Verdict) (VerdictKind, string, bool) {
+	switch v.Kind {
+	case expr.VerdictAccept:
+		return Accept, "", true
+	case expr.VerdictDrop:
+		return Drop, "", true
+	case expr.VerdictReturn:
+		return Return, "", true
+	case expr.VerdictJump:
+		return Jump, v.Chain, true
+	case expr.VerdictGoto:
+		return Goto, v.Chain, true
+	}
+	return 0, "", false
 }
 
 // decodeMeta reads a mark match, a mark statement or an l4proto match at
@@ -725,94 +810,137 @@ func (n *NFT) Execute(ctx context.Context, ops []Op) error {
 	if err != nil {
 		return err
 	}
-	setIDs := map[string]uint32{} // family/name -> id, sets created in this batch
-	idsOf := func(f Family) map[string]uint32 {
-		m := map[string]uint32{}
-		for k, v := range setIDs {
-			if fam, name, ok := cutFamily(k); ok && fam == f {
-				m[name] = v
-			}
-		}
-		return m
-	}
+	b := &nftBatch{n: n, c: c, setIDs: map[string]uint32{}}
 	for _, op := range ops {
-		t := ourTable(op.Family)
-		switch op.Kind {
-		case OpAddTable:
-			c.AddTable(t)
-		case OpDelTable:
-			c.DelTable(t)
-			for k := range setIDs {
-				if fam, _, _ := cutFamily(k); fam == op.Family {
-					delete(setIDs, k)
-				}
-			}
-		case OpAddSet:
-			ns := n.nftSet(op.Family, op.Set)
-			elems, err := setElements(op.Family, op.Set)
-			if err != nil {
-				return err
-			}
-			if err := c.AddSet(ns, elems); err != nil {
-				return fmt.Errorf("adding set %s: %w", op.Set.Name, err)
-			}
-			setIDs[string(op.Family)+"/"+op.Set.Name] = ns.ID
-		case OpDelSet:
-			c.DelSet(&nftables.Set{Table: t, Name: op.Set.Name})
-		case OpFlushSet:
-			c.FlushSet(&nftables.Set{Table: t, Name: op.Set.Name})
-		case OpAddElements, OpDelElements:
-			ns := n.nftSet(op.Family, op.Set)
-			ns.ID = setIDs[string(op.Family)+"/"+op.Set.Name]
-			elems, err := setElements(op.Family, op.Set)
-			if err != nil {
-				return err
-			}
-			if op.Kind == OpAddElements {
-				err = c.SetAddElements(ns, elems)
-			} else {
-				err = c.SetDeleteElements(ns, elems)
-			}
-			if err != nil {
-				return fmt.Errorf("changing elements of set %s: %w", op.Set.Name, err)
-			}
-		case OpAddChain:
-			ch := &nftables.Chain{Name: op.ChainDef.Name, Table: t}
-			if b := op.ChainDef.Base; b != nil {
-				hook, err := hookNum(b.Hook)
-				if err != nil {
-					return err
-				}
-				prio := nftables.ChainPriority(b.Priority)
-				policy := nftables.ChainPolicyAccept
-				ch.Type, ch.Hooknum, ch.Priority, ch.Policy = nftables.ChainType(b.Type), hook, &prio, &policy
-			}
-			c.AddChain(ch)
-		case OpDelChain:
-			c.DelChain(&nftables.Chain{Name: op.Chain, Table: t})
-		case OpFlushChain:
-			c.FlushChain(&nftables.Chain{Name: op.Chain, Table: t})
-		case OpAddRule:
-			ex, err := encodeRule(op.Family, op.Rule, idsOf(op.Family))
-			if err != nil {
-				return fmt.Errorf("rule %q: %w", op.Rule.Render(op.Family), err)
-			}
-			var ud []byte
-			if cm := clipComment(op.Rule.Comment); cm != "" {
-				ud = userdata.AppendString(nil, userdata.TypeComment, cm)
-			}
-			c.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: op.Chain, Table: t}, Exprs: ex, UserData: ud})
-		case OpDelRule:
-			if err := c.DelRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: op.Chain, Table: t}, Handle: op.Rule.Handle}); err != nil {
-				return fmt.Errorf("deleting rule %d of chain %s: %w", op.Rule.Handle, op.Chain, err)
-			}
-		default:
-			return fmt.Errorf("unsupported operation %d", op.Kind)
+		if err := b.add(op); err != nil {
+			return err
 		}
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nftables batch of %d changes failed (nothing was changed): %w", len(ops), err)
 	}
+	return nil
+}
+
+// nftBatch queues one Execute's operations on its connection.
+type nftBatch struct {
+	n      *NFT
+	c      *nftables.Conn
+	setIDs map[string]uint32 // family/name -> id, sets created in this batch
+}
+
+// idsOf are the ids of the sets of family f created in this batch, by name.
+func (b *nftBatch) idsOf(f Family) map[string]uint32 {
+	m := map[string]uint32{}
+	for k, v := range b.setIDs {
+		if fam, name, ok := cutFamily(k); ok && fam == f {
+			m[name] = v
+		}
+	}
+	return m
+}
+
+// add queues op.
+func (b *nftBatch) add(op Op) error {
+	t := ourTable(op.Family)
+	switch op.Kind {
+	case OpAddTable:
+		b.c.AddTable(t)
+	case OpDelTable:
+		b.c.DelTable(t)
+		for k := range b.setIDs {
+			if fam, _, _ := cutFamily(k); fam == op.Family {
+				delete(b.setIDs, k)
+			}
+		}
+	case OpAddSet:
+		return b.addSet(op)
+	case OpDelSet:
+		b.c.DelSet(&nftables.Set{Table: t, Name: op.Set.Name})
+	case OpFlushSet:
+		b.c.FlushSet(&nftables.Set{Table: t, Name: op.Set.Name})
+	case OpAddElements, OpDelElements:
+		return b.changeElements(op)
+	case OpAddChain:
+		return b.addChain(op)
+	case OpDelChain:
+		b.c.DelChain(&nftables.Chain{Name: op.Chain, Table: t})
+	case OpFlushChain:
+		b.c.FlushChain(&nftables.Chain{Name: op.Chain, Table: t})
+	case OpAddRule:
+		return b.addRule(op)
+	case OpDelRule:
+		if err := b.c.DelRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: op.Chain, Table: t}, Handle: op.Rule.Handle}); err != nil {
+			return fmt.Errorf("deleting rule %d of chain %s: %w", op.Rule.Handle, op.Chain, err)
+		}
+	default:
+		return fmt.Errorf("unsupported operation %d", op.Kind)
+	}
+	return nil
+}
+
+// addSet creates a set with its elements; later operations of the batch
+// refer to it by its id.
+func (b *nftBatch) addSet(op Op) error {
+	ns := b.n.nftSet(op.Family, op.Set)
+	elems, err := setElements(op.Family, op.Set)
+	if err != nil {
+		return err
+	}
+	if err := b.c.AddSet(ns, elems); err != nil {
+		return fmt.Errorf("adding set %s: %w", op.Set.Name, err)
+	}
+	b.setIDs[string(op.Family)+"/"+op.Set.Name] = ns.ID
+	return nil
+}
+
+// changeElements adds or deletes elements of a set.
+func (b *nftBatch) changeElements(op Op) error {
+	ns := b.n.nftSet(op.Family, op.Set)
+	ns.ID = b.setIDs[string(op.Family)+"/"+op.Set.Name]
+	elems, err := setElements(op.Family, op.Set)
+	if err != nil {
+		return err
+	}
+	if op.Kind == OpAddElements {
+		err = b.c.SetAddElements(ns, elems)
+	} else {
+		err = b.c.SetDeleteElements(ns, elems)
+	}
+	if err != nil {
+		return fmt.Errorf("changing elements of set %s: %w", op.Set.Name, err)
+	}
+	return nil
+}
+
+// addChain creates a regular chain, or a base chain on its hook.
+func (b *nftBatch) addChain(op Op) error {
+	ch := &nftables.Chain{Name: op.ChainDef.Name, Table: ourTable(op.Family)}
+	if base := op.ChainDef.Base; base != nil {
+		hook, err := hookNum(base.Hook)
+		if err != nil {
+			return err
+		}
+		prio := nftables.ChainPriority(base.Priority)
+		policy := nftables.ChainPolicyAccept
+		ch.Type, ch.Hooknum, ch.Priority, ch.Policy = nftables.ChainType(base.Type), hook, &prio, &policy
+	}
+	b.c.AddChain(ch)
+	return nil
+}
+
+// addRule appends a rule to its chain, its comment as user data.
+func (b *nftBatch) addRule(op Op) error {
+	ex, err := encodeRule(op.Family, op.Rule, b.idsOf(op.Family))
+	if err != nil {
+		return fmt.Errorf("rule %q: %w", op.Rule.Render(op.Family), err)
+	}
+	var ud []byte
+	if cm := clipComment(op.Rule.Comment); cm != "" {
+		ud = userdata.AppendString(nil, userdata.TypeComment, cm)
+	}
+	t := ourTable(op.Family)
+	b.c.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: op.Chain, Table: t}, Exprs: ex, UserData: ud})
 	return nil
 }
 

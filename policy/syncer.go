@@ -177,92 +177,25 @@ func (s *Syncer) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	updates := make(chan update, 256)
-	for _, p := range followed {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.follow(ctx, p, updates)
-		}()
+	updates, names := s.startHelpers(ctx, &wg)
+	ss := &syncState{
+		records: map[string]map[string][]byte{},
+		loaded:  map[string]bool{},
+		delay:   retry.New(retry.Standard()),
+		warned:  map[string]bool{},
+		names:   names,
 	}
-	var names chan map[string]bool
-	if s.cfg.Names != nil {
-		names = make(chan map[string]bool, 1)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.resolveNames(ctx, names)
-		}()
-	}
-
-	records := map[string]map[string][]byte{}
-	loaded := map[string]bool{}
-	var epRev int64 // the endpoint records' revision that records holds
-	var lastApplied string
-	delay := retry.New(retry.Standard())
-	var retry *time.Timer
-	var retryC <-chan time.Time
 	ticker := time.NewTicker(s.cfg.ResyncInterval)
 	defer ticker.Stop()
-	warned := map[string]bool{}
-
-	apply := func(force bool) {
-		if len(loaded) < len(followed) {
-			return // not everything read yet: a partial view would drop rules
-		}
-		rev := epRev
-		st, bad := s.state(records)
-		want, warnings := Desired(st)
-		// Each problem is logged once while it lasts, not at every burst.
-		now := map[string]bool{}
-		for _, w := range append(bad, warnings...) {
-			now[w] = true
-			if !warned[w] {
-				s.log.Warn(w)
-			}
-		}
-		warned = now
-		if names != nil {
-			offerNames(names, unnamedNetworks(st.Networks))
-		}
-		text := want.Render()
-		if !force && text == lastApplied {
-			s.setProgrammed(rev, "")
-			return
-		}
-		start := time.Now()
-		n, err := s.cfg.Dataplane.Apply(ctx, want)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			next := delay.Next()
-			s.log.WithError(err).WithField("retryIn", next).Error("programming the nftables policy failed")
-			s.setProgrammed(0, "programming nftables failed: "+err.Error())
-			lastApplied = ""
-			if retry == nil {
-				retry = time.NewTimer(next)
-				retryC = retry.C
-			}
-			return
-		}
-		delay.Reset()
-		lastApplied = text
-		s.setProgrammed(rev, "")
-		if n > 0 {
-			s.log.WithFields(logrus.Fields{"changes": n, "took": time.Since(start).Round(time.Microsecond), "localEndpoints": countLocal(st)}).Info("nftables policy updated")
-		}
-	}
-
 	for {
 		force := false
 		select {
 		case <-ctx.Done():
 			return nil
 		case u := <-updates:
-			epRev = max(epRev, s.merge(records, loaded, u))
-		case <-retryC:
-			retry, retryC = nil, nil
+			ss.epRev = max(ss.epRev, s.merge(ss.records, ss.loaded, u))
+		case <-ss.retryC:
+			ss.retryTimer, ss.retryC = nil, nil
 			force = true
 		case <-ticker.C:
 			force = true
@@ -272,14 +205,106 @@ func (s *Syncer) Run(ctx context.Context) error {
 		for drained := false; !drained; {
 			select {
 			case u := <-updates:
-				epRev = max(epRev, s.merge(records, loaded, u))
+				ss.epRev = max(ss.epRev, s.merge(ss.records, ss.loaded, u))
 			default:
 				drained = true
 			}
 		}
-		apply(force)
+		s.apply(ctx, ss, force)
 		s.passedRev.Store(s.seenRev)
 	}
+}
+
+// syncState is what Run keeps from one pass to the next.
+type syncState struct {
+	records map[string]map[string][]byte // by prefix, then key
+	loaded  map[string]bool              // prefixes listed at least once
+	epRev   int64                        // the endpoint records' revision that records holds
+	// lastApplied is the rendered ruleset last applied ("" after a
+	// failure).
+	lastApplied string
+	delay       *retry.Backoff
+	retryTimer  *time.Timer // a retry of a failed apply is pending
+	retryC      <-chan time.Time
+	warned      map[string]bool      // the problems logged, while they last
+	names       chan map[string]bool // to resolveNames; nil without a NameResolver
+}
+
+// startHelpers starts a follower per prefix and, given a NameResolver,
+// the name resolver (names is nil otherwise); wg counts them.
+func (s *Syncer) startHelpers(ctx context.Context, wg *sync.WaitGroup) (updates chan update, names chan map[string]bool) {
+	updates = make(chan update, 256)
+	for _, p := range followed {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.follow(ctx, p, updates)
+		}()
+	}
+	if s.cfg.Names != nil {
+		names = make(chan map[string]bool, 1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.resolveNames(ctx, names)
+		}()
+	}
+	return updates, names
+}
+
+// apply programs the tables the records call for, unless they are what
+// was last applied (force: compare with the kernel anyway). A failure is
+// retried with backoff.
+func (s *Syncer) apply(ctx context.Context, ss *syncState, force bool) {
+	if len(ss.loaded) < len(followed) {
+		return // not everything read yet: a partial view would drop rules
+	}
+	rev := ss.epRev
+	st, bad := s.state(ss.records)
+	want, warnings := Desired(st)
+	ss.warnOnce(s.log, append(bad, warnings...))
+	if ss.names != nil {
+		offerNames(ss.names, unnamedNetworks(st.Networks))
+	}
+	text := want.Render()
+	if !force && text == ss.lastApplied {
+		s.setProgrammed(rev, "")
+		return
+	}
+	start := time.Now()
+	n, err := s.cfg.Dataplane.Apply(ctx, want)
+	if err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		next := ss.delay.Next()
+		s.log.WithError(err).WithField("retryIn", next).Error("programming the nftables policy failed")
+		s.setProgrammed(0, "programming nftables failed: "+err.Error())
+		ss.lastApplied = ""
+		if ss.retryTimer == nil {
+			ss.retryTimer = time.NewTimer(next)
+			ss.retryC = ss.retryTimer.C
+		}
+		return
+	}
+	ss.delay.Reset()
+	ss.lastApplied = text
+	s.setProgrammed(rev, "")
+	if n > 0 {
+		s.log.WithFields(logrus.Fields{"changes": n, "took": time.Since(start).Round(time.Microsecond), "localEndpoints": countLocal(st)}).Info("nftables policy updated")
+	}
+}
+
+// warnOnce logs each problem once while it lasts, not at every burst.
+func (ss *syncState) warnOnce(log logrus.FieldLogger, problems []string) {
+	now := map[string]bool{}
+	for _, w := range problems {
+		now[w] = true
+		if !ss.warned[w] {
+			log.Warn(w)
+		}
+	}
+	ss.warned = now
 }
 
 // merge applies u to records; it returns the revision of the endpoint

@@ -163,10 +163,10 @@ func TestPolicyTraffic(t *testing.T) {
 			{ID: net1ID, Name: "net1"}, {ID: net2ID, Name: "net2"}, net3, net4, {ID: net5ID, Name: "net5"},
 		},
 	}
-	ifnames := map[string]string{}
+	ifnames, ips := map[string]string{}, map[string]string{}
 	for i, e := range eps {
 		id := fmt.Sprintf("%011x", 0xabc0000+i) + strings.Repeat("0", 53)
-		ifnames[e.name] = "cali" + id[:11]
+		ifnames[e.name], ips[e.name] = "cali"+id[:11], e.ip
 		st.Endpoints = append(st.Endpoints, localEP(id, e.network, e.ip))
 		l.container(e.name, ifnames[e.name], e.ip)
 	}
@@ -176,26 +176,22 @@ func TestPolicyTraffic(t *testing.T) {
 	l.watchOutside()
 	c := l.ctrs
 
-	t.Run("same network", func(t *testing.T) {
-		l.t = t
-		l.expect("a", c["a"], "b", "192.168.0.2", true)
-		l.expect("b", c["b"], "a", "192.168.0.1", true)
-	})
-	t.Run("different isolated networks", func(t *testing.T) {
-		l.t = t
-		l.expect("a", c["a"], "c", "192.168.0.3", false)
-		l.expect("c", c["c"], "a", "192.168.0.1", false)
-	})
-	t.Run("isolation off on both", func(t *testing.T) {
-		l.t = t
-		l.expect("d", c["d"], "e", "192.168.0.5", true)
-		l.expect("e", c["e"], "d", "192.168.0.4", true)
-	})
-	t.Run("isolation off on one side only", func(t *testing.T) {
-		l.t = t
-		l.expect("a", c["a"], "d", "192.168.0.4", false)
-		l.expect("d", c["d"], "a", "192.168.0.1", false)
-	})
+	// Between two containers, both ways.
+	for _, tc := range []struct {
+		name, a, b string
+		reach      bool
+	}{
+		{"same network", "a", "b", true},
+		{"different isolated networks", "a", "c", false},
+		{"isolation off on both", "d", "e", true},
+		{"isolation off on one side only", "a", "d", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l.t = t
+			l.expect(tc.a, c[tc.a], tc.b, ips[tc.b], tc.reach)
+			l.expect(tc.b, c[tc.b], tc.a, ips[tc.a], tc.reach)
+		})
+	}
 	t.Run("own host", func(t *testing.T) {
 		l.t = t
 		l.expect("a", c["a"], "the host", labHostIP, true)
