@@ -156,7 +156,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.start = time.Now()
 	addr, err := a.detectNodeAddress(ctx)
 	if err != nil {
-		return nil
+		return nil // the start-up steps retry until ctx ends: that is the only error
 	}
 	a.log = a.log.WithField("address", addr.String())
 	addr6 := a.ipv6NextHop(addr)
