@@ -642,24 +642,10 @@ func (e *Engine) AssignIP(ctx context.Context, a AssignIPArgs) error {
 				fresh = true // the cached copy may be stale: check etcd
 				continue
 			}
-			owner := b.host()
-			if owner == "" {
-				owner = "none"
-			}
-			return newError(ErrAddressInUse, "address %s is already in use (handle %s, block %s, host %s): pick another address or remove the container holding it", addr, holder, bp, owner)
+			return addressInUseError(addr, holder, bp, b)
 		}
-		if b.host() != a.Host {
-			cfg, err := e.GetConfig(ctx)
-			if err != nil {
-				return err
-			}
-			if cfg.StrictAffinity {
-				owner := b.host()
-				if owner == "" {
-					owner = "no host"
-				}
-				return newError(ErrStrictAffinity, "address %s is in block %s, which belongs to %s, and strictAffinity forbids using another host's block: pick an address in a block of host %s or turn strictAffinity off (`calico-cnm ipam configure --strict-affinity=false`)", addr, bp, owner, a.Host)
-			}
+		if err := e.checkStrictAffinity(ctx, addr, bp, b, a.Host); err != nil {
+			return err
 		}
 		_, _, err = e.commitAssign(ctx, req, b, rev, ord, pool)
 		if err == nil {
@@ -674,4 +660,35 @@ func (e *Engine) AssignIP(ctx context.Context, a AssignIPArgs) error {
 		fresh = true
 	}
 	return fmt.Errorf("assigning %s: still conflicting after %d attempts: %w", addr, maxAttempts, datastore.ErrConflict)
+}
+
+// addressInUseError refuses addr, which holder holds in block b (read at
+// bp).
+func addressInUseError(addr netip.Addr, holder string, bp netip.Prefix, b *block) error {
+	owner := b.host()
+	if owner == "" {
+		owner = "none"
+	}
+	return newError(ErrAddressInUse, "address %s is already in use (handle %s, block %s, host %s): pick another address or remove the container holding it", addr, holder, bp, owner)
+}
+
+// checkStrictAffinity refuses addr, in block b (read at bp), to host when b
+// belongs to another host (or none) and strictAffinity is set; nil
+// otherwise.
+func (e *Engine) checkStrictAffinity(ctx context.Context, addr netip.Addr, bp netip.Prefix, b *block, host string) error {
+	if b.host() == host {
+		return nil
+	}
+	cfg, err := e.GetConfig(ctx)
+	if err != nil {
+		return err
+	}
+	if !cfg.StrictAffinity {
+		return nil
+	}
+	owner := b.host()
+	if owner == "" {
+		owner = "no host"
+	}
+	return newError(ErrStrictAffinity, "address %s is in block %s, which belongs to %s, and strictAffinity forbids using another host's block: pick an address in a block of host %s or turn strictAffinity off (`calico-cnm ipam configure --strict-affinity=false`)", addr, bp, owner, host)
 }

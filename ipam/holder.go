@@ -5,9 +5,29 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 )
+
+// locateAddress finds the block that holds ip (its pool gives the block
+// size) and ip's ordinal in it; the block itself is not read.
+func (e *Engine) locateAddress(ctx context.Context, ip net.IP) (addr netip.Addr, bp netip.Prefix, ord int, err error) {
+	addr, ok := addrFromIP(ip)
+	if !ok {
+		return netip.Addr{}, netip.Prefix{}, 0, newError(ErrInvalidArgument, "no valid IP address given (%v)", ip)
+	}
+	pool, ok, err := e.poolContaining(ctx, addr)
+	if err != nil {
+		return netip.Addr{}, netip.Prefix{}, 0, err
+	}
+	if !ok {
+		return netip.Addr{}, netip.Prefix{}, 0, newError(ErrNotInPool, "address %s is not in any IP pool", addr)
+	}
+	bp = blockOf(addr, pool.BlockSize)
+	ord, _ = ordinalOf(bp, addr)
+	return addr, bp, ord, nil
+}
 
 // AddressHolder returns the assignment holding ip, read from etcd (not the
 // cache: another host may have assigned it a moment ago); found is false
@@ -17,23 +37,14 @@ import (
 // node that runs the task must tell that address (which it uses without
 // assigning) from one a local container holds.
 func (e *Engine) AddressHolder(ctx context.Context, ip net.IP) (a Allocation, found bool, err error) {
-	addr, ok := addrFromIP(ip)
-	if !ok {
-		return Allocation{}, false, newError(ErrInvalidArgument, "no valid IP address given (%v)", ip)
-	}
-	pool, ok, err := e.poolContaining(ctx, addr)
+	_, bp, ord, err := e.locateAddress(ctx, ip)
 	if err != nil {
 		return Allocation{}, false, err
 	}
-	if !ok {
-		return Allocation{}, false, newError(ErrNotInPool, "address %s is not in any IP pool", addr)
-	}
-	bp := blockOf(addr, pool.BlockSize)
 	b, _, exists, err := e.readBlock(ctx, bp)
 	if err != nil || !exists {
 		return Allocation{}, false, err
 	}
-	ord, _ := ordinalOf(bp, addr)
 	if _, taken := b.handleAt(ord); !taken {
 		return Allocation{}, false, nil
 	}
@@ -48,19 +59,10 @@ func (e *Engine) AddressHolder(ctx context.Context, ip net.IP) (a Allocation, fo
 // not called). The swarm manager uses it to take over, after a restart, an
 // assignment its previous life made.
 func (e *Engine) UpdateHolder(ctx context.Context, ip net.IP, decide func(Allocation) (map[string]string, error)) (a Allocation, found bool, err error) {
-	addr, ok := addrFromIP(ip)
-	if !ok {
-		return Allocation{}, false, newError(ErrInvalidArgument, "no valid IP address given (%v)", ip)
-	}
-	pool, ok, err := e.poolContaining(ctx, addr)
+	addr, bp, ord, err := e.locateAddress(ctx, ip)
 	if err != nil {
 		return Allocation{}, false, err
 	}
-	if !ok {
-		return Allocation{}, false, newError(ErrNotInPool, "address %s is not in any IP pool", addr)
-	}
-	bp := blockOf(addr, pool.BlockSize)
-	ord, _ := ordinalOf(bp, addr)
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		b, rev, exists, err := e.readBlock(ctx, bp)
 		if err != nil || !exists {

@@ -392,62 +392,7 @@ func (e *Engine) DeletePool(ctx context.Context, cidr string) error {
 		return err
 	}
 	err = e.store.Retry(ctx, func(ctx context.Context) error {
-		blocks, err := e.poolBlocks(ctx, pfx)
-		if err != nil {
-			return err
-		}
-		if err := inUseError(pfx, blocks); err != nil {
-			return err
-		}
-		affs, err := e.store.List(ctx, affinityPrefix)
-		if err != nil {
-			return err
-		}
-		var ops []datastore.Op
-		flush := func() error {
-			if len(ops) == 0 {
-				return nil
-			}
-			err := e.store.Txn(ctx, ops...)
-			ops = ops[:0]
-			return err
-		}
-		for _, c := range blocks {
-			ops = append(ops, datastore.Delete(blockKey(c.b.prefix), c.rev))
-			e.uncacheBlock(c.b.prefix)
-			if len(ops) >= deleteBatch {
-				if err := flush(); err != nil {
-					return err
-				}
-			}
-		}
-		for _, kv := range affs {
-			if _, bp, ok := parseAffinityKey(kv.Key); ok && pfx.Overlaps(bp) {
-				ops = append(ops, datastore.Delete(kv.Key, kv.ModRevision))
-				if len(ops) >= deleteBatch {
-					if err := flush(); err != nil {
-						return err
-					}
-				}
-			}
-		}
-		if err := flush(); err != nil {
-			return err
-		}
-		serial, serialRev, err := e.readSerial(ctx)
-		if err != nil {
-			return err
-		}
-		cur, err := e.getPool(ctx, cidr)
-		if err != nil {
-			if errors.Is(err, ErrPoolNotFound) {
-				return nil
-			}
-			return err
-		}
-		return e.store.Txn(ctx,
-			datastore.Delete(poolKey(pfx), cur.rev),
-			datastore.Write(poolsSerialKey, datastore.MustJSON(serial+1), serialRev))
+		return e.deleteDisabledPool(ctx, cidr, pfx)
 	})
 	e.invalidatePools()
 	if err != nil {
@@ -460,6 +405,77 @@ func (e *Engine) DeletePool(ctx context.Context, cidr string) error {
 	}
 	e.log.WithFields(logrus.Fields{"pool": pfx.String(), "blocks": len(blocks)}).Info("IP pool deleted")
 	return nil
+}
+
+// deleteDisabledPool is one attempt (DeletePool retries it) at removing the
+// disabled pool pfx: it re-reads the blocks, refuses with ErrPoolInUse if
+// any address is allocated, deletes blocks and affinities (each guarded by
+// the revision read), then the pool record with a bump of the pools serial.
+// A pool already gone counts as deleted.
+func (e *Engine) deleteDisabledPool(ctx context.Context, cidr string, pfx netip.Prefix) error {
+	blocks, err := e.poolBlocks(ctx, pfx)
+	if err != nil {
+		return err
+	}
+	if err := inUseError(pfx, blocks); err != nil {
+		return err
+	}
+	affs, err := e.store.List(ctx, affinityPrefix)
+	if err != nil {
+		return err
+	}
+	if err := e.deletePoolBlocks(ctx, pfx, blocks, affs); err != nil {
+		return err
+	}
+	serial, serialRev, err := e.readSerial(ctx)
+	if err != nil {
+		return err
+	}
+	cur, err := e.getPool(ctx, cidr)
+	if err != nil {
+		if errors.Is(err, ErrPoolNotFound) {
+			return nil
+		}
+		return err
+	}
+	return e.store.Txn(ctx,
+		datastore.Delete(poolKey(pfx), cur.rev),
+		datastore.Write(poolsSerialKey, datastore.MustJSON(serial+1), serialRev))
+}
+
+// deletePoolBlocks deletes blocks and then the affinities (among affs) of
+// blocks inside pfx, deleteBatch operations per transaction, each guarded
+// by the revision it was read at.
+func (e *Engine) deletePoolBlocks(ctx context.Context, pfx netip.Prefix, blocks []cachedBlock, affs []datastore.KV) error {
+	var ops []datastore.Op
+	flush := func() error {
+		if len(ops) == 0 {
+			return nil
+		}
+		err := e.store.Txn(ctx, ops...)
+		ops = ops[:0]
+		return err
+	}
+	for _, c := range blocks {
+		ops = append(ops, datastore.Delete(blockKey(c.b.prefix), c.rev))
+		e.uncacheBlock(c.b.prefix)
+		if len(ops) >= deleteBatch {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	for _, kv := range affs {
+		if _, bp, ok := parseAffinityKey(kv.Key); ok && pfx.Overlaps(bp) {
+			ops = append(ops, datastore.Delete(kv.Key, kv.ModRevision))
+			if len(ops) >= deleteBatch {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return flush()
 }
 
 // EnsureDefaultPool returns the first enabled IPv4 pool, creating

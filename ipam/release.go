@@ -164,22 +164,8 @@ func (e *Engine) ReleaseIPUnless(ctx context.Context, ip net.IP, keep func(Alloc
 		if err != nil {
 			return err
 		}
-		lost := b.release([]int{ord}, e.now())
-		h.rec.add(bp, -lost[hid])
-		ops, deleted := e.releaseOps(b, rev)
-		if op, ok := h.op(); ok {
-			ops = append(ops, op)
-		}
-		newRev, err := e.store.TxnRev(ctx, ops...)
+		err = e.commitRelease(ctx, addr, bp, b, rev, ord, h)
 		if err == nil {
-			if deleted {
-				e.uncacheBlock(bp)
-			} else {
-				e.cacheBlock(b, newRev)
-			}
-			h.rev = newRev
-			e.cacheHandle(h)
-			e.log.WithFields(logrus.Fields{"ip": addr.String(), "block": bp.String(), "handle": hid, "blockReleased": deleted}).Debug("address released")
 			return nil
 		}
 		if !errors.Is(err, datastore.ErrConflict) {
@@ -191,6 +177,32 @@ func (e *Engine) ReleaseIPUnless(ctx context.Context, ip net.IP, keep func(Alloc
 		fresh = true
 	}
 	return fmt.Errorf("releasing %s: still conflicting after %d attempts: %w", addr, maxAttempts, datastore.ErrConflict)
+}
+
+// commitRelease frees ordinal ord (addr) of block b, read at rev, from its
+// holder h in one transaction that also writes h's record, each guarded by
+// its revision; it returns the transaction's error (ErrConflict when block
+// or handle changed) and caches what it wrote only on success.
+func (e *Engine) commitRelease(ctx context.Context, addr netip.Addr, bp netip.Prefix, b *block, rev int64, ord int, h handleState) error {
+	lost := b.release([]int{ord}, e.now())
+	h.rec.add(bp, -lost[h.id])
+	ops, deleted := e.releaseOps(b, rev)
+	if op, ok := h.op(); ok {
+		ops = append(ops, op)
+	}
+	newRev, err := e.store.TxnRev(ctx, ops...)
+	if err != nil {
+		return err
+	}
+	if deleted {
+		e.uncacheBlock(bp)
+	} else {
+		e.cacheBlock(b, newRev)
+	}
+	h.rev = newRev
+	e.cacheHandle(h)
+	e.log.WithFields(logrus.Fields{"ip": addr.String(), "block": bp.String(), "handle": h.id, "blockReleased": deleted}).Debug("address released")
+	return nil
 }
 
 // ReleaseByHandle frees every address held by handleID, one block per
@@ -222,28 +234,8 @@ func (e *Engine) ReleaseByHandle(ctx context.Context, handleID string) error {
 		} else {
 			cidr := cidrs[0]
 			delete(h.rec.Blocks, cidr)
-			bp, perr := netip.ParsePrefix(cidr)
-			var rev int64
-			exists := false
-			if perr == nil {
-				if b, rev, exists, err = e.blockFor(ctx, bp); err != nil {
-					return err
-				}
-			}
-			if exists {
-				if ords := b.ordinalsOf(handleID); len(ords) > 0 {
-					b.release(ords, e.now())
-					ops, deleted = e.releaseOps(b, rev)
-				} else {
-					ops = append(ops, datastore.Check(blockKey(bp), rev))
-					b = nil
-				}
-			} else {
-				log.WithField("block", cidr).Warn("handle refers to a block that does not exist; dropping the reference")
-				b = nil
-				if perr == nil {
-					ops = append(ops, datastore.Check(blockKey(bp), 0))
-				}
+			if ops, b, deleted, err = e.releaseHandleInBlockOps(ctx, log, handleID, cidr); err != nil {
+				return err
 			}
 			if op, ok := h.op(); ok {
 				ops = append(ops, op)
@@ -279,6 +271,35 @@ func (e *Engine) ReleaseByHandle(ctx context.Context, handleID string) error {
 		}
 	}
 	return fmt.Errorf("releasing handle %s: still conflicting after %d attempts: %w", handleID, maxAttempts, datastore.ErrConflict)
+}
+
+// releaseHandleInBlockOps is the write that frees handleID's addresses in
+// block cidr: the modified block b (nil when nothing in it changes) and
+// whether the write deletes it. A block left unchanged, or missing, is
+// still checked at the revision read, so that the handle's write fails if
+// the block changed meanwhile.
+func (e *Engine) releaseHandleInBlockOps(ctx context.Context, log logrus.FieldLogger, handleID, cidr string) (ops []datastore.Op, b *block, deleted bool, err error) {
+	bp, perr := netip.ParsePrefix(cidr)
+	var rev int64
+	exists := false
+	if perr == nil {
+		if b, rev, exists, err = e.blockFor(ctx, bp); err != nil {
+			return nil, nil, false, err
+		}
+	}
+	if !exists {
+		log.WithField("block", cidr).Warn("handle refers to a block that does not exist; dropping the reference")
+		if perr == nil {
+			ops = append(ops, datastore.Check(blockKey(bp), 0))
+		}
+		return ops, nil, false, nil
+	}
+	if ords := b.ordinalsOf(handleID); len(ords) > 0 {
+		b.release(ords, e.now())
+		ops, deleted = e.releaseOps(b, rev)
+		return ops, b, deleted, nil
+	}
+	return []datastore.Op{datastore.Check(blockKey(bp), rev)}, nil, false, nil
 }
 
 // IPsByHandle lists the addresses held by handleID, lowest first.

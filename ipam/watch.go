@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/internal/retry"
 )
@@ -73,82 +75,122 @@ func (e *Engine) WatchHostBlocks(ctx context.Context, host string) <-chan BlockE
 			e.log.WithError(err).Error("not watching blocks")
 			return
 		}
-		prefix := hostAffinityPrefix(host)
-		log := e.log.WithField("host", host)
-		known := map[netip.Prefix]bool{}
-		send := func(p netip.Prefix, added bool) bool {
-			select {
-			case out <- BlockEvent{Block: toIPNet(p), Host: host, Added: added}:
-				return true
-			case <-ctx.Done():
-				return false
-			}
+		w := hostBlockWatch{
+			e: e, host: host, prefix: hostAffinityPrefix(host),
+			log: e.log.WithField("host", host), out: out, known: map[netip.Prefix]bool{},
 		}
-		backoff := retry.New(retry.Standard())
-		for ctx.Err() == nil {
-			kvs, rev, err := e.store.ListWithRevision(ctx, prefix)
-			if err != nil {
-				log.WithError(err).Warn("listing host blocks failed, retrying")
-				if !backoff.Wait(ctx) {
-					return
-				}
-				continue
-			}
-			backoff.Reset()
-			current := map[netip.Prefix]bool{}
-			for _, p := range confirmedBlocks(kvs) {
-				current[p] = true
-			}
-			// Report the difference with what the consumer already has.
-			var gone []netip.Prefix
-			for p := range known {
-				if !current[p] {
-					gone = append(gone, p)
-				}
-			}
-			slices.SortFunc(gone, comparePrefix)
-			for _, p := range gone {
-				if !send(p, false) {
-					return
-				}
-				delete(known, p)
-			}
-			for _, p := range confirmedBlocks(kvs) {
-				if !known[p] {
-					if !send(p, true) {
-						return
-					}
-					known[p] = true
-				}
-			}
-			wctx, cancel := context.WithCancel(ctx)
-			for ev := range e.store.Watch(wctx, prefix, rev) {
-				if ev.Err != nil {
-					log.WithError(ev.Err).Warn("watch on host blocks broke, re-listing")
-					break
-				}
-				_, p, ok := parseAffinityKey(ev.Key)
-				if !ok {
-					continue
-				}
-				owned := false
-				if ev.Type == datastore.EventPut {
-					_, owned = confirmedAffinity(ev.Key, ev.Value)
-				}
-				if owned != known[p] {
-					if !send(p, owned) {
-						cancel()
-						return
-					}
-					if owned {
-						known[p] = true
-					} else {
-						delete(known, p)
-					}
-				}
-			}
-			cancel()
-		}
+		w.run(ctx)
 	}()
 	return out
+}
+
+// hostBlockWatch is one WatchHostBlocks stream: known is what its consumer
+// has been told the host owns.
+type hostBlockWatch struct {
+	e      *Engine
+	host   string
+	prefix string
+	log    logrus.FieldLogger
+	out    chan<- BlockEvent
+	known  map[netip.Prefix]bool
+}
+
+// run lists the host's blocks, reports the difference with known, and
+// follows the changes from there; when the watch breaks it lists again.
+// It returns when ctx ends.
+func (w *hostBlockWatch) run(ctx context.Context) {
+	backoff := retry.New(retry.Standard())
+	for ctx.Err() == nil {
+		kvs, rev, err := w.e.store.ListWithRevision(ctx, w.prefix)
+		if err != nil {
+			w.log.WithError(err).Warn("listing host blocks failed, retrying")
+			if !backoff.Wait(ctx) {
+				return
+			}
+			continue
+		}
+		backoff.Reset()
+		if !w.reportDifference(ctx, confirmedBlocks(kvs)) {
+			return
+		}
+		if !w.followChanges(ctx, rev) {
+			return
+		}
+	}
+}
+
+// send tells the consumer that the host gained or lost p; false when ctx
+// ended first.
+func (w *hostBlockWatch) send(ctx context.Context, p netip.Prefix, added bool) bool {
+	select {
+	case w.out <- BlockEvent{Block: toIPNet(p), Host: w.host, Added: added}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// reportDifference sends what the consumer must learn for known to become
+// owned (sorted): removals first, lowest first, then additions; false when
+// ctx ended.
+func (w *hostBlockWatch) reportDifference(ctx context.Context, owned []netip.Prefix) bool {
+	current := map[netip.Prefix]bool{}
+	for _, p := range owned {
+		current[p] = true
+	}
+	var gone []netip.Prefix
+	for p := range w.known {
+		if !current[p] {
+			gone = append(gone, p)
+		}
+	}
+	slices.SortFunc(gone, comparePrefix)
+	for _, p := range gone {
+		if !w.send(ctx, p, false) {
+			return false
+		}
+		delete(w.known, p)
+	}
+	for _, p := range owned {
+		if !w.known[p] {
+			if !w.send(ctx, p, true) {
+				return false
+			}
+			w.known[p] = true
+		}
+	}
+	return true
+}
+
+// followChanges reports every change of ownership the etcd watch from rev
+// shows; true when the watch broke or ended (list again), false when ctx
+// ended while sending.
+func (w *hostBlockWatch) followChanges(ctx context.Context, rev int64) bool {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for ev := range w.e.store.Watch(wctx, w.prefix, rev) {
+		if ev.Err != nil {
+			w.log.WithError(ev.Err).Warn("watch on host blocks broke, re-listing")
+			break
+		}
+		_, p, ok := parseAffinityKey(ev.Key)
+		if !ok {
+			continue
+		}
+		owned := false
+		if ev.Type == datastore.EventPut {
+			_, owned = confirmedAffinity(ev.Key, ev.Value)
+		}
+		if owned != w.known[p] {
+			if !w.send(ctx, p, owned) {
+				return false
+			}
+			if owned {
+				w.known[p] = true
+			} else {
+				delete(w.known, p)
+			}
+		}
+	}
+	return true
 }

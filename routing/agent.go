@@ -110,17 +110,9 @@ func NewAgent(d Deps) (*Agent, error) {
 	if d.NodeName == "" {
 		return nil, errors.New("routing needs the node name")
 	}
-	if d.Log == nil {
-		d.Log = logrus.StandardLogger()
-	}
-	if d.DetectAddress == nil {
-		d.DetectAddress = DetectAddress
-	}
+	defaultLogDetectResync(&d.Log, &d.DetectAddress, &d.ResyncInterval)
 	if d.DetectIPv6 == nil {
 		d.DetectIPv6 = DetectIPv6
-	}
-	if d.ResyncInterval <= 0 {
-		d.ResyncInterval = 10 * time.Second
 	}
 	return &Agent{
 		d:          d,
@@ -132,6 +124,21 @@ func NewAgent(d Deps) (*Agent, error) {
 		advertised: map[netip.Prefix]bool{},
 		conflicts:  map[netip.Prefix]bool{},
 	}, nil
+}
+
+// defaultLogDetectResync fills in the defaults that the BGP agent and the
+// VXLAN manager share: the standard logger, address detection in the
+// current network namespace and a 10s resync.
+func defaultLogDetectResync(log *logrus.FieldLogger, detect *func(method string) (netip.Addr, error), resync *time.Duration) {
+	if *log == nil {
+		*log = logrus.StandardLogger()
+	}
+	if *detect == nil {
+		*detect = DetectAddress
+	}
+	if *resync <= 0 {
+		*resync = 10 * time.Second
+	}
 }
 
 // retry runs fn until it succeeds or ctx ends, backing off: the agent must
@@ -147,17 +154,9 @@ func (a *Agent) retry(ctx context.Context, what string, fn func(ctx context.Cont
 // configuration that cannot work.
 func (a *Agent) Run(ctx context.Context) error {
 	a.start = time.Now()
-	var addr netip.Addr
-	if err := a.retry(ctx, "detecting the node address", func(context.Context) error {
-		if a.d.Config.NodeIP != "" {
-			addr = netip.MustParseAddr(a.d.Config.NodeIP)
-			return nil
-		}
-		var err error
-		addr, err = a.d.DetectAddress(a.d.Config.AutodetectMethod)
-		return err
-	}); err != nil {
-		return nil
+	addr, err := a.detectNodeAddress(ctx)
+	if err != nil {
+		return nil // the start-up steps retry until ctx ends: that is the only error
 	}
 	a.log = a.log.WithField("address", addr.String())
 	addr6 := a.ipv6NextHop(addr)
@@ -169,11 +168,41 @@ func (a *Agent) Run(ctx context.Context) error {
 		go a.follow(ctx, prefix, dirty)
 	}
 
-	if err := a.retry(ctx, "registering the node", func(ctx context.Context) error { return a.register(ctx, addr, addr6) }); err != nil {
+	if err := a.startSpeaker(ctx, addr, addr6); err != nil {
 		return nil
 	}
-	if err := a.retry(ctx, "reading the BGP configuration", a.loadNodesAndPeers); err != nil {
+	if err := a.announceInitialState(ctx); err != nil {
 		return nil
+	}
+	a.reconcileOnChanges(ctx, dirty)
+	return nil
+}
+
+// detectNodeAddress is Config.NodeIP, or else the autodetected address,
+// retried until found; an error only when ctx ends.
+func (a *Agent) detectNodeAddress(ctx context.Context) (netip.Addr, error) {
+	var addr netip.Addr
+	err := a.retry(ctx, "detecting the node address", func(context.Context) error {
+		if a.d.Config.NodeIP != "" {
+			addr = netip.MustParseAddr(a.d.Config.NodeIP)
+			return nil
+		}
+		var err error
+		addr, err = a.d.DetectAddress(a.d.Config.AutodetectMethod)
+		return err
+	})
+	return addr, err
+}
+
+// startSpeaker registers the node, reads the BGP configuration and starts
+// the speaker (and the status socket), each retried until it works; an
+// error only when ctx ends.
+func (a *Agent) startSpeaker(ctx context.Context, addr, addr6 netip.Addr) error {
+	if err := a.retry(ctx, "registering the node", func(ctx context.Context) error { return a.register(ctx, addr, addr6) }); err != nil {
+		return err
+	}
+	if err := a.retry(ctx, "reading the BGP configuration", a.loadNodesAndPeers); err != nil {
+		return err
 	}
 	if err := a.retry(ctx, "starting the BGP speaker", func(ctx context.Context) error {
 		return a.d.Speaker.Start(ctx, GlobalSpec{
@@ -181,7 +210,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			Port: a.d.Config.Port, RestartTime: a.d.Config.RestartTime,
 		})
 	}); err != nil {
-		return nil
+		return err
 	}
 	a.log.WithFields(logrus.Fields{"asn": a.self.ASN, "port": a.d.Config.Port}).Info("BGP speaker started")
 	if a.d.Config.StatusSocket != "" {
@@ -191,15 +220,20 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	return nil
+}
 
+// announceInitialState exports this host's prefixes, then opens the
+// sessions and programs the routes; an error only when ctx ends.
+func (a *Agent) announceInitialState(ctx context.Context) error {
 	// Our prefixes go out before any session exists: a peer that kept our
 	// routes through our restart drops whatever we have not re-announced by
 	// our End-of-RIB, which gobgp sends right after the initial update.
 	if err := a.retry(ctx, "reading this host's blocks", a.loadInitialExports); err != nil {
-		return nil
+		return err
 	}
 	if err := a.retry(ctx, "reading the IP pools", a.loadPools); err != nil {
-		return nil
+		return err
 	}
 	a.syncExports(ctx)
 	if kernel, err := a.d.Routes.ListLearned(ctx); err == nil && len(kernel) > 0 {
@@ -207,42 +241,56 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.syncPeers(ctx)
 	a.syncRoutes(ctx)
+	return nil
+}
 
+// pendingPass is what the events since the last pass ask the next one to
+// reload and resync.
+type pendingPass struct {
+	reloadNodes, reloadPools, reloadEndpoints, exports bool
+}
+
+// markDirty notes a change under one of the followed datastore prefixes.
+func (p *pendingPass) markDirty(prefix string) {
+	switch prefix {
+	case datastore.NodesPrefix, datastore.BGPPrefix:
+		p.reloadNodes = true
+	case ipam.PoolsPrefix:
+		p.reloadPools = true
+	default:
+		p.reloadEndpoints = true
+	}
+}
+
+// reconcileOnChanges runs a pass after every burst of block events,
+// datastore changes and speaker changes, and every ResyncInterval, until
+// ctx ends.
+func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) {
 	blockEvents := a.d.Blocks.WatchHostBlocks(ctx, a.d.NodeName)
 	ticker := time.NewTicker(a.d.ResyncInterval)
 	defer ticker.Stop()
 	lastPass := time.Now()
 	for {
-		var reloadNodes, reloadPools, reloadEndpoints, exports bool
+		var pass pendingPass
 		onBlock := func(ev ipam.BlockEvent, ok bool) {
 			if !ok {
 				blockEvents = nil
 				return
 			}
 			a.applyBlockEvent(ev)
-			exports = true
-		}
-		onDirty := func(prefix string) {
-			switch prefix {
-			case datastore.NodesPrefix, datastore.BGPPrefix:
-				reloadNodes = true
-			case ipam.PoolsPrefix:
-				reloadPools = true
-			default:
-				reloadEndpoints = true
-			}
+			pass.exports = true
 		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case ev, ok := <-blockEvents:
 			onBlock(ev, ok)
 		case prefix := <-dirty:
-			onDirty(prefix)
+			pass.markDirty(prefix)
 		case <-a.d.Speaker.Changes():
 			a.spacePasses(ctx, lastPass)
 		case <-ticker.C:
-			reloadNodes, reloadPools, reloadEndpoints = true, true, true
+			pass.reloadNodes, pass.reloadPools, pass.reloadEndpoints = true, true, true
 		}
 		// Drain what else is queued so a burst costs one reconcile.
 		for drained := false; !drained; {
@@ -250,36 +298,42 @@ func (a *Agent) Run(ctx context.Context) error {
 			case ev, ok := <-blockEvents:
 				onBlock(ev, ok)
 			case prefix := <-dirty:
-				onDirty(prefix)
+				pass.markDirty(prefix)
 			default:
 				drained = true
 			}
 		}
-		if reloadNodes {
-			if err := a.loadNodesAndPeers(ctx); err != nil {
-				a.log.WithError(err).Warn("reloading nodes and BGP peers")
-			}
-		}
-		if reloadPools {
-			if err := a.loadPools(ctx); err != nil {
-				a.log.WithError(err).Warn("reloading IP pools")
-			}
-		}
-		if reloadEndpoints {
-			if err := a.loadEndpoints(ctx); err != nil {
-				a.log.WithError(err).Warn("reloading local endpoints")
-			}
-			exports = true
-		}
-		if exports || reloadNodes {
-			a.syncExports(ctx)
-		}
-		if reloadNodes {
-			a.syncPeers(ctx)
-		}
-		a.syncRoutes(ctx)
+		a.runPass(ctx, pass)
 		lastPass = time.Now()
 	}
+}
+
+// runPass reloads what pass asks for and resyncs exports, peers and
+// routes; a failed reload is logged and the pass goes on with what it has.
+func (a *Agent) runPass(ctx context.Context, pass pendingPass) {
+	if pass.reloadNodes {
+		if err := a.loadNodesAndPeers(ctx); err != nil {
+			a.log.WithError(err).Warn("reloading nodes and BGP peers")
+		}
+	}
+	if pass.reloadPools {
+		if err := a.loadPools(ctx); err != nil {
+			a.log.WithError(err).Warn("reloading IP pools")
+		}
+	}
+	if pass.reloadEndpoints {
+		if err := a.loadEndpoints(ctx); err != nil {
+			a.log.WithError(err).Warn("reloading local endpoints")
+		}
+		pass.exports = true
+	}
+	if pass.exports || pass.reloadNodes {
+		a.syncExports(ctx)
+	}
+	if pass.reloadNodes {
+		a.syncPeers(ctx)
+	}
+	a.syncRoutes(ctx)
 }
 
 // minPassInterval spaces the passes that speaker events start. A pass

@@ -101,34 +101,73 @@ type VXLANDesired struct {
 // touched (BGP's, or nobody's).
 func DesiredVXLAN(in VXLANInput) VXLANDesired {
 	d := VXLANDesired{Routes: map[netip.Prefix]VXLANRoute{}, Kinds: map[string]RouteKind{}}
-	type encapPool struct {
-		pfx  netip.Prefix
-		mode string
-	}
-	var pools []encapPool
-	for _, p := range in.Pools {
-		pfx, err := netip.ParsePrefix(p.CIDR)
-		if err != nil || !pfx.Addr().Is4() || !p.Encapsulates() {
-			continue
-		}
-		pools = append(pools, encapPool{pfx.Masked(), p.VXLAN()})
-		d.Pools = append(d.Pools, pfx.Masked())
+	pools := vxlanPools(in.Pools)
+	for _, p := range pools {
+		d.Pools = append(d.Pools, p.pfx)
 	}
 	d.Needed = len(pools) > 0
 	if !d.Needed {
 		return d
 	}
-	vteps := map[string]VTEP{}
-	nodeIPs := map[string]netip.Addr{}
-	for _, n := range in.Nodes {
-		if n.Name == in.Self || n.Name == "" {
+	r := vxlanRouter{in: in, d: &d, pools: pools, vteps: map[string]VTEP{}, nodeIPs: map[string]netip.Addr{}}
+	r.readRemoteNodes()
+	for name := range r.nodeIPs {
+		d.Kinds[name] = RouteNone
+	}
+	for block, owner := range in.Owners {
+		if owner != in.Self && owner != "" {
+			r.route(block, owner)
+		}
+	}
+	r.routeBorrowedAddresses()
+	return d
+}
+
+// vxlanPool is an IPv4 pool whose vxlanMode is not Never.
+type vxlanPool struct {
+	pfx  netip.Prefix
+	mode string
+}
+
+// vxlanPools picks the IPv4 pools that use VXLAN, in their order.
+func vxlanPools(all []ipam.Pool) []vxlanPool {
+	var pools []vxlanPool
+	for _, p := range all {
+		pfx, err := netip.ParsePrefix(p.CIDR)
+		if err != nil || !pfx.Addr().Is4() || !p.Encapsulates() {
+			continue
+		}
+		pools = append(pools, vxlanPool{pfx.Masked(), p.VXLAN()})
+	}
+	return pools
+}
+
+// routeKindRank orders the kinds by strength: a node's kind is the
+// strongest over its blocks.
+var routeKindRank = map[RouteKind]int{RouteNone: 0, RouteBGP: 1, RouteDirect: 2, RouteVXLAN: 3}
+
+// vxlanRouter fills d's VTEPs, routes and kinds from in, once the VXLAN
+// pools are known.
+type vxlanRouter struct {
+	in      VXLANInput
+	d       *VXLANDesired
+	pools   []vxlanPool
+	vteps   map[string]VTEP       // remote node -> its VTEP
+	nodeIPs map[string]netip.Addr // remote node -> its underlay address
+}
+
+// readRemoteNodes collects every other node's underlay address and, where
+// it has one, its VTEP (listed in d.VTEPs by name).
+func (r *vxlanRouter) readRemoteNodes() {
+	for _, n := range r.in.Nodes {
+		if n.Name == r.in.Self || n.Name == "" {
 			continue
 		}
 		ip, err := netip.ParseAddr(n.IPv4)
 		if err != nil || !ip.Is4() {
 			continue
 		}
-		nodeIPs[n.Name] = ip
+		r.nodeIPs[n.Name] = ip
 		vtep, err := netip.ParseAddr(n.VXLANTunnelAddr)
 		if err != nil || !vtep.Is4() {
 			continue
@@ -138,75 +177,72 @@ func DesiredVXLAN(in VXLANInput) VXLANDesired {
 			mac = m
 		}
 		v := VTEP{Node: n.Name, NodeIP: ip, Addr: vtep, MAC: mac}
-		vteps[n.Name] = v
-		d.VTEPs = append(d.VTEPs, v)
+		r.vteps[n.Name] = v
+		r.d.VTEPs = append(r.d.VTEPs, v)
 	}
-	slices.SortFunc(d.VTEPs, func(a, b VTEP) int { return strings.Compare(a.Node, b.Node) })
+	slices.SortFunc(r.d.VTEPs, func(a, b VTEP) int { return strings.Compare(a.Node, b.Node) })
+}
 
-	rank := map[RouteKind]int{RouteNone: 0, RouteBGP: 1, RouteDirect: 2, RouteVXLAN: 3}
-	note := func(node string, k RouteKind) {
-		if rank[k] > rank[d.Kinds[node]] {
-			d.Kinds[node] = k
-		}
+// note raises node's kind to k unless it already has a stronger one.
+func (r *vxlanRouter) note(node string, k RouteKind) {
+	if routeKindRank[k] > routeKindRank[r.d.Kinds[node]] {
+		r.d.Kinds[node] = k
 	}
-	for name := range nodeIPs {
-		d.Kinds[name] = RouteNone
+}
+
+// poolOf is the first VXLAN pool that contains dst.
+func (r *vxlanRouter) poolOf(dst netip.Prefix) (vxlanPool, bool) {
+	idx := slices.IndexFunc(r.pools, func(p vxlanPool) bool { return p.pfx.Overlaps(dst) && p.pfx.Bits() <= dst.Bits() })
+	if idx < 0 {
+		return vxlanPool{}, false
 	}
-	poolOf := func(dst netip.Prefix) (encapPool, bool) {
-		idx := slices.IndexFunc(pools, func(p encapPool) bool { return p.pfx.Overlaps(dst) && p.pfx.Bits() <= dst.Bits() })
-		if idx < 0 {
-			return encapPool{}, false
-		}
-		return pools[idx], true
+	return r.pools[idx], true
+}
+
+// route routes dst, a block or a borrowed address, to node's workloads.
+func (r *vxlanRouter) route(dst netip.Prefix, node string) {
+	pool, ok := r.poolOf(dst)
+	nodeIP, known := r.nodeIPs[node]
+	if !ok || !known {
+		return
 	}
-	// route routes dst, a block or a borrowed address, to node's workloads.
-	route := func(dst netip.Prefix, node string) {
-		pool, ok := poolOf(dst)
-		nodeIP, known := nodeIPs[node]
-		if !ok || !known {
-			return
+	sameSubnet := r.in.SelfSubnet.IsValid() && r.in.SelfSubnet.Contains(nodeIP)
+	switch {
+	case pool.mode == ipam.EncapCrossSubnet && sameSubnet && r.in.BGP:
+		r.note(node, RouteBGP)
+	case pool.mode == ipam.EncapCrossSubnet && sameSubnet:
+		r.d.Routes[dst] = VXLANRoute{Dst: dst, Via: nodeIP}
+		r.note(node, RouteDirect)
+	default:
+		v, ok := r.vteps[node]
+		if !ok {
+			return // no VTEP yet: the node's manager has not started
 		}
-		sameSubnet := in.SelfSubnet.IsValid() && in.SelfSubnet.Contains(nodeIP)
-		switch {
-		case pool.mode == ipam.EncapCrossSubnet && sameSubnet && in.BGP:
-			note(node, RouteBGP)
-		case pool.mode == ipam.EncapCrossSubnet && sameSubnet:
-			d.Routes[dst] = VXLANRoute{Dst: dst, Via: nodeIP}
-			note(node, RouteDirect)
-		default:
-			v, ok := vteps[node]
-			if !ok {
-				return // no VTEP yet: the node's manager has not started
-			}
-			d.Routes[dst] = VXLANRoute{Dst: dst, Via: v.Addr, Encap: true}
-			note(node, RouteVXLAN)
-		}
+		r.d.Routes[dst] = VXLANRoute{Dst: dst, Via: v.Addr, Encap: true}
+		r.note(node, RouteVXLAN)
 	}
-	for block, owner := range in.Owners {
-		if owner != in.Self && owner != "" {
-			route(block, owner)
-		}
-	}
-	// A workload whose address is borrowed from another host's block (or
-	// from a block without a host) gets a /32 to its own node, more specific
-	// than the block's route.
-	for _, ep := range in.Endpoints {
+}
+
+// routeBorrowedAddresses gives a workload whose address is borrowed from
+// another host's block (or from a block without a host) a /32 to its own
+// node, more specific than the block's route.
+func (r *vxlanRouter) routeBorrowedAddresses() {
+	for _, ep := range r.in.Endpoints {
 		a, ok := endpointIPv4(ep)
-		if !ok || ep.Node == in.Self || ep.Node == "" {
+		if !ok || ep.Node == r.in.Self || ep.Node == "" {
 			continue
 		}
 		owner := ""
-		for block, host := range in.Owners {
+		for block, host := range r.in.Owners {
 			if block.Contains(a) {
 				owner = host
 				break
 			}
 		}
 		if owner != ep.Node {
-			route(netip.PrefixFrom(a, 32), ep.Node)
+			r.route(netip.PrefixFrom(a, 32), ep.Node)
 		}
 	}
-	return d
 }
 
 // endpointIPv4 is the endpoint's IPv4 address ("a.b.c.d/32" in the record).

@@ -69,15 +69,7 @@ func NewVXLANManager(d VXLANDeps) (*VXLANManager, error) {
 	if d.NodeName == "" {
 		return nil, errors.New("the VXLAN manager needs the node name")
 	}
-	if d.Log == nil {
-		d.Log = logrus.StandardLogger()
-	}
-	if d.DetectAddress == nil {
-		d.DetectAddress = DetectAddress
-	}
-	if d.ResyncInterval <= 0 {
-		d.ResyncInterval = 10 * time.Second
-	}
+	defaultLogDetectResync(&d.Log, &d.DetectAddress, &d.ResyncInterval)
 	return &VXLANManager{d: d, log: d.Log.WithField("component", "vxlan")}, nil
 }
 
