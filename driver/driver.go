@@ -149,25 +149,10 @@ var (
 	ErrForeignIPAM = errors.New("network does not use calico-ipam")
 )
 
-// wrapError is a one-line message for the user that still unwraps to every
-// cause, sentinel or underlying error (errors.Join would add lines).
-type wrapError struct {
-	msg    string
-	causes []error
-}
-
-func (e *wrapError) Error() string   { return e.msg }
-func (e *wrapError) Unwrap() []error { return e.causes }
-
-// userError is msg, wrapping causes (nil ones are skipped).
+// userError is msg, wrapping causes (nil ones are skipped): the same
+// one-line, multi-cause error the address manager returns.
 func userError(msg string, causes ...error) error {
-	e := &wrapError{msg: msg}
-	for _, c := range causes {
-		if c != nil {
-			e.causes = append(e.causes, c)
-		}
-	}
-	return e
+	return ipam.NewUserError(msg, causes...)
 }
 
 // storeErr words a datastore failure for the user; doing says what we were

@@ -26,7 +26,7 @@ var (
 func TestIPAMDriverWithEngine(t *testing.T) {
 	m := etcdtest.Start(t)
 	ctx := context.Background()
-	eng := ipam.New(m.Store, ipam.Options{Log: quietLog(), ReleaseGracePeriod: ipam.ReleaseImmediately})
+	eng := immediateEngines(m)()
 	d := driver.NewIPAMDriver(eng, testHost, quietLog())
 
 	pool, err := d.RequestPool(ctx, &ipamapi.RequestPoolRequest{AddressSpace: driver.CalicoLocalAddressSpace})

@@ -121,70 +121,18 @@ func (d *IPAMDriver) RequestPool(ctx context.Context, req *ipamapi.RequestPoolRe
 	if err != nil {
 		return nil, err
 	}
-
-	var subnet *net.IPNet
-	if req.Pool != "" {
-		ip, n, err := net.ParseCIDR(req.Pool)
-		if err != nil {
-			return nil, userError(fmt.Sprintf("--subnet %q is not a valid CIDR", req.Pool), ErrInvalidRequest, ipam.ErrInvalidCIDR, err)
-		}
-		if isIPv4(ip) == req.V6 {
-			want := "IPv4"
-			if req.V6 {
-				want = "IPv6"
-			}
-			return nil, userError(fmt.Sprintf("--subnet %s was given for the %s addresses of the network", req.Pool, want), ErrInvalidRequest)
-		}
-		// Docker passes 0.0.0.0/0 (::/0) back when it restores a network
-		// that was created without --subnet: that is the default pool.
-		if ones, _ := n.Mask.Size(); !(n.IP.IsUnspecified() && ones == 0) {
-			subnet = n
-		}
+	subnet, err := requestedSubnet(req)
+	if err != nil {
+		return nil, err
 	}
-
 	if subnet == nil {
-		if req.V6 {
-			return nil, userError("calico-ipam has no default IPv6 pool: pass --subnet with an IPv6 calico pool (or part of one; see `calico-cnm pool add <cidr>`) together with --ipv6", ErrInvalidRequest)
-		}
-		if po.createPool {
-			return nil, userError(fmt.Sprintf("--ipam-opt %s=true needs --subnet: it adds that subnet as a calico pool", OptCreatePool), ErrInvalidRequest)
-		}
-		pool, err := d.ipam.EnsureDefaultPool(ctx)
-		if err != nil {
-			return nil, ipamErr("setting up the default calico pool", err)
-		}
-		if pool.Disabled {
-			return nil, userError(fmt.Sprintf("the default calico pool %s is disabled: enable it or create the network with --subnet of an enabled pool", pool.CIDR), ipam.ErrPoolDisabled)
-		}
-		log.WithField("calicoPool", pool.CIDR).Debug("network uses all enabled IPv4 pools")
-		return &ipamapi.RequestPoolResponse{
-			PoolID: idPrefix + PoolIDV4,
-			Pool:   VirtualGatewayIPv4, // 0.0.0.0/0: any calico pool
-			Data:   map[string]string{GatewayDataKey: VirtualGatewayIPv4},
-		}, nil
+		return d.requestDefaultPool(ctx, req.V6, po, idPrefix, log)
 	}
 
 	cidr := subnet.String()
-	pool, err := d.ipam.FindPool(ctx, subnet)
-	if errors.Is(err, ipam.ErrPoolNotFound) && !req.V6 {
-		// The default pool is created on first use: a fresh datastore
-		// must accept --subnet 192.168.0.0/16 (or a part of it) as is.
-		if _, derr := d.ipam.EnsureDefaultPool(ctx); derr != nil {
-			return nil, ipamErr("setting up the default calico pool", derr)
-		}
-		pool, err = d.ipam.FindPool(ctx, subnet)
-	}
-	switch {
-	case errors.Is(err, ipam.ErrPoolNotFound) && po.createPool:
-		pool, err = d.addPool(ctx, subnet, po)
-		if err != nil {
-			return nil, err
-		}
-		log.WithField("calicoPool", pool.CIDR).Info("added the network's subnet as a calico pool")
-	case errors.Is(err, ipam.ErrPoolNotFound):
-		return nil, userError(fmt.Sprintf("subnet %s is not inside any calico pool: add one with `calico-cnm pool add %s`, or pass --ipam-opt %s=true", cidr, cidr, OptCreatePool), err)
-	case err != nil:
-		return nil, ipamErr("looking up the calico pool of subnet "+cidr, err)
+	pool, err := d.calicoPoolOf(ctx, subnet, req.V6, po, log)
+	if err != nil {
+		return nil, err
 	}
 	if pool.Disabled {
 		return nil, userError(fmt.Sprintf("calico pool %s, which holds subnet %s, is disabled", pool.CIDR, cidr), ipam.ErrPoolDisabled)
@@ -199,6 +147,83 @@ func (d *IPAMDriver) RequestPool(ctx context.Context, req *ipamapi.RequestPoolRe
 		Pool:   cidr,
 		Data:   map[string]string{GatewayDataKey: gw},
 	}, nil
+}
+
+// requestedSubnet is the --subnet of req, nil when there is none (or it is
+// the 0.0.0.0/0 or ::/0 of a network created without one).
+func requestedSubnet(req *ipamapi.RequestPoolRequest) (*net.IPNet, error) {
+	if req.Pool == "" {
+		return nil, nil
+	}
+	ip, n, err := net.ParseCIDR(req.Pool)
+	if err != nil {
+		return nil, userError(fmt.Sprintf("--subnet %q is not a valid CIDR", req.Pool), ErrInvalidRequest, ipam.ErrInvalidCIDR, err)
+	}
+	if isIPv4(ip) == req.V6 {
+		want := "IPv4"
+		if req.V6 {
+			want = "IPv6"
+		}
+		return nil, userError(fmt.Sprintf("--subnet %s was given for the %s addresses of the network", req.Pool, want), ErrInvalidRequest)
+	}
+	// Docker passes 0.0.0.0/0 (::/0) back when it restores a network
+	// that was created without --subnet: that is the default pool.
+	if ones, _ := n.Mask.Size(); n.IP.IsUnspecified() && ones == 0 {
+		return nil, nil
+	}
+	return n, nil
+}
+
+// requestDefaultPool answers a RequestPool without --subnet: the network
+// draws from every enabled IPv4 calico pool, once the default one exists.
+func (d *IPAMDriver) requestDefaultPool(ctx context.Context, v6 bool, po poolOptions, idPrefix string, log logrus.FieldLogger) (*ipamapi.RequestPoolResponse, error) {
+	if v6 {
+		return nil, userError("calico-ipam has no default IPv6 pool: pass --subnet with an IPv6 calico pool (or part of one; see `calico-cnm pool add <cidr>`) together with --ipv6", ErrInvalidRequest)
+	}
+	if po.createPool {
+		return nil, userError(fmt.Sprintf("--ipam-opt %s=true needs --subnet: it adds that subnet as a calico pool", OptCreatePool), ErrInvalidRequest)
+	}
+	pool, err := d.ipam.EnsureDefaultPool(ctx)
+	if err != nil {
+		return nil, ipamErr("setting up the default calico pool", err)
+	}
+	if pool.Disabled {
+		return nil, userError(fmt.Sprintf("the default calico pool %s is disabled: enable it or create the network with --subnet of an enabled pool", pool.CIDR), ipam.ErrPoolDisabled)
+	}
+	log.WithField("calicoPool", pool.CIDR).Debug("network uses all enabled IPv4 pools")
+	return &ipamapi.RequestPoolResponse{
+		PoolID: idPrefix + PoolIDV4,
+		Pool:   VirtualGatewayIPv4, // 0.0.0.0/0: any calico pool
+		Data:   map[string]string{GatewayDataKey: VirtualGatewayIPv4},
+	}, nil
+}
+
+// calicoPoolOf is the calico pool equal to or holding subnet; with
+// calico.create-pool, subnet becomes one when there is none.
+func (d *IPAMDriver) calicoPoolOf(ctx context.Context, subnet *net.IPNet, v6 bool, po poolOptions, log logrus.FieldLogger) (ipam.Pool, error) {
+	cidr := subnet.String()
+	pool, err := d.ipam.FindPool(ctx, subnet)
+	if errors.Is(err, ipam.ErrPoolNotFound) && !v6 {
+		// The default pool is created on first use: a fresh datastore
+		// must accept --subnet 192.168.0.0/16 (or a part of it) as is.
+		if _, derr := d.ipam.EnsureDefaultPool(ctx); derr != nil {
+			return ipam.Pool{}, ipamErr("setting up the default calico pool", derr)
+		}
+		pool, err = d.ipam.FindPool(ctx, subnet)
+	}
+	switch {
+	case errors.Is(err, ipam.ErrPoolNotFound) && po.createPool:
+		pool, err = d.addPool(ctx, subnet, po)
+		if err != nil {
+			return ipam.Pool{}, err
+		}
+		log.WithField("calicoPool", pool.CIDR).Info("added the network's subnet as a calico pool")
+	case errors.Is(err, ipam.ErrPoolNotFound):
+		return ipam.Pool{}, userError(fmt.Sprintf("subnet %s is not inside any calico pool: add one with `calico-cnm pool add %s`, or pass --ipam-opt %s=true", cidr, cidr, OptCreatePool), err)
+	case err != nil:
+		return ipam.Pool{}, ipamErr("looking up the calico pool of subnet "+cidr, err)
+	}
+	return pool, nil
 }
 
 // addPool adds subnet as a pool; if another host added it (or a pool holding

@@ -682,30 +682,13 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 	if err != nil {
 		return nil, err
 	}
-	v4, v6, ips := epIPs(ep)
+	v4, _, ips := epIPs(ep)
 	if v4 != nil {
 		log = log.WithField("ip", v4.IP.String())
 	}
-	mac, err := net.ParseMAC(ep.MAC)
+	w, err := d.joiningWorkload(ctx, req.EndpointID, ep, plan)
 	if err != nil {
-		mac, _ = net.ParseMAC(FixedMAC)
-	}
-	w := dataplane.Workload{
-		EndpointID: req.EndpointID,
-		HostIfName: dataplane.HostIfName(req.EndpointID),
-		TempIfName: dataplane.TempIfName(req.EndpointID),
-		MAC:        mac,
-		IPv4:       v4,
-		IPv6:       v6,
-		MTU:        d.mtu,
-	}
-	if w.MTU == 0 && d.mtuFor != nil && v4 != nil {
-		if w.MTU, err = d.mtuFor(ctx, v4.IP); err != nil {
-			return nil, fmt.Errorf("choosing the MTU of endpoint %s: %w", short(req.EndpointID), err)
-		}
-	}
-	if v6 != nil && plan.index > 1 {
-		w.GatewayIPv6 = plan.gw6
+		return nil, err
 	}
 	if err := d.dp.AddWorkload(ctx, w); err != nil {
 		return nil, fmt.Errorf("setting up the veth %s of endpoint %s failed: %w", w.HostIfName, short(req.EndpointID), err)
@@ -720,49 +703,19 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 		return cause
 	}
 
-	var gw6 net.IP
-	if v6 != nil {
-		ll, err := d.dp.HostLinkLocalIPv6(ctx, w.HostIfName)
-		if err != nil {
-			return nil, undo(fmt.Errorf("finding the IPv6 gateway (link-local address of %s) for endpoint %s failed: %w", w.HostIfName, short(req.EndpointID), err))
-		}
-		gw6 = ll
+	resp, err := d.joinResponseFor(ctx, req.EndpointID, w, plan)
+	if err != nil {
+		return nil, undo(err)
 	}
-	resp := plan.joinResponse(w.TempIfName, v4 != nil, gw6)
-	var routes []string
-	for _, r := range resp.StaticRoutes {
-		if r.RouteType == RouteTypeNextHop {
-			routes = append(routes, r.Destination)
-		}
-	}
-
+	routes := nextHopRoutes(resp)
 	labels, unknown := d.endpointLabels(ctx, req, log)
 	key := datastore.EndpointKey(d.host, req.EndpointID)
-	// The record read above is almost always still current: the first
-	// attempt writes against its revision, a conflict re-reads.
-	cur, rev := ep, epRev
-	var written int64
-	err = d.store.Retry(ctx, func(ctx context.Context) error {
-		if rev == 0 {
-			cur = datastore.Endpoint{}
-			var err error
-			rev, err = d.store.GetJSON(ctx, key, &cur)
-			if errors.Is(err, datastore.ErrNotFound) {
-				return userError(fmt.Sprintf("endpoint %s was deleted while joining", short(req.EndpointID)), ErrEndpointNotFound, err)
-			}
-			if err != nil {
-				return err
-			}
-		}
-		defer func() { rev = 0 }() // a retry starts from a fresh read
+	written, err := d.recordJoin(ctx, key, req.EndpointID, ep, epRev, func(cur *datastore.Endpoint) {
 		cur.Joined = true
 		cur.Container = req.SandboxKey
 		cur.Labels, cur.LabelsUnknown = labels, unknown
 		cur.GatewayIndex = plan.index
 		cur.Routes = routes
-		var err error
-		written, err = d.store.TxnRev(ctx, datastore.Update(key, datastore.MustJSON(cur), rev))
-		return err
 	})
 	if errors.Is(err, ErrEndpointNotFound) {
 		return nil, undo(err)
@@ -783,6 +736,90 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 	}
 	log.WithFields(logrus.Fields{"sandbox": req.SandboxKey, "gateway": plan.gw4.String(), "routes": routes, "internal": plan.internal}).Info("endpoint joined")
 	return resp, nil
+}
+
+// joiningWorkload is the veth Join asks the dataplane for: the recorded MAC
+// (FixedMAC when it does not parse) and the MTU configured or, failing that,
+// chosen for the IPv4 address.
+func (d *NetworkDriver) joiningWorkload(ctx context.Context, endpointID string, ep datastore.Endpoint, plan joinPlan) (dataplane.Workload, error) {
+	v4, v6, _ := epIPs(ep)
+	mac, err := net.ParseMAC(ep.MAC)
+	if err != nil {
+		mac, _ = net.ParseMAC(FixedMAC)
+	}
+	w := dataplane.Workload{
+		EndpointID: endpointID,
+		HostIfName: dataplane.HostIfName(endpointID),
+		TempIfName: dataplane.TempIfName(endpointID),
+		MAC:        mac,
+		IPv4:       v4,
+		IPv6:       v6,
+		MTU:        d.mtu,
+	}
+	if w.MTU == 0 && d.mtuFor != nil && v4 != nil {
+		if w.MTU, err = d.mtuFor(ctx, v4.IP); err != nil {
+			return w, fmt.Errorf("choosing the MTU of endpoint %s: %w", short(endpointID), err)
+		}
+	}
+	if v6 != nil && plan.index > 1 {
+		w.GatewayIPv6 = plan.gw6
+	}
+	return w, nil
+}
+
+// joinResponseFor is Join's answer once w is plumbed: the container's IPv6
+// gateway is the link-local address the kernel gave w's host side.
+func (d *NetworkDriver) joinResponseFor(ctx context.Context, endpointID string, w dataplane.Workload, plan joinPlan) (*network.JoinResponse, error) {
+	var gw6 net.IP
+	if w.IPv6 != nil {
+		ll, err := d.dp.HostLinkLocalIPv6(ctx, w.HostIfName)
+		if err != nil {
+			return nil, fmt.Errorf("finding the IPv6 gateway (link-local address of %s) for endpoint %s failed: %w", w.HostIfName, short(endpointID), err)
+		}
+		gw6 = ll
+	}
+	return plan.joinResponse(w.TempIfName, w.IPv4 != nil, gw6), nil
+}
+
+// nextHopRoutes are the destinations resp routes via the gateway: what the
+// endpoint record keeps so that a later Join into the same sandbox does not
+// add them twice.
+func nextHopRoutes(resp *network.JoinResponse) []string {
+	var routes []string
+	for _, r := range resp.StaticRoutes {
+		if r.RouteType == RouteTypeNextHop {
+			routes = append(routes, r.Destination)
+		}
+	}
+	return routes
+}
+
+// recordJoin applies markJoined to the endpoint record at key and returns
+// the revision written. The record Join read (ep at rev) is almost always
+// still current: the first attempt writes against its revision, a conflict
+// re-reads.
+func (d *NetworkDriver) recordJoin(ctx context.Context, key, endpointID string, ep datastore.Endpoint, rev int64, markJoined func(*datastore.Endpoint)) (int64, error) {
+	cur := ep
+	var written int64
+	err := d.store.Retry(ctx, func(ctx context.Context) error {
+		if rev == 0 {
+			cur = datastore.Endpoint{}
+			var err error
+			rev, err = d.store.GetJSON(ctx, key, &cur)
+			if errors.Is(err, datastore.ErrNotFound) {
+				return userError(fmt.Sprintf("endpoint %s was deleted while joining", short(endpointID)), ErrEndpointNotFound, err)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		defer func() { rev = 0 }() // a retry starts from a fresh read
+		markJoined(&cur)
+		var err error
+		written, err = d.store.TxnRev(ctx, datastore.Update(key, datastore.MustJSON(cur), rev))
+		return err
+	})
+	return written, err
 }
 
 // RouteTypeConnected is libnetwork's route type of an on-link route

@@ -1,6 +1,7 @@
 package driver_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -293,93 +294,77 @@ func TestEndpoints(t *testing.T) {
 		e := newEnv(t, m.Store)
 		netID := e.createNetwork(t, true)
 		dup := e.createEndpoint(t, netID, "10.10.1.9/32", "")
+		unknownNetwork := newID('a')
 		tests := []struct {
 			name     string
-			req      func(id string) *network.CreateEndpointRequest
+			network  string // netID when empty
+			endpoint string // a fresh id when empty
+			iface    *network.EndpointInterface
 			wantResp *network.CreateEndpointResponse
 			wantRec  *datastore.Endpoint // ID, Network, Node, HostIfName filled in
 			wantErr  []error
 			wantMsg  []string
 		}{
 			{
-				name: "IPv4",
-				req: func(id string) *network.CreateEndpointRequest {
-					return &network.CreateEndpointRequest{NetworkID: netID, EndpointID: id, Interface: &network.EndpointInterface{Address: "10.10.1.5/24"}}
-				},
+				name:     "IPv4",
+				iface:    &network.EndpointInterface{Address: "10.10.1.5/24"},
 				wantResp: &network.CreateEndpointResponse{Interface: &network.EndpointInterface{MacAddress: "ee:ee:ee:ee:ee:ee"}},
 				wantRec:  &datastore.Endpoint{IPv4: "10.10.1.5/32", MAC: "ee:ee:ee:ee:ee:ee"},
 			},
 			{
-				name: "dual stack",
-				req: func(id string) *network.CreateEndpointRequest {
-					return &network.CreateEndpointRequest{NetworkID: netID, EndpointID: id, Interface: &network.EndpointInterface{Address: "10.10.1.6/32", AddressIPv6: "fd00:10:0:1::6/128"}}
-				},
+				name:     "dual stack",
+				iface:    &network.EndpointInterface{Address: "10.10.1.6/32", AddressIPv6: "fd00:10:0:1::6/128"},
 				wantResp: &network.CreateEndpointResponse{Interface: &network.EndpointInterface{MacAddress: "ee:ee:ee:ee:ee:ee"}},
 				wantRec:  &datastore.Endpoint{IPv4: "10.10.1.6/32", IPv6: "fd00:10:0:1::6/128", MAC: "ee:ee:ee:ee:ee:ee"},
 			},
 			{
-				name: "Docker chose the MAC: not echoed",
-				req: func(id string) *network.CreateEndpointRequest {
-					return &network.CreateEndpointRequest{NetworkID: netID, EndpointID: id, Interface: &network.EndpointInterface{Address: "10.10.1.7/32", MacAddress: "02:42:0A:0A:01:07"}}
-				},
+				name:     "Docker chose the MAC: not echoed",
+				iface:    &network.EndpointInterface{Address: "10.10.1.7/32", MacAddress: "02:42:0A:0A:01:07"},
 				wantResp: &network.CreateEndpointResponse{},
 				wantRec:  &datastore.Endpoint{IPv4: "10.10.1.7/32", MAC: "02:42:0a:0a:01:07"},
 			},
 			{
-				name: "unknown network",
-				req: func(id string) *network.CreateEndpointRequest {
-					return &network.CreateEndpointRequest{NetworkID: newID('a'), EndpointID: id, Interface: &network.EndpointInterface{Address: "10.10.1.8/32"}}
-				},
+				name:    "unknown network",
+				network: unknownNetwork,
+				iface:   &network.EndpointInterface{Address: "10.10.1.8/32"},
 				wantErr: []error{driver.ErrNetworkNotFound, datastore.ErrNotFound},
 			},
 			{
-				name: "no interface",
-				req: func(id string) *network.CreateEndpointRequest {
-					return &network.CreateEndpointRequest{NetworkID: netID, EndpointID: id}
-				},
+				name:    "no interface",
 				wantErr: []error{driver.ErrInvalidRequest},
 				wantMsg: []string{"no IP address"},
 			},
 			{
-				name: "no address",
-				req: func(id string) *network.CreateEndpointRequest {
-					return &network.CreateEndpointRequest{NetworkID: netID, EndpointID: id, Interface: &network.EndpointInterface{MacAddress: "02:42:0a:0a:01:07"}}
-				},
+				name:    "no address",
+				iface:   &network.EndpointInterface{MacAddress: "02:42:0a:0a:01:07"},
 				wantErr: []error{driver.ErrInvalidRequest},
 			},
 			{
-				name: "bad address",
-				req: func(id string) *network.CreateEndpointRequest {
-					return &network.CreateEndpointRequest{NetworkID: netID, EndpointID: id, Interface: &network.EndpointInterface{Address: "10.10.1.300/32"}}
-				},
+				name:    "bad address",
+				iface:   &network.EndpointInterface{Address: "10.10.1.300/32"},
 				wantErr: []error{driver.ErrInvalidRequest},
 			},
 			{
-				name: "IPv6 in the IPv4 field",
-				req: func(id string) *network.CreateEndpointRequest {
-					return &network.CreateEndpointRequest{NetworkID: netID, EndpointID: id, Interface: &network.EndpointInterface{Address: "fd00:10::1/128"}}
-				},
+				name:    "IPv6 in the IPv4 field",
+				iface:   &network.EndpointInterface{Address: "fd00:10::1/128"},
 				wantErr: []error{driver.ErrInvalidRequest},
 			},
 			{
-				name: "bad MAC",
-				req: func(id string) *network.CreateEndpointRequest {
-					return &network.CreateEndpointRequest{NetworkID: netID, EndpointID: id, Interface: &network.EndpointInterface{Address: "10.10.1.8/32", MacAddress: "nope"}}
-				},
+				name:    "bad MAC",
+				iface:   &network.EndpointInterface{Address: "10.10.1.8/32", MacAddress: "nope"},
 				wantErr: []error{driver.ErrInvalidRequest},
 			},
 			{
-				name: "duplicate",
-				req: func(string) *network.CreateEndpointRequest {
-					return &network.CreateEndpointRequest{NetworkID: netID, EndpointID: dup, Interface: &network.EndpointInterface{Address: "10.10.1.9/32"}}
-				},
-				wantErr: []error{driver.ErrAlreadyExists},
+				name:     "duplicate",
+				endpoint: dup,
+				iface:    &network.EndpointInterface{Address: "10.10.1.9/32"},
+				wantErr:  []error{driver.ErrAlreadyExists},
 			},
 		}
 		for _, tc := range tests {
 			t.Run(tc.name, func(t *testing.T) {
 				id := newID('e')
-				req := tc.req(id)
+				req := &network.CreateEndpointRequest{NetworkID: cmp.Or(tc.network, netID), EndpointID: cmp.Or(tc.endpoint, id), Interface: tc.iface}
 				resp, err := e.nd.CreateEndpoint(ctx, req)
 				checkErr(t, err, tc.wantErr, tc.wantMsg)
 				if err != nil {

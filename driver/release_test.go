@@ -22,7 +22,7 @@ import (
 func TestReleaseAddressSparesTheNextHolder(t *testing.T) {
 	m := etcdtest.Start(t)
 	ctx := context.Background()
-	eng := ipam.New(m.Store, ipam.Options{Log: quietLog(), ReleaseGracePeriod: ipam.ReleaseImmediately})
+	eng := immediateEngines(m)()
 	id := driver.NewIPAMDriver(eng, testHost, quietLog())
 	nd := driver.NewNetworkDriver(m.Store, drivertest.NewDataplane(), testHost, quietLog(), driver.Options{IPAM: eng})
 

@@ -19,9 +19,7 @@ import (
 func TestSwarmShortcutIsSafe(t *testing.T) {
 	m := etcdtest.Start(t)
 	ctx := context.Background()
-	newEngine := func() *ipam.Engine {
-		return ipam.New(m.Store, ipam.Options{Log: quietLog(), ReleaseGracePeriod: ipam.ReleaseImmediately})
-	}
+	newEngine := immediateEngines(m)
 	mgr := driver.NewIPAMDriver(newEngine(), "mgr", quietLog())
 	wrk := driver.NewIPAMDriver(newEngine(), "wrk", quietLog())
 	eng := newEngine()

@@ -25,9 +25,7 @@ import (
 func TestSwarmIPAM(t *testing.T) {
 	m := etcdtest.Start(t)
 	ctx := context.Background()
-	newEngine := func() *ipam.Engine {
-		return ipam.New(m.Store, ipam.Options{Log: quietLog(), ReleaseGracePeriod: ipam.ReleaseImmediately})
-	}
+	newEngine := immediateEngines(m)
 	mgrEng, wrkEng := newEngine(), newEngine()
 	mgr := driver.NewIPAMDriver(mgrEng, "mgr", quietLog())
 	wrk := driver.NewIPAMDriver(wrkEng, "wrk", quietLog())
@@ -326,5 +324,13 @@ func TestFakeAddressHolder(t *testing.T) {
 	}
 	if _, _, err := f.AddressHolder(ctx, net.ParseIP("10.11.0.1")); !errors.Is(err, ipam.ErrNotInPool) {
 		t.Errorf("outside: %v", err)
+	}
+}
+
+// immediateEngines makes IPAM engines on m's etcd, one a host, that
+// release addresses at once.
+func immediateEngines(m *etcdtest.Member) func() *ipam.Engine {
+	return func() *ipam.Engine {
+		return ipam.New(m.Store, ipam.Options{Log: quietLog(), ReleaseGracePeriod: ipam.ReleaseImmediately})
 	}
 }

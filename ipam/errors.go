@@ -49,10 +49,23 @@ type userError struct {
 func (e *userError) Error() string   { return e.msg }
 func (e *userError) Unwrap() []error { return e.kinds }
 
+// NewUserError is msg as one line for the user that still unwraps to every
+// cause, sentinel or underlying error (errors.Join would add lines); nil
+// causes are skipped. The driver words its errors with it too.
+func NewUserError(msg string, causes ...error) error {
+	e := &userError{msg: msg}
+	for _, c := range causes {
+		if c != nil {
+			e.kinds = append(e.kinds, c)
+		}
+	}
+	return e
+}
+
 func newError(kind error, format string, args ...any) error {
-	return &userError{msg: fmt.Sprintf(format, args...), kinds: []error{kind}}
+	return NewUserError(fmt.Sprintf(format, args...), kind)
 }
 
 func newError2(kind1, kind2 error, format string, args ...any) error {
-	return &userError{msg: fmt.Sprintf(format, args...), kinds: []error{kind1, kind2}}
+	return NewUserError(fmt.Sprintf(format, args...), kind1, kind2)
 }

@@ -134,6 +134,18 @@ func startEtcd(t *testing.T) (*etcdtest.Member, string) {
 	return m, m.Config.EmbeddedClientURL
 }
 
+// startWithEmptyList starts etcd and checks that `<noun> list` of the
+// empty datastore prints only header, and [] with -o json.
+func startWithEmptyList(t *testing.T, noun, header string) (*datastore.Store, string) {
+	t.Helper()
+	m, ep := startEtcd(t)
+	runSteps(t, nil, []step{
+		{name: "empty", args: withEtcd(ep, noun, "list"), stdout: header},
+		{name: "empty json", args: withEtcd(ep, noun, "list", "-o", "json"), stdout: "[]\n"},
+	})
+	return m.Client(t), ep
+}
+
 // TestCLIUsage covers what needs no datastore: help, version and every
 // malformed command line (exit 2 with one sentence, without trying to
 // connect: no endpoint is configured that could answer).
@@ -507,14 +519,8 @@ func TestCLIIPAM(t *testing.T) {
 // TestCLINetworkList lists the networks the datastore records with their
 // endpoint counts.
 func TestCLINetworkList(t *testing.T) {
-	m, ep := startEtcd(t)
-	store := m.Client(t)
+	store, ep := startWithEmptyList(t, "network", "NETWORK ID  NAME  SUBNETS  POOLS  ENDPOINTS\n")
 	ctx := context.Background()
-	header := "NETWORK ID  NAME  SUBNETS  POOLS  ENDPOINTS\n"
-	runSteps(t, nil, []step{
-		{name: "empty", args: withEtcd(ep, "network", "list"), stdout: header},
-		{name: "empty json", args: withEtcd(ep, "network", "list", "-o", "json"), stdout: "[]\n"},
-	})
 
 	put := func(key string, v any) {
 		b, err := json.Marshal(v)
@@ -562,14 +568,8 @@ func TestCLINetworkList(t *testing.T) {
 // holdings; `node delete` refuses a running node and an unknown one, and
 // removes a gone node's records and addresses.
 func TestCLINode(t *testing.T) {
-	m, ep := startEtcd(t)
-	store := m.Client(t)
+	store, ep := startWithEmptyList(t, "node", "NAME  DAEMON  BGP ADDRESS  ASN  BLOCKS  ADDRESSES  ENDPOINTS  VTEP  ROUTES\n")
 	ctx := context.Background()
-	header := "NAME  DAEMON  BGP ADDRESS  ASN  BLOCKS  ADDRESSES  ENDPOINTS  VTEP  ROUTES\n"
-	runSteps(t, nil, []step{
-		{name: "empty", args: withEtcd(ep, "node", "list"), stdout: header},
-		{name: "empty json", args: withEtcd(ep, "node", "list", "-o", "json"), stdout: "[]\n"},
-	})
 
 	eng := ipam.New(store, ipam.Options{Log: quietLog()})
 	if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: "10.80.0.0/16"}); err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/plugin"
 )
 
@@ -202,11 +203,9 @@ var diagsCLI = []struct {
 // invocation's global flags, once the datastore answered.
 func (d *diags) collectDatastore(ctx context.Context) {
 	d.add("node-status.txt", d.runCLI(ctx, "node", "status", "--state-dir", d.stateDir))
-	store, err := d.a.openStore(ctx)
-	if err == nil {
-		defer store.Close()
-		err = d.addEndpoints(ctx, store)
-	}
+	err := d.a.withStore(ctx, func(store *datastore.Store, _ *ipam.Engine) error {
+		return d.addEndpoints(ctx, store)
+	})
 	if err != nil {
 		for _, c := range diagsCLI {
 			d.note(c.file, "the datastore did not answer: %v", err)

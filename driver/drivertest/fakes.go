@@ -14,6 +14,7 @@ import (
 	"sync"
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
+	"github.com/calico-cnm/calico-cnm/driver"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -42,19 +43,11 @@ type Assignment struct {
 	Attrs          map[string]string
 }
 
-var _ interface {
-	EnsureDefaultPool(ctx context.Context) (ipam.Pool, error)
-	FindPool(ctx context.Context, subnet *net.IPNet) (ipam.Pool, error)
-	AddPool(ctx context.Context, p ipam.Pool) (ipam.Pool, error)
-	ListPools(ctx context.Context) ([]ipam.Pool, error)
-	AutoAssign(ctx context.Context, args ipam.AutoAssignArgs) (net.IPNet, error)
-	AssignIP(ctx context.Context, args ipam.AssignIPArgs) error
-	ReleaseIP(ctx context.Context, ip net.IP) error
-	AddressHolder(ctx context.Context, ip net.IP) (ipam.Allocation, bool, error)
-	ReleaseIPUnless(ctx context.Context, ip net.IP, keep func(ipam.Allocation) bool) error
-	UpdateHolder(ctx context.Context, ip net.IP, decide func(ipam.Allocation) (map[string]string, error)) (ipam.Allocation, bool, error)
-	ExpectRelease(ip net.IP, handles ...string)
-} = (*IPAM)(nil)
+// The fakes stand in for what the driver needs of the real ones.
+var (
+	_ driver.IPAM      = (*IPAM)(nil)
+	_ driver.Dataplane = (*Dataplane)(nil)
+)
 
 // NewIPAM returns a fake with the given pools.
 func NewIPAM(pools ...ipam.Pool) *IPAM {

@@ -129,26 +129,24 @@ func Leftovers() []string {
 
 // CreatedNetns returns the names of all network namespaces this process created.
 func CreatedNetns() []string {
-	reg.Lock()
-	defer reg.Unlock()
-	var out []string
-	for _, r := range reg.history {
-		if r.Kind == "netns" {
-			out = append(out, r.Name)
-		}
-	}
-	return out
+	return created("netns", func(r resource) string { return r.Name })
 }
 
 // CreatedPids returns the pids of all long-running processes (dockerd,
 // plugin, etcd) this process started.
 func CreatedPids() []int {
+	return created("pid", func(r resource) int { return r.Pid })
+}
+
+// created returns field of every resource of kind this process created, in
+// the order they were created.
+func created[T any](kind string, field func(resource) T) []T {
 	reg.Lock()
 	defer reg.Unlock()
-	var out []int
+	var out []T
 	for _, r := range reg.history {
-		if r.Kind == "pid" {
-			out = append(out, r.Pid)
+		if r.Kind == kind {
+			out = append(out, field(r))
 		}
 	}
 	return out
