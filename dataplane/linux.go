@@ -605,15 +605,7 @@ func (l *Linux) ListWorkloadInterfaces(ctx context.Context) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("listing workload interfaces: %w", err)
 	}
-	var (
-		links []netlink.Link
-		err   error
-	)
-	for range dumpRetries {
-		if links, err = l.nl.LinkList(); !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
-		}
-	}
+	links, err := l.listLinks()
 	if err != nil {
 		return nil, fmt.Errorf("listing workload interfaces: %w", err)
 	}
@@ -677,16 +669,27 @@ func (l *Linux) EnsureWorkloadRoutes(ctx context.Context, hostIfName string, ips
 // listRoutes is RouteListFiltered, re-read while the dump is interrupted by
 // concurrent changes (the kernel then flags it as possibly inconsistent).
 func (l *Linux) listRoutes(family int, filter *netlink.Route, mask uint64) ([]netlink.Route, error) {
+	return retryDump(func() ([]netlink.Route, error) { return l.nl.RouteListFiltered(family, filter, mask) })
+}
+
+// listLinks lists the links of the namespace (see retryDump).
+func (l *Linux) listLinks() ([]netlink.Link, error) {
+	return retryDump(l.nl.LinkList)
+}
+
+// retryDump runs a netlink dump again while the kernel reports that it
+// raced with a change, at most dumpRetries times in all.
+func retryDump[T any](dump func() ([]T, error)) ([]T, error) {
 	var (
-		routes []netlink.Route
-		err    error
+		out []T
+		err error
 	)
 	for range dumpRetries {
-		if routes, err = l.nl.RouteListFiltered(family, filter, mask); !errors.Is(err, netlink.ErrDumpInterrupted) {
+		if out, err = dump(); !errors.Is(err, netlink.ErrDumpInterrupted) {
 			break
 		}
 	}
-	return routes, err
+	return out, err
 }
 
 func blackholeRoute(block net.IPNet) *netlink.Route {
