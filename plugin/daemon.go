@@ -32,7 +32,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	}
 	lvl, _ := logrus.ParseLevel(cfg.LogLevel)
 	log.SetLevel(lvl)
-	d := &daemon{cfg: cfg, log: log.WithField("node", cfg.NodeName)}
+	d := &daemon{cfg: cfg, log: log.WithField("node", cfg.NodeName), errc: make(chan error, 4)}
 
 	if err := d.openDatastore(ctx); err != nil {
 		return err
@@ -42,12 +42,11 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	// Serve only while holding the node name: a second daemon with our
 	// name (a cloned host) would remove this host's endpoints and free its
 	// addresses, and we its.
-	ident, err := NewEngineIdentity(cfg.DockerHost)
-	if err != nil {
+	var err error
+	if d.ident, err = NewEngineIdentity(cfg.DockerHost); err != nil {
 		return err
 	}
-	d.ident = ident
-	alive, lease, err := claimNodeName(ctx, cfg, d.store, ident, d.log)
+	alive, lease, err := claimNodeName(ctx, cfg, d.store, d.ident, d.log)
 	if err != nil {
 		if ctx.Err() != nil {
 			d.log.Info("stopped while waiting for the node name")
@@ -73,20 +72,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	defer cancel()
 	socketPaths := d.serveSockets(ctx)
 	d.serveMetrics(ctx)
-	// Reconcile once the sockets answer: cleaning up may take a while and
-	// Docker must not wait for it (it may call us meanwhile).
-	d.wg.Go(func() {
-		if err := waitServed(ctx, socketPaths); err != nil {
-			return
-		}
-		d.health.SetServing(nil)
-		d.reconciler.Run(ctx)
-	})
-	d.wg.Go(func() { syncBlackholes(ctx, d.engine, d.dp, cfg, d.log) })
-	// The liveness lease tells `node list`/`node delete` this node is in
-	// use; cancelling ctx revokes it before the datastore closes.
-	d.wg.Go(func() { d.store.KeepAliveFrom(ctx, alive, lease, datastore.DefaultAliveTTL, d.log) })
-	d.wg.Go(func() { ident.Follow(ctx, 5*time.Second, d.log.WithField("component", "docker")) })
+	d.startLoops(ctx, socketPaths, alive, lease)
 
 	defer startVXLAN(ctx, cfg, d.vx, d.log)()
 	stopRouting, err := startRouting(ctx, cfg, d.store, d.engine, d.vx.mgr, d.metrics.Routing, d.health, d.log)
@@ -214,7 +200,6 @@ func (d *daemon) prepareAPIs() error {
 // serveSockets serves the plugin APIs on their unix sockets (one for both
 // with SingleSocket) until ctx is done, and returns the sockets' paths.
 func (d *daemon) serveSockets(ctx context.Context) []string {
-	d.errc = make(chan error, 4)
 	var socketPaths []string
 	serve := func(name string, implements ...string) {
 		path := filepath.Join(d.cfg.SocketDir, name)
@@ -247,6 +232,26 @@ func (d *daemon) serveMetrics(ctx context.Context) {
 			d.errc <- err
 		}
 	})
+}
+
+// startLoops runs, until ctx is done, the reconciler (once the sockets at
+// socketPaths answer), the blackhole routes' sync, the liveness lease and
+// the follower of Docker's engine ID.
+func (d *daemon) startLoops(ctx context.Context, socketPaths []string, alive datastore.Alive, lease clientv3.LeaseID) {
+	// Reconcile once the sockets answer: cleaning up may take a while and
+	// Docker must not wait for it (it may call us meanwhile).
+	d.wg.Go(func() {
+		if err := waitServed(ctx, socketPaths); err != nil {
+			return
+		}
+		d.health.SetServing(nil)
+		d.reconciler.Run(ctx)
+	})
+	d.wg.Go(func() { syncBlackholes(ctx, d.engine, d.dp, d.cfg, d.log) })
+	// The liveness lease tells `node list`/`node delete` this node is in
+	// use; cancelling ctx revokes it before the datastore closes.
+	d.wg.Go(func() { d.store.KeepAliveFrom(ctx, alive, lease, datastore.DefaultAliveTTL, d.log) })
+	d.wg.Go(func() { d.ident.Follow(ctx, 5*time.Second, d.log.WithField("component", "docker")) })
 }
 
 // serveUntilDone waits for ctx to end or a server to fail, then stops the
