@@ -154,48 +154,121 @@ func (l *Linux) AddWorkload(ctx context.Context, w Workload) (retErr error) {
 		}
 	}
 	log := l.log.WithFields(logrus.Fields{"endpoint": w.EndpointID, "interface": w.HostIfName, "ip": ipStrings(ips)})
-	wrap := func(what string, err error) error {
-		return fmt.Errorf("adding workload %s: %s: %w", w.EndpointID, what, err)
-	}
 	if err := ctx.Err(); err != nil {
-		return wrap("before start", err)
+		return addWorkloadError(w, "before start", err)
+	}
+	if err := l.freeWorkloadNames(w, log); err != nil {
+		return err
 	}
 
+	// From here on every change registers its undo.
+	var undo undoStack
+	defer func() {
+		if retErr != nil {
+			retErr = undo.rollBack(retErr, log)
+		}
+	}()
+	host, err := l.createWorkloadVeth(w, &undo)
+	if err != nil {
+		return err
+	}
+	if err := l.afterAddStep(ctx, w, stepVethCreated); err != nil {
+		return err
+	}
+	if err := inNetNS(l.ns, l.log, func() error { return configureHostSide(l.procSys, w, log) }); err != nil {
+		return addWorkloadError(w, "configuring "+w.HostIfName, err)
+	}
+	if err := l.afterAddStep(ctx, w, stepSysctls); err != nil {
+		return err
+	}
+	if w.IPv6 != nil {
+		if err := l.addGatewayIPv6(host, w); err != nil {
+			return err
+		}
+		if err := l.afterAddStep(ctx, w, stepIPv6Addr); err != nil {
+			return err
+		}
+	}
+	if err := l.nl.LinkSetUp(host); err != nil {
+		return addWorkloadError(w, "bringing up "+w.HostIfName, err)
+	}
+	if err := l.afterAddStep(ctx, w, stepLinkUp); err != nil {
+		return err
+	}
+	if err := l.addHostRoutes(host, w, ips, &undo); err != nil {
+		return err
+	}
+	if err := l.afterAddStep(ctx, w, stepRoutes); err != nil {
+		return err
+	}
+	if err := l.addPermanentNeighbours(host, w, ips); err != nil {
+		return err
+	}
+	// Best effort, checked on every Join because dockerd may have started
+	// (and set its FORWARD policy to DROP) after this daemon did.
+	if err := l.EnsureForwardAccept(ctx); err != nil {
+		log.WithError(err).Warn("Could not open the FORWARD filter for cali+ interfaces; routed traffic may be dropped")
+	}
+
+	log.Info("Added workload")
+	return nil
+}
+
+// addWorkloadError is the error of AddWorkload failing at what.
+func addWorkloadError(w Workload, what string, err error) error {
+	return fmt.Errorf("adding workload %s: %s: %w", w.EndpointID, what, err)
+}
+
+// undoStack holds the undo of each change AddWorkload made so far, so that
+// a failure half way leaves nothing behind.
+type undoStack []func() error
+
+func (u *undoStack) push(undo func() error) { *u = append(*u, undo) }
+
+// rollBack undoes the changes, last first, and returns err joined with
+// what could not be undone.
+func (u undoStack) rollBack(err error, log logrus.FieldLogger) error {
+	for i := len(u) - 1; i >= 0; i-- {
+		if undoErr := u[i](); undoErr != nil {
+			log.WithError(undoErr).Error("Failed to roll back a partially added workload")
+			err = errors.Join(err, fmt.Errorf("rolling back: %w", undoErr))
+		}
+	}
+	log.WithError(err).Warn("Adding workload failed; rolled back")
+	return err
+}
+
+// afterAddStep consults the failpoint after AddWorkload's step name, and
+// stops there if ctx is done.
+func (l *Linux) afterAddStep(ctx context.Context, w Workload, name string) error {
+	if err := l.fail(name); err != nil {
+		return addWorkloadError(w, name, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return addWorkloadError(w, "interrupted after "+name, err)
+	}
+	return nil
+}
+
+// freeWorkloadNames removes a leftover veth of the endpoint and makes sure
+// nothing else holds the container side's temporary name.
+func (l *Linux) freeWorkloadNames(w Workload, log logrus.FieldLogger) error {
 	if err := l.removeStaleVeth(w.HostIfName, log); err != nil {
-		return wrap("removing leftover interface", err)
+		return addWorkloadError(w, "removing leftover interface", err)
 	}
 	if tmp, err := l.nl.LinkByName(w.TempIfName); err == nil {
 		// Not ours to delete: after the step above a veth of this endpoint
 		// cannot hold the name any more.
-		return wrap("creating veth", fmt.Errorf("interface name %s is already used by a %s link", w.TempIfName, tmp.Type()))
+		return addWorkloadError(w, "creating veth", fmt.Errorf("interface name %s is already used by a %s link", w.TempIfName, tmp.Type()))
 	} else if !isNotFound(err) {
-		return wrap("looking up "+w.TempIfName, err)
+		return addWorkloadError(w, "looking up "+w.TempIfName, err)
 	}
+	return nil
+}
 
-	// From here on every change registers its undo.
-	var undo []func() error
-	defer func() {
-		if retErr == nil {
-			return
-		}
-		for i := len(undo) - 1; i >= 0; i-- {
-			if err := undo[i](); err != nil {
-				log.WithError(err).Error("Failed to roll back a partially added workload")
-				retErr = errors.Join(retErr, fmt.Errorf("rolling back: %w", err))
-			}
-		}
-		log.WithError(retErr).Warn("Adding workload failed; rolled back")
-	}()
-	step := func(name string) error {
-		if err := l.fail(name); err != nil {
-			return wrap(name, err)
-		}
-		if err := ctx.Err(); err != nil {
-			return wrap("interrupted after "+name, err)
-		}
-		return nil
-	}
-
+// createWorkloadVeth creates the endpoint's veth pair and returns its host
+// side.
+func (l *Linux) createWorkloadVeth(w Workload, undo *undoStack) (netlink.Link, error) {
 	veth := &netlink.Veth{
 		LinkAttrs: netlink.LinkAttrs{
 			Name:         w.HostIfName,
@@ -206,83 +279,63 @@ func (l *Linux) AddWorkload(ctx context.Context, w Workload) (retErr error) {
 		PeerHardwareAddr: w.MAC,
 	}
 	if err := l.nl.LinkAdd(veth); err != nil {
-		return wrap(fmt.Sprintf("creating veth %s<->%s", w.HostIfName, w.TempIfName), err)
+		return nil, addWorkloadError(w, fmt.Sprintf("creating veth %s<->%s", w.HostIfName, w.TempIfName), err)
 	}
 	// Deleting one end deletes both, and with them their addresses and
 	// routes.
-	undo = append(undo, func() error { return l.deleteLinkByName(w.HostIfName) })
+	undo.push(func() error { return l.deleteLinkByName(w.HostIfName) })
 	host, err := l.nl.LinkByName(w.HostIfName)
 	if err != nil {
-		return wrap("looking up new veth "+w.HostIfName, err)
+		return nil, addWorkloadError(w, "looking up new veth "+w.HostIfName, err)
 	}
-	if err := step(stepVethCreated); err != nil {
-		return err
-	}
+	return host, nil
+}
 
-	if err := inNetNS(l.ns, l.log, func() error { return configureHostSide(l.procSys, w, log) }); err != nil {
-		return wrap("configuring "+w.HostIfName, err)
+// addGatewayIPv6 gives the host side the workload's IPv6 gateway address.
+func (l *Linux) addGatewayIPv6(host netlink.Link, w Workload) error {
+	gw := &netlink.Addr{
+		IPNet: &net.IPNet{IP: w.GatewayIPv6, Mask: net.CIDRMask(64, 128)},
+		// No DAD: nothing else on this point-to-point link can own it,
+		// and it must work before the container side even exists.
+		Flags: unix.IFA_F_NODAD,
 	}
-	if err := step(stepSysctls); err != nil {
-		return err
+	if err := l.nl.AddrAdd(host, gw); err != nil {
+		return addWorkloadError(w, fmt.Sprintf("adding gateway address %s to %s", gw.IPNet, w.HostIfName), err)
 	}
+	return nil
+}
 
-	if w.IPv6 != nil {
-		gw := &netlink.Addr{
-			IPNet: &net.IPNet{IP: w.GatewayIPv6, Mask: net.CIDRMask(64, 128)},
-			// No DAD: nothing else on this point-to-point link can own it,
-			// and it must work before the container side even exists.
-			Flags: unix.IFA_F_NODAD,
-		}
-		if err := l.nl.AddrAdd(host, gw); err != nil {
-			return wrap(fmt.Sprintf("adding gateway address %s to %s", gw.IPNet, w.HostIfName), err)
-		}
-		if err := step(stepIPv6Addr); err != nil {
-			return err
-		}
-	}
-
-	if err := l.nl.LinkSetUp(host); err != nil {
-		return wrap("bringing up "+w.HostIfName, err)
-	}
-	if err := step(stepLinkUp); err != nil {
-		return err
-	}
-
+// addHostRoutes routes each of ips to the host side.
+func (l *Linux) addHostRoutes(host netlink.Link, w Workload, ips []net.IPNet, undo *undoStack) error {
 	for _, ip := range ips {
 		r := hostRoute(host.Attrs().Index, ip.IP)
 		// Replace, not add: the local veth is the truth for a local
 		// workload's IP (as in Felix), e.g. over a stale route learned for
 		// an address this host has just been given.
 		if err := l.nl.RouteReplace(r); err != nil {
-			return wrap(fmt.Sprintf("adding route %s dev %s", r.Dst, w.HostIfName), err)
+			return addWorkloadError(w, fmt.Sprintf("adding route %s dev %s", r.Dst, w.HostIfName), err)
 		}
-		undo = append(undo, func() error { return ignoreESRCH(l.nl.RouteDel(r)) })
+		undo.push(func() error { return ignoreESRCH(l.nl.RouteDel(r)) })
 	}
-	if err := step(stepRoutes); err != nil {
-		return err
-	}
-	// A permanent neighbour entry for each workload address (as Felix
-	// programs them): the host and routed traffic reach the container
-	// from its first instruction, without ARP/NDP, whenever Docker brings
-	// its side up. Without it, a packet that arrives before (a peer's
-	// first reply, a health check) leaves the entry FAILED and traffic
-	// to the new container is dropped until the kernel probes again.
+	return nil
+}
+
+// addPermanentNeighbours gives each workload address a permanent neighbour
+// entry on the host side (as Felix programs them): the host and routed
+// traffic reach the container from its first instruction, without ARP/NDP,
+// whenever Docker brings its side up. Without it, a packet that arrives
+// before (a peer's first reply, a health check) leaves the entry FAILED and
+// traffic to the new container is dropped until the kernel probes again.
+func (l *Linux) addPermanentNeighbours(host netlink.Link, w Workload, ips []net.IPNet) error {
 	for _, ip := range ips {
 		n := &netlink.Neigh{LinkIndex: host.Attrs().Index, IP: ip.IP, HardwareAddr: w.MAC, State: netlink.NUD_PERMANENT, Family: unix.AF_INET}
 		if ip.IP.To4() == nil {
 			n.Family = unix.AF_INET6
 		}
 		if err := l.nl.NeighSet(n); err != nil {
-			return wrap(fmt.Sprintf("adding neighbour %s lladdr %s dev %s", ip.IP, w.MAC, w.HostIfName), err)
+			return addWorkloadError(w, fmt.Sprintf("adding neighbour %s lladdr %s dev %s", ip.IP, w.MAC, w.HostIfName), err)
 		}
 	}
-	// Best effort, checked on every Join because dockerd may have started
-	// (and set its FORWARD policy to DROP) after this daemon did.
-	if err := l.EnsureForwardAccept(ctx); err != nil {
-		log.WithError(err).Warn("Could not open the FORWARD filter for cali+ interfaces; routed traffic may be dropped")
-	}
-
-	log.Info("Added workload")
 	return nil
 }
 
@@ -605,15 +658,7 @@ func (l *Linux) ListWorkloadInterfaces(ctx context.Context) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("listing workload interfaces: %w", err)
 	}
-	var (
-		links []netlink.Link
-		err   error
-	)
-	for range dumpRetries {
-		if links, err = l.nl.LinkList(); !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
-		}
-	}
+	links, err := l.listLinks()
 	if err != nil {
 		return nil, fmt.Errorf("listing workload interfaces: %w", err)
 	}
@@ -677,16 +722,27 @@ func (l *Linux) EnsureWorkloadRoutes(ctx context.Context, hostIfName string, ips
 // listRoutes is RouteListFiltered, re-read while the dump is interrupted by
 // concurrent changes (the kernel then flags it as possibly inconsistent).
 func (l *Linux) listRoutes(family int, filter *netlink.Route, mask uint64) ([]netlink.Route, error) {
+	return retryDump(func() ([]netlink.Route, error) { return l.nl.RouteListFiltered(family, filter, mask) })
+}
+
+// listLinks lists the links of the namespace (see retryDump).
+func (l *Linux) listLinks() ([]netlink.Link, error) {
+	return retryDump(l.nl.LinkList)
+}
+
+// retryDump runs a netlink dump again while the kernel reports that it
+// raced with a change, at most dumpRetries times in all.
+func retryDump[T any](dump func() ([]T, error)) ([]T, error) {
 	var (
-		routes []netlink.Route
-		err    error
+		out []T
+		err error
 	)
 	for range dumpRetries {
-		if routes, err = l.nl.RouteListFiltered(family, filter, mask); !errors.Is(err, netlink.ErrDumpInterrupted) {
+		if out, err = dump(); !errors.Is(err, netlink.ErrDumpInterrupted) {
 			break
 		}
 	}
-	return routes, err
+	return out, err
 }
 
 func blackholeRoute(block net.IPNet) *netlink.Route {

@@ -156,31 +156,12 @@ func (w Workload) normalize() (Workload, error) {
 	if w.IPv4 == nil && w.IPv6 == nil {
 		return w, errors.New("workload has no IP address")
 	}
-	if w.IPv4 != nil {
-		ip4 := w.IPv4.IP.To4()
-		if ip4 == nil {
-			return w, fmt.Errorf("IPv4 address %s is not an IPv4 address", w.IPv4)
-		}
-		if ones, bits := w.IPv4.Mask.Size(); ones != 32 || bits != 32 {
-			return w, fmt.Errorf("IPv4 address %s is not a /32", w.IPv4)
-		}
-		if !ip4.IsGlobalUnicast() {
-			return w, fmt.Errorf("IPv4 address %s is not a unicast address", w.IPv4)
-		}
-		w.IPv4 = &net.IPNet{IP: ip4, Mask: net.CIDRMask(32, 32)}
+	var err error
+	if w.IPv4, err = ipv4Family.hostAddress(w.IPv4); err != nil {
+		return w, err
 	}
-	if w.IPv6 != nil {
-		ip6 := w.IPv6.IP.To16()
-		if ip6 == nil || w.IPv6.IP.To4() != nil {
-			return w, fmt.Errorf("IPv6 address %s is not an IPv6 address", w.IPv6)
-		}
-		if ones, bits := w.IPv6.Mask.Size(); ones != 128 || bits != 128 {
-			return w, fmt.Errorf("IPv6 address %s is not a /128", w.IPv6)
-		}
-		if !ip6.IsGlobalUnicast() {
-			return w, fmt.Errorf("IPv6 address %s is not a global unicast address", w.IPv6)
-		}
-		w.IPv6 = &net.IPNet{IP: ip6, Mask: net.CIDRMask(128, 128)}
+	if w.IPv6, err = ipv6Family.hostAddress(w.IPv6); err != nil {
+		return w, err
 	}
 	if w.IPv6 != nil {
 		if w.GatewayIPv6 == nil {
@@ -212,4 +193,48 @@ func hostRouteDst(ip net.IP) (*net.IPNet, error) {
 		return &net.IPNet{IP: ip16, Mask: net.CIDRMask(128, 128)}, nil
 	}
 	return nil, fmt.Errorf("invalid IP address %v", ip)
+}
+
+// addrFamily is what normalize checks a workload address against.
+type addrFamily struct {
+	name string // "IPv4", "IPv6"
+	bits int
+	// of is ip in the family's form, or nil when ip is not of the family.
+	of func(ip net.IP) net.IP
+	// unicast says what the address must be, as the error puts it.
+	unicast string
+}
+
+var (
+	ipv4Family = addrFamily{name: "IPv4", bits: 32, of: net.IP.To4, unicast: "a unicast address"}
+	ipv6Family = addrFamily{name: "IPv6", bits: 128, of: to16Only, unicast: "a global unicast address"}
+)
+
+// to16Only is ip in 16-byte form, or nil for an IPv4 address (which To16
+// would map).
+func to16Only(ip net.IP) net.IP {
+	if ip.To4() != nil {
+		return nil
+	}
+	return ip.To16()
+}
+
+// hostAddress checks that ipn is a single unicast address of the family
+// and returns it in the family's form with a full mask; nil (no address of
+// this family) stays nil.
+func (f addrFamily) hostAddress(ipn *net.IPNet) (*net.IPNet, error) {
+	if ipn == nil {
+		return nil, nil
+	}
+	ip := f.of(ipn.IP)
+	if ip == nil {
+		return nil, fmt.Errorf("%s address %s is not an %s address", f.name, ipn, f.name)
+	}
+	if ones, bits := ipn.Mask.Size(); ones != f.bits || bits != f.bits {
+		return nil, fmt.Errorf("%s address %s is not a /%d", f.name, ipn, f.bits)
+	}
+	if !ip.IsGlobalUnicast() {
+		return nil, fmt.Errorf("%s address %s is not %s", f.name, ipn, f.unicast)
+	}
+	return &net.IPNet{IP: ip, Mask: net.CIDRMask(f.bits, f.bits)}, nil
 }

@@ -52,15 +52,7 @@ func (l *Linux) MissingWorkloadRoutes(ctx context.Context, hostIfName string, ip
 // detachedPairs maps the host-side name of every detached workload veth
 // pair to its link: "cali<X>" whose peer is "tmp<X>" in this namespace too.
 func (l *Linux) detachedPairs() (map[string]netlink.Link, error) {
-	var (
-		links []netlink.Link
-		err   error
-	)
-	for range dumpRetries {
-		if links, err = l.nl.LinkList(); !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
-		}
-	}
+	links, err := l.listLinks()
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/driver"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/ports"
 )
 
 // Run is `calico-cnm serve`: it opens the datastore, serves both plugin APIs
@@ -31,166 +32,240 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	}
 	lvl, _ := logrus.ParseLevel(cfg.LogLevel)
 	log.SetLevel(lvl)
-	entry := log.WithField("node", cfg.NodeName)
+	d := &daemon{cfg: cfg, log: log.WithField("node", cfg.NodeName), errc: make(chan error, 4)}
 
-	if err := os.MkdirAll(cfg.SocketDir, 0o755); err != nil {
-		return fmt.Errorf("creating socket dir %s: %w", cfg.SocketDir, err)
+	if err := d.openDatastore(ctx); err != nil {
+		return err
 	}
-	openCtx, cancelOpen := context.WithTimeout(ctx, 90*time.Second)
-	store, err := datastore.Open(openCtx, cfg.Datastore, entry)
-	cancelOpen()
-	if err != nil {
-		return fmt.Errorf("opening the datastore: %w", err)
-	}
-	defer store.Close()
+	defer d.store.Close()
 
 	// Serve only while holding the node name: a second daemon with our
 	// name (a cloned host) would remove this host's endpoints and free its
 	// addresses, and we its.
-	ident, err := NewEngineIdentity(cfg.DockerHost)
-	if err != nil {
+	var err error
+	if d.ident, err = NewEngineIdentity(cfg.DockerHost); err != nil {
 		return err
 	}
-	alive, lease, err := claimNodeName(ctx, cfg, store, ident, entry)
+	alive, lease, err := claimNodeName(ctx, cfg, d.store, d.ident, d.log)
 	if err != nil {
 		if ctx.Err() != nil {
-			entry.Info("stopped while waiting for the node name")
+			d.log.Info("stopped while waiting for the node name")
 			return nil
 		}
 		return err
 	}
 
-	engine := ipam.New(store, ipam.Options{ReleaseGracePeriod: cfg.ReleaseGracePeriod, Log: entry})
-	dp, err := dataplane.NewLinux("", entry, dataplane.WithProcSys(cfg.ProcSys))
-	if err != nil {
-		return fmt.Errorf("opening the host network namespace: %w", err)
+	if err := d.openDataplane(); err != nil {
+		return err
 	}
-	defer dp.Close()
-
-	vx, err := newVXLAN(cfg, store, engine, entry)
-	if err != nil {
-		return fmt.Errorf("starting VXLAN: %w", err)
-	}
-	pol, err := newPolicy(cfg, store, entry)
-	if err != nil {
-		return fmt.Errorf("starting network policy: %w", err)
-	}
-	policyStarted := false
-	defer func() {
-		if !policyStarted {
-			pol.close()
-		}
-	}()
-	portsMgr, portsNFT, err := newPorts(cfg, store, dp, entry)
+	defer d.dp.Close()
+	closeSubsystems, err := d.prepareSubsystems()
 	if err != nil {
 		return err
 	}
-	defer portsNFT.Close()
-	nd := driver.NewNetworkDriver(store, dp, cfg.NodeName, entry, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: engine, Labels: pol.labels, Policy: pol.syncer, EngineID: ident.ID, WorkloadMTU: vx.mgr.WorkloadMTU, Ports: portsMgr})
-	id := driver.NewIPAMDriver(engine, cfg.NodeName, entry)
-	srv := NewServer(nd, id, entry)
-	metrics := NewMetrics(engine, entry)
-	srv.Observer = metrics.ObserveRequest
-	health := NewHealth(store.Ping)
-	health.Require("network policy", pol.syncer.Health)
-	reconciler, err := newReconciler(cfg, store, engine, dp, metrics, entry)
-	if err != nil {
+	defer closeSubsystems()
+	if err := d.prepareAPIs(); err != nil {
 		return err
-	}
-	var metricsListener net.Listener
-	if cfg.MetricsListen != "" {
-		if metricsListener, err = ListenMetrics(cfg.MetricsListen); err != nil {
-			return err
-		}
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var wg sync.WaitGroup
-	errc := make(chan error, 4)
+	socketPaths := d.serveSockets(ctx)
+	d.serveMetrics(ctx)
+	d.startLoops(ctx, socketPaths, alive, lease)
+
+	defer startVXLAN(ctx, cfg, d.vx, d.log)()
+	stopRouting, err := startRouting(ctx, cfg, d.store, d.engine, d.vx.mgr, d.metrics.Routing, d.health, d.log)
+	if err != nil {
+		cancel()
+		d.wg.Wait()
+		return fmt.Errorf("starting BGP: %w", err)
+	}
+	defer stopRouting()
+	defer startPorts(ctx, cfg, d.portsMgr)()
+	d.policyStarted = true
+	defer d.pol.start(ctx)()
+
+	return d.serveUntilDone(ctx, cancel)
+}
+
+// daemon is what Run wires together: each step of its start-up is a
+// method that fills in the parts it makes.
+type daemon struct {
+	cfg   Config
+	log   logrus.FieldLogger
+	store *datastore.Store
+	ident *EngineIdentity
+
+	engine *ipam.Engine
+	dp     *dataplane.Linux
+
+	vx       *vxlanRunner
+	pol      *policyRunner
+	portsMgr *ports.Manager
+	portsNFT *ports.NFT
+	// policyStarted hands the policy's handles from closeSubsystems to
+	// the stop func of pol.start.
+	policyStarted bool
+
+	srv             *Server
+	metrics         *Metrics
+	health          *Health
+	reconciler      *Reconciler
+	metricsListener net.Listener // nil: no /metrics
+
+	// wg counts the goroutines serving until Run's ctx is cancelled; errc
+	// takes the error of a server that failed.
+	wg   sync.WaitGroup
+	errc chan error
+}
+
+// openDatastore creates the socket directory and opens the datastore,
+// waiting at most 90 s for it.
+func (d *daemon) openDatastore(ctx context.Context) error {
+	if err := os.MkdirAll(d.cfg.SocketDir, 0o755); err != nil {
+		return fmt.Errorf("creating socket dir %s: %w", d.cfg.SocketDir, err)
+	}
+	openCtx, cancelOpen := context.WithTimeout(ctx, 90*time.Second)
+	store, err := datastore.Open(openCtx, d.cfg.Datastore, d.log)
+	cancelOpen()
+	if err != nil {
+		return fmt.Errorf("opening the datastore: %w", err)
+	}
+	d.store = store
+	return nil
+}
+
+// openDataplane makes the address manager and opens the host's network
+// namespace; the caller closes d.dp.
+func (d *daemon) openDataplane() error {
+	d.engine = ipam.New(d.store, ipam.Options{ReleaseGracePeriod: d.cfg.ReleaseGracePeriod, Log: d.log})
+	dp, err := dataplane.NewLinux("", d.log, dataplane.WithProcSys(d.cfg.ProcSys))
+	if err != nil {
+		return fmt.Errorf("opening the host network namespace: %w", err)
+	}
+	d.dp = dp
+	return nil
+}
+
+// prepareSubsystems makes VXLAN, network policy and published ports, which
+// Run starts only once the plugin APIs are served. closeSubsystems releases
+// the ports' nftables handle, then the policy's unless pol.start took them
+// over.
+func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
+	if d.vx, err = newVXLAN(d.cfg, d.store, d.engine, d.log); err != nil {
+		return nil, fmt.Errorf("starting VXLAN: %w", err)
+	}
+	if d.pol, err = newPolicy(d.cfg, d.store, d.log); err != nil {
+		return nil, fmt.Errorf("starting network policy: %w", err)
+	}
+	closePolicy := func() {
+		if !d.policyStarted {
+			d.pol.close()
+		}
+	}
+	if d.portsMgr, d.portsNFT, err = newPorts(d.cfg, d.store, d.dp, d.log); err != nil {
+		closePolicy()
+		return nil, err
+	}
+	return func() {
+		d.portsNFT.Close()
+		closePolicy()
+	}, nil
+}
+
+// prepareAPIs makes the two drivers and the server of their plugin APIs,
+// metrics and health, the reconciler, and the metrics listener.
+func (d *daemon) prepareAPIs() error {
+	cfg := d.cfg
+	nd := driver.NewNetworkDriver(d.store, d.dp, cfg.NodeName, d.log, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: d.engine, Labels: d.pol.labels, Policy: d.pol.syncer, EngineID: d.ident.ID, WorkloadMTU: d.vx.mgr.WorkloadMTU, Ports: d.portsMgr})
+	id := driver.NewIPAMDriver(d.engine, cfg.NodeName, d.log)
+	d.srv = NewServer(nd, id, d.log)
+	d.metrics = NewMetrics(d.engine, d.log)
+	d.srv.Observer = d.metrics.ObserveRequest
+	d.health = NewHealth(d.store.Ping)
+	d.health.Require("network policy", d.pol.syncer.Health)
+	var err error
+	if d.reconciler, err = newReconciler(cfg, d.store, d.engine, d.dp, d.metrics, d.log); err != nil {
+		return err
+	}
+	if cfg.MetricsListen != "" {
+		if d.metricsListener, err = ListenMetrics(cfg.MetricsListen); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// serveSockets serves the plugin APIs on their unix sockets (one for both
+// with SingleSocket) until ctx is done, and returns the sockets' paths.
+func (d *daemon) serveSockets(ctx context.Context) []string {
 	var socketPaths []string
 	serve := func(name string, implements ...string) {
-		path := filepath.Join(cfg.SocketDir, name)
+		path := filepath.Join(d.cfg.SocketDir, name)
 		socketPaths = append(socketPaths, path)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			entry.WithFields(logrus.Fields{"socket": path, "implements": implements}).Info("serving plugin API")
-			if err := srv.ServeUnix(ctx, path, srv.Handler(implements...)); err != nil {
-				errc <- fmt.Errorf("serving %s: %w", path, err)
+		d.wg.Go(func() {
+			d.log.WithFields(logrus.Fields{"socket": path, "implements": implements}).Info("serving plugin API")
+			if err := d.srv.ServeUnix(ctx, path, d.srv.Handler(implements...)); err != nil {
+				d.errc <- fmt.Errorf("serving %s: %w", path, err)
 			}
-		}()
+		})
 	}
-	if cfg.SingleSocket != "" {
-		serve(cfg.SingleSocket, "NetworkDriver", "IpamDriver")
+	if d.cfg.SingleSocket != "" {
+		serve(d.cfg.SingleSocket, "NetworkDriver", "IpamDriver")
 	} else {
 		serve(DefaultNetworkSocket, "NetworkDriver")
 		serve(DefaultIPAMSocket, "IpamDriver")
 	}
-	if metricsListener != nil {
-		entry.WithField("listen", metricsListener.Addr().String()).Info("serving /metrics and /healthz")
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := ServeMetrics(ctx, metricsListener, MetricsHandler(metrics, health)); err != nil {
-				errc <- err
-			}
-		}()
+	return socketPaths
+}
+
+// serveMetrics serves /metrics and /healthz, if configured, until ctx is
+// done.
+func (d *daemon) serveMetrics(ctx context.Context) {
+	if d.metricsListener == nil {
+		return
 	}
+	d.log.WithField("listen", d.metricsListener.Addr().String()).Info("serving /metrics and /healthz")
+	d.wg.Go(func() {
+		if err := ServeMetrics(ctx, d.metricsListener, MetricsHandler(d.metrics, d.health)); err != nil {
+			d.errc <- err
+		}
+	})
+}
+
+// startLoops runs, until ctx is done, the reconciler (once the sockets at
+// socketPaths answer), the blackhole routes' sync, the liveness lease and
+// the follower of Docker's engine ID.
+func (d *daemon) startLoops(ctx context.Context, socketPaths []string, alive datastore.Alive, lease clientv3.LeaseID) {
 	// Reconcile once the sockets answer: cleaning up may take a while and
 	// Docker must not wait for it (it may call us meanwhile).
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	d.wg.Go(func() {
 		if err := waitServed(ctx, socketPaths); err != nil {
 			return
 		}
-		health.SetServing(nil)
-		reconciler.Run(ctx)
-	}()
-
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		syncBlackholes(ctx, engine, dp, cfg, entry)
-	}()
-
+		d.health.SetServing(nil)
+		d.reconciler.Run(ctx)
+	})
+	d.wg.Go(func() { syncBlackholes(ctx, d.engine, d.dp, d.cfg, d.log) })
 	// The liveness lease tells `node list`/`node delete` this node is in
 	// use; cancelling ctx revokes it before the datastore closes.
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		store.KeepAliveFrom(ctx, alive, lease, datastore.DefaultAliveTTL, entry)
-	}()
-	go func() {
-		defer wg.Done()
-		ident.Follow(ctx, 5*time.Second, entry.WithField("component", "docker"))
-	}()
+	d.wg.Go(func() { d.store.KeepAliveFrom(ctx, alive, lease, datastore.DefaultAliveTTL, d.log) })
+	d.wg.Go(func() { d.ident.Follow(ctx, 5*time.Second, d.log.WithField("component", "docker")) })
+}
 
-	defer startVXLAN(ctx, cfg, vx, entry)()
-
-	stopRouting, err := startRouting(ctx, cfg, store, engine, vx.mgr, metrics.Routing, health, entry)
-	if err != nil {
-		cancel()
-		wg.Wait()
-		return fmt.Errorf("starting BGP: %w", err)
-	}
-	defer stopRouting()
-
-	defer startPorts(ctx, cfg, portsMgr)()
-
-	policyStarted = true
-	defer pol.start(ctx)()
-
+// serveUntilDone waits for ctx to end or a server to fail, then stops the
+// daemon's goroutines and waits for them.
+func (d *daemon) serveUntilDone(ctx context.Context, cancel context.CancelFunc) error {
 	var runErr error
 	select {
 	case <-ctx.Done():
-		entry.Info("shutting down")
-	case runErr = <-errc:
-		entry.WithError(runErr).Error("plugin server failed")
+		d.log.Info("shutting down")
+	case runErr = <-d.errc:
+		d.log.WithError(runErr).Error("plugin server failed")
 	}
 	cancel()
-	wg.Wait()
+	d.wg.Wait()
 	return runErr
 }
 

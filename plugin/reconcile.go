@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -214,42 +215,12 @@ func PlanReconcile(in ReconcileInput) Plan {
 				plan.EnsureRoutes = append(plan.EnsureRoutes, se.Endpoint)
 			}
 		}
-		for k, v := range in.FirstSeen {
-			plan.Pending[k] = v
-		}
+		maps.Copy(plan.Pending, in.FirstSeen)
 		plan.NextDue = nextDue(plan.Pending, in.Grace)
 		return plan
 	}
 
-	dockerIPs := map[netip.Addr]string{} // address -> Docker endpoint id
-	liveIfNames := map[string]bool{}
-	for id, de := range in.Docker.Endpoints {
-		for _, ip := range de.IPs {
-			dockerIPs[ip.Unmap()] = id
-		}
-		liveIfNames[dataplane.HostIfName(id)] = true
-	}
-	// The assignment holding each address.
-	holders := map[netip.Addr]ipam.Allocation{}
-	for _, a := range in.Allocations {
-		if ip, ok := allocAddr(a); ok {
-			holders[ip] = a
-		}
-	}
-	recorded := map[netip.Addr]bool{}
-	known := map[string]bool{}
-	recordIfNames := map[string]bool{}
-	for _, se := range in.Endpoints {
-		for _, ip := range endpointAddrs(se.Endpoint) {
-			recorded[ip] = true
-		}
-		if se.Endpoint.Node == in.Node {
-			known[se.Endpoint.ID] = true
-			recordIfNames[se.Endpoint.HostIfName] = true
-			recordIfNames[dataplane.HostIfName(se.Endpoint.ID)] = true
-		}
-	}
-
+	idx := indexReconcileInput(in)
 	for _, se := range in.Endpoints {
 		ep := se.Endpoint
 		if ep.Node != in.Node || otherEngine(ep, in.Docker) {
@@ -261,37 +232,13 @@ func PlanReconcile(in ReconcileInput) Plan {
 			}
 			continue
 		}
-		if !mature(endpointCandidate(se)) {
-			continue
+		if mature(endpointCandidate(se)) {
+			plan.RemoveEndpoints = append(plan.RemoveEndpoints, idx.endpointRemoval(se))
 		}
-		// RemoveWorkload deletes the interface named after the id.
-		rm := EndpointRemoval{Endpoint: ep, Rev: se.Rev, RemoveVeth: !liveIfNames[dataplane.HostIfName(ep.ID)]}
-		for _, ip := range endpointAddrs(ep) {
-			if other, used := dockerIPs[ip]; used {
-				rm.Kept = append(rm.Kept, fmt.Sprintf("%s is in use by Docker endpoint %s", ip, shortID(other)))
-				continue
-			}
-			a, held := holders[ip]
-			if !held {
-				continue // already free (Docker's ReleaseAddress got through)
-			}
-			if ipam.IsSwarm(a.Attrs) {
-				// The swarm manager assigned it to a task and releases it
-				// when it frees the task (see ipam.AttrSwarm).
-				rm.Kept = append(rm.Kept, fmt.Sprintf("%s was assigned by the swarm manager, which releases it", ip))
-				continue
-			}
-			if !ownsAssignment(ep, a) {
-				rm.Kept = append(rm.Kept, fmt.Sprintf("%s is now held by handle %s, which is not this endpoint's (re-assigned since)", ip, a.HandleID))
-				continue
-			}
-			rm.Release = append(rm.Release, AddressRelease{IP: ip, Handle: a.HandleID, Block: a.Block})
-		}
-		plan.RemoveEndpoints = append(plan.RemoveEndpoints, rm)
 	}
 
 	for _, name := range in.Detached {
-		if recordIfNames[name] || liveIfNames[name] {
+		if idx.recordIfNames[name] || idx.liveIfNames[name] {
 			continue
 		}
 		if mature("interface/" + name) {
@@ -300,34 +247,121 @@ func PlanReconcile(in ReconcileInput) Plan {
 	}
 
 	if in.ReleaseOrphans {
-		for _, a := range in.Allocations {
-			ip, ok := allocAddr(a)
-			if !ok || a.Attrs[ipam.AttrNode] != in.Node || recorded[ip] {
-				continue
-			}
-			// The swarm manager's assignments (tasks of other nodes,
-			// service VIPs) and aux/gateway reservations never have an
-			// endpoint record: not orphans.
-			if ipam.IsSwarm(a.Attrs) || ipam.IsReserved(a.Attrs) {
-				continue
-			}
-			if _, used := dockerIPs[ip]; used {
-				continue
-			}
-			if mature(orphanCandidate(a)) {
-				plan.ReleaseOrphans = append(plan.ReleaseOrphans, AddressRelease{IP: ip, Handle: a.HandleID, Block: a.Block})
-			}
-		}
+		plan.ReleaseOrphans = idx.orphanReleases(in.Allocations, in.Node, mature)
 	}
 
 	for id, de := range in.Docker.Endpoints {
-		if !known[id] && in.Networks[de.Network] {
+		if !idx.known[id] && in.Networks[de.Network] {
 			plan.Unknown = append(plan.Unknown, id)
 		}
 	}
 	sort.Strings(plan.Unknown)
 	plan.NextDue = nextDue(plan.Pending, in.Grace)
 	return plan
+}
+
+// reconcileIndex is what PlanReconcile looks up while Docker's view is
+// known.
+type reconcileIndex struct {
+	dockerIPs   map[netip.Addr]string // address -> Docker endpoint id
+	liveIfNames map[string]bool       // host interface names of Docker's endpoints
+	// holders maps each address to the assignment holding it.
+	holders map[netip.Addr]ipam.Allocation
+	// recorded are the addresses of the endpoint records of every node.
+	recorded map[netip.Addr]bool
+	// known are the ids of this node's endpoint records, and recordIfNames
+	// their host interface names (recorded and derived from the id).
+	known         map[string]bool
+	recordIfNames map[string]bool
+}
+
+// indexReconcileInput indexes in, whose Docker view must be known.
+func indexReconcileInput(in ReconcileInput) reconcileIndex {
+	idx := reconcileIndex{
+		dockerIPs:     map[netip.Addr]string{},
+		liveIfNames:   map[string]bool{},
+		holders:       map[netip.Addr]ipam.Allocation{},
+		recorded:      map[netip.Addr]bool{},
+		known:         map[string]bool{},
+		recordIfNames: map[string]bool{},
+	}
+	for id, de := range in.Docker.Endpoints {
+		for _, ip := range de.IPs {
+			idx.dockerIPs[ip.Unmap()] = id
+		}
+		idx.liveIfNames[dataplane.HostIfName(id)] = true
+	}
+	for _, a := range in.Allocations {
+		if ip, ok := allocAddr(a); ok {
+			idx.holders[ip] = a
+		}
+	}
+	for _, se := range in.Endpoints {
+		for _, ip := range endpointAddrs(se.Endpoint) {
+			idx.recorded[ip] = true
+		}
+		if se.Endpoint.Node == in.Node {
+			idx.known[se.Endpoint.ID] = true
+			idx.recordIfNames[se.Endpoint.HostIfName] = true
+			idx.recordIfNames[dataplane.HostIfName(se.Endpoint.ID)] = true
+		}
+	}
+	return idx
+}
+
+// endpointRemoval is the removal of a stale endpoint record: which of its
+// addresses to release, and why the others are kept.
+func (idx reconcileIndex) endpointRemoval(se StoredEndpoint) EndpointRemoval {
+	ep := se.Endpoint
+	// RemoveWorkload deletes the interface named after the id.
+	rm := EndpointRemoval{Endpoint: ep, Rev: se.Rev, RemoveVeth: !idx.liveIfNames[dataplane.HostIfName(ep.ID)]}
+	for _, ip := range endpointAddrs(ep) {
+		if other, used := idx.dockerIPs[ip]; used {
+			rm.Kept = append(rm.Kept, fmt.Sprintf("%s is in use by Docker endpoint %s", ip, shortID(other)))
+			continue
+		}
+		a, held := idx.holders[ip]
+		if !held {
+			continue // already free (Docker's ReleaseAddress got through)
+		}
+		if ipam.IsSwarm(a.Attrs) {
+			// The swarm manager assigned it to a task and releases it
+			// when it frees the task (see ipam.AttrSwarm).
+			rm.Kept = append(rm.Kept, fmt.Sprintf("%s was assigned by the swarm manager, which releases it", ip))
+			continue
+		}
+		if !ownsAssignment(ep, a) {
+			rm.Kept = append(rm.Kept, fmt.Sprintf("%s is now held by handle %s, which is not this endpoint's (re-assigned since)", ip, a.HandleID))
+			continue
+		}
+		rm.Release = append(rm.Release, AddressRelease{IP: ip, Handle: a.HandleID, Block: a.Block})
+	}
+	return rm
+}
+
+// orphanReleases are node's assignments that no endpoint record and no
+// Docker endpoint holds and that have been so for the grace period.
+func (idx reconcileIndex) orphanReleases(allocs []ipam.Allocation, node string, mature func(key string) bool) []AddressRelease {
+	var out []AddressRelease
+	for _, a := range allocs {
+		ip, ok := allocAddr(a)
+		if !ok || a.Attrs[ipam.AttrNode] != node || idx.recorded[ip] {
+			continue
+		}
+		// The swarm manager's assignments (tasks of other nodes,
+		// service VIPs) and aux/gateway reservations never have an
+		// endpoint record: not orphans.
+		if ipam.IsSwarm(a.Attrs) || ipam.IsReserved(a.Attrs) {
+			continue
+		}
+		if _, used := idx.dockerIPs[ip]; used {
+			continue
+		}
+		if mature(orphanCandidate(a)) {
+			out = append(out, AddressRelease{IP: ip, Handle: a.HandleID, Block: a.Block})
+		}
+	}
+	return out
 }
 
 // otherEngine: the record was written by the daemon of another Docker

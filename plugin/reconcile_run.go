@@ -172,16 +172,44 @@ func (r *Reconciler) Pass(ctx context.Context) (PassResult, error) {
 	r.stillBad = map[string]bool{}
 	defer func() { r.warned = r.stillBad }()
 
-	// Datastore first, Docker second: see ReconcileInput.
+	in, err := r.readInput(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.DockerKnown = in.Docker != nil
+
+	plan := PlanReconcile(in)
+	r.pending = plan.Pending
+	res.Plan = plan
+
+	err = errors.Join(r.repair(ctx, plan, res.DockerKnown, res.Fixes)...)
+	for kind, n := range res.Fixes {
+		r.Metrics.Fixed(kind, n)
+	}
+	switch {
+	case err != nil:
+		r.Metrics.ReconcileRun(ReconcileFailed)
+	case !res.DockerKnown:
+		r.Metrics.ReconcileRun(ReconcileNoDocker)
+	default:
+		r.Metrics.ReconcileRun(ReconcileOK)
+	}
+	return res, err
+}
+
+// readInput reads the sources of truth, the datastore first and Docker
+// second: see ReconcileInput. A failed read of the datastore or IPAM fails
+// the pass (and counts so); an unreachable Docker leaves in.Docker nil.
+func (r *Reconciler) readInput(ctx context.Context) (ReconcileInput, error) {
 	eps, nets, err := r.readEndpoints(ctx)
 	if err != nil {
 		r.Metrics.ReconcileRun(ReconcileFailed)
-		return res, err
+		return ReconcileInput{}, err
 	}
 	allocs, err := r.IPAM.Allocations(ctx)
 	if err != nil {
 		r.Metrics.ReconcileRun(ReconcileFailed)
-		return res, fmt.Errorf("reading IPAM allocations: %w", err)
+		return ReconcileInput{}, fmt.Errorf("reading IPAM allocations: %w", err)
 	}
 	detached, err := r.Dataplane.ListDetachedWorkloads(ctx)
 	if err != nil {
@@ -189,30 +217,11 @@ func (r *Reconciler) Pass(ctx context.Context) (PassResult, error) {
 		r.Log.WithError(err).Warn("listing detached workload veths")
 		detached = nil
 	}
-	var view *DockerView
-	if r.Docker != nil {
-		v, err := r.Docker.View(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return res, ctx.Err()
-			}
-			if !r.dockerDown {
-				r.Log.WithError(err).Warn("Docker is unreachable: reconcile only restores routes, and releases nothing, until it answers")
-			} else {
-				r.Log.WithError(err).Debug("Docker still unreachable")
-			}
-			r.dockerDown = true
-		} else {
-			if r.dockerDown {
-				r.Log.Info("Docker answers again: reconciling endpoints")
-			}
-			r.dockerDown = false
-			view = &v
-		}
+	view, err := r.dockerView(ctx)
+	if err != nil {
+		return ReconcileInput{}, err
 	}
-	res.DockerKnown = view != nil
-
-	plan := PlanReconcile(ReconcileInput{
+	return ReconcileInput{
 		Node:           r.Node,
 		Now:            r.now(),
 		Grace:          r.grace(),
@@ -223,44 +232,56 @@ func (r *Reconciler) Pass(ctx context.Context) (PassResult, error) {
 		Docker:         view,
 		FirstSeen:      r.pending,
 		ReleaseOrphans: r.ReleaseOrphans,
-	})
-	r.pending = plan.Pending
-	res.Plan = plan
+	}, nil
+}
 
+// dockerView is Docker's view, or nil while it is unknown (no Docker
+// source, or Docker does not answer: warned about once per outage). The
+// only error is ctx's.
+func (r *Reconciler) dockerView(ctx context.Context) (*DockerView, error) {
+	if r.Docker == nil {
+		return nil, nil
+	}
+	v, err := r.Docker.View(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if !r.dockerDown {
+			r.Log.WithError(err).Warn("Docker is unreachable: reconcile only restores routes, and releases nothing, until it answers")
+		} else {
+			r.Log.WithError(err).Debug("Docker still unreachable")
+		}
+		r.dockerDown = true
+		return nil, nil
+	}
+	if r.dockerDown {
+		r.Log.Info("Docker answers again: reconciling endpoints")
+	}
+	r.dockerDown = false
+	return &v, nil
+}
+
+// repair carries out plan, counting the repairs made in fixes, and returns
+// what failed: one failure does not stop the others.
+func (r *Reconciler) repair(ctx context.Context, plan Plan, dockerKnown bool, fixes map[string]int) []error {
 	var errs []error
 	for _, rm := range plan.RemoveEndpoints {
-		if err := r.removeEndpoint(ctx, rm, res.Fixes); err != nil {
+		if err := r.removeEndpoint(ctx, rm, fixes); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	for _, o := range plan.ReleaseOrphans {
-		log := r.Log.WithFields(logrus.Fields{"ip": o.IP.String(), "handle": o.Handle, "block": o.Block})
-		if err := r.IPAM.ReleaseByHandle(ctx, o.Handle); err != nil {
-			errs = append(errs, fmt.Errorf("releasing orphaned address %s: %w", o.IP, err))
-			continue
-		}
-		res.Fixes[FixOrphanReleased]++
-		log.Info("reconcile: released an address no endpoint holds (neither in the datastore nor in Docker)")
-	}
-	if ab, ok := r.IPAM.(abandonedReleaser); ok {
-		n, err := ab.ReleaseAbandoned(ctx)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("releasing assignments answered as failed during an etcd outage: %w", err))
-		}
-		if n > 0 {
-			res.Fixes[FixOrphanReleased] += n
-		}
-	}
+	errs = append(errs, r.releaseOrphans(ctx, plan.ReleaseOrphans, fixes)...)
 	for _, name := range plan.RemoveDetached {
 		if err := r.Dataplane.RemoveDetachedWorkload(ctx, name); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		res.Fixes[FixInterfaceRemoved]++
+		fixes[FixInterfaceRemoved]++
 		r.Log.WithField("interface", name).Info("reconcile: removed a veth pair no container and no endpoint record holds")
 	}
 	for _, ep := range plan.EnsureRoutes {
-		if err := r.ensureRoutes(ctx, ep, res.DockerKnown, res.Fixes); err != nil {
+		if err := r.ensureRoutes(ctx, ep, dockerKnown, fixes); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -269,19 +290,32 @@ func (r *Reconciler) Pass(ctx context.Context) (PassResult, error) {
 			r.Log.WithFields(logrus.Fields{"endpoint": shortID(id), "node": r.Node}).Warn("Docker has an endpoint on a calico network that the datastore does not record for this node (was NODENAME changed?): leaving it alone")
 		}
 	}
-	for kind, n := range res.Fixes {
-		r.Metrics.Fixed(kind, n)
+	return errs
+}
+
+// releaseOrphans releases the orphaned assignments, then (with an
+// abandonedReleaser) those answered as failed during an etcd outage.
+func (r *Reconciler) releaseOrphans(ctx context.Context, orphans []AddressRelease, fixes map[string]int) []error {
+	var errs []error
+	for _, o := range orphans {
+		log := r.Log.WithFields(logrus.Fields{"ip": o.IP.String(), "handle": o.Handle, "block": o.Block})
+		if err := r.IPAM.ReleaseByHandle(ctx, o.Handle); err != nil {
+			errs = append(errs, fmt.Errorf("releasing orphaned address %s: %w", o.IP, err))
+			continue
+		}
+		fixes[FixOrphanReleased]++
+		log.Info("reconcile: released an address no endpoint holds (neither in the datastore nor in Docker)")
 	}
-	err = errors.Join(errs...)
-	switch {
-	case err != nil:
-		r.Metrics.ReconcileRun(ReconcileFailed)
-	case !res.DockerKnown:
-		r.Metrics.ReconcileRun(ReconcileNoDocker)
-	default:
-		r.Metrics.ReconcileRun(ReconcileOK)
+	if ab, ok := r.IPAM.(abandonedReleaser); ok {
+		n, err := ab.ReleaseAbandoned(ctx)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("releasing assignments answered as failed during an etcd outage: %w", err))
+		}
+		if n > 0 {
+			fixes[FixOrphanReleased] += n
+		}
 	}
-	return res, err
+	return errs
 }
 
 // removeEndpoint undoes an endpoint Docker no longer has: veth and routes,

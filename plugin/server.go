@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"time"
 
@@ -118,14 +119,17 @@ func (s *Server) Handler(implements ...string) http.Handler {
 			if s.nd == nil {
 				panic("plugin: Handler(NetworkDriver) without a network driver")
 			}
-			s.networkRoutes(mux)
 		case ImplementsIpamDriver:
 			if s.id == nil {
 				panic("plugin: Handler(IpamDriver) without an IPAM driver")
 			}
-			s.ipamRoutes(mux)
 		default:
 			panic(fmt.Sprintf("plugin: unknown plugin API %q", api))
+		}
+	}
+	for _, m := range s.pluginMethods() {
+		if slices.Contains(impl, m.api) {
+			s.route(mux, "/"+m.api+"."+m.name, m.handler)
 		}
 	}
 	s.route(mux, "/", func(r *http.Request) (int, any) {
@@ -230,34 +234,41 @@ func callNoReq[Resp any](fn func(context.Context) (Resp, error)) func(r *http.Re
 	}
 }
 
-func (s *Server) networkRoutes(mux *http.ServeMux) {
-	nd := s.nd
-	const p = "/NetworkDriver."
-	s.route(mux, p+"GetCapabilities", callNoReq(nd.GetCapabilities))
-	s.route(mux, p+"CreateNetwork", callNoResp(nd.CreateNetwork))
-	s.route(mux, p+"AllocateNetwork", call(nd.AllocateNetwork))
-	s.route(mux, p+"DeleteNetwork", callNoResp(nd.DeleteNetwork))
-	s.route(mux, p+"FreeNetwork", callNoResp(nd.FreeNetwork))
-	s.route(mux, p+"CreateEndpoint", call(nd.CreateEndpoint))
-	s.route(mux, p+"EndpointOperInfo", call(nd.EndpointInfo))
-	s.route(mux, p+"DeleteEndpoint", callNoResp(nd.DeleteEndpoint))
-	s.route(mux, p+"Join", call(nd.Join))
-	s.route(mux, p+"Leave", callNoResp(nd.Leave))
-	s.route(mux, p+"DiscoverNew", callNoResp(nd.DiscoverNew))
-	s.route(mux, p+"DiscoverDelete", callNoResp(nd.DiscoverDelete))
-	s.route(mux, p+"ProgramExternalConnectivity", callNoResp(nd.ProgramExternalConnectivity))
-	s.route(mux, p+"RevokeExternalConnectivity", callNoResp(nd.RevokeExternalConnectivity))
+// pluginMethod is one method of a plugin API and the handler that serves it
+// (at "/<api>.<name>").
+type pluginMethod struct {
+	api, name string
+	handler   func(r *http.Request) (int, any)
 }
 
-func (s *Server) ipamRoutes(mux *http.ServeMux) {
-	id := s.id
-	const p = "/IpamDriver."
-	s.route(mux, p+"GetCapabilities", callNoReq(id.GetCapabilities))
-	s.route(mux, p+"GetDefaultAddressSpaces", callNoReq(id.GetDefaultAddressSpaces))
-	s.route(mux, p+"RequestPool", call(id.RequestPool))
-	s.route(mux, p+"ReleasePool", callNoResp(id.ReleasePool))
-	s.route(mux, p+"RequestAddress", call(id.RequestAddress))
-	s.route(mux, p+"ReleaseAddress", callNoResp(id.ReleaseAddress))
+// pluginMethods are the methods of both plugin APIs. The driver of an API
+// that is not served may be nil: Handler routes only the served APIs, so its
+// methods are never called.
+func (s *Server) pluginMethods() []pluginMethod {
+	nd, id := s.nd, s.id
+	const network, ipam = ImplementsNetworkDriver, ImplementsIpamDriver
+	return []pluginMethod{
+		{network, "GetCapabilities", callNoReq(nd.GetCapabilities)},
+		{network, "CreateNetwork", callNoResp(nd.CreateNetwork)},
+		{network, "AllocateNetwork", call(nd.AllocateNetwork)},
+		{network, "DeleteNetwork", callNoResp(nd.DeleteNetwork)},
+		{network, "FreeNetwork", callNoResp(nd.FreeNetwork)},
+		{network, "CreateEndpoint", call(nd.CreateEndpoint)},
+		{network, "EndpointOperInfo", call(nd.EndpointInfo)},
+		{network, "DeleteEndpoint", callNoResp(nd.DeleteEndpoint)},
+		{network, "Join", call(nd.Join)},
+		{network, "Leave", callNoResp(nd.Leave)},
+		{network, "DiscoverNew", callNoResp(nd.DiscoverNew)},
+		{network, "DiscoverDelete", callNoResp(nd.DiscoverDelete)},
+		{network, "ProgramExternalConnectivity", callNoResp(nd.ProgramExternalConnectivity)},
+		{network, "RevokeExternalConnectivity", callNoResp(nd.RevokeExternalConnectivity)},
+		{ipam, "GetCapabilities", callNoReq(id.GetCapabilities)},
+		{ipam, "GetDefaultAddressSpaces", callNoReq(id.GetDefaultAddressSpaces)},
+		{ipam, "RequestPool", call(id.RequestPool)},
+		{ipam, "ReleasePool", callNoResp(id.ReleasePool)},
+		{ipam, "RequestAddress", call(id.RequestAddress)},
+		{ipam, "ReleaseAddress", callNoResp(id.ReleaseAddress)},
+	}
 }
 
 // ServeUnix serves h on a unix socket at path until ctx is done, then shuts
