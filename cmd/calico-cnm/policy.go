@@ -16,6 +16,7 @@ import (
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/policy"
 	"github.com/calico-cnm/calico-cnm/policy/api"
+	"github.com/calico-cnm/calico-cnm/ports"
 )
 
 // The resource commands, as calicoctl has them: apply, get, delete.
@@ -208,6 +209,9 @@ type endpointRow struct {
 	LabelsUnknown bool              `json:"labelsUnknown,omitempty"`
 	Ingress       []string          `json:"ingressPolicies"`
 	Egress        []string          `json:"egressPolicies"`
+	// Ports are the published ports (docker run -p), which `docker port`
+	// cannot show for a remote driver.
+	Ports []datastore.PortBinding `json:"ports,omitempty"`
 }
 
 func (a *app) getEndpointsCmd() *cobra.Command {
@@ -235,10 +239,19 @@ func (a *app) getEndpointsCmd() *cobra.Command {
 				{header: "LABELS", value: labelsText},
 				{header: "INGRESS POLICIES", wide: true, value: func(r endpointRow) string { return orDash(strings.Join(r.Ingress, ",")) }},
 				{header: "EGRESS POLICIES", wide: true, value: func(r endpointRow) string { return orDash(strings.Join(r.Egress, ",")) }},
+				{header: "PORTS", wide: true, value: portsText},
 			})
 		})
 	}
 	return c
+}
+
+func portsText(r endpointRow) string {
+	var ps []string
+	for _, b := range r.Ports {
+		ps = append(ps, ports.String(b))
+	}
+	return orDash(strings.Join(ps, ","))
 }
 
 func labelsText(r endpointRow) string {
@@ -282,7 +295,7 @@ func (a *app) endpointRows(ctx context.Context, store *datastore.Store) ([]endpo
 		}
 		node, _, _ := datastore.EndpointNodeAndID(kv.Key)
 		r := endpointRow{Node: node, ID: ep.ID, Network: orDash(names[ep.Network]), IPv4: ep.IPv4, IPv6: ep.IPv6, Joined: ep.Joined,
-			Labels: ep.Labels, LabelsUnknown: ep.LabelsUnknown, Ingress: []string{}, Egress: []string{}}
+			Labels: ep.Labels, LabelsUnknown: ep.LabelsUnknown, Ingress: []string{}, Egress: []string{}, Ports: ep.Ports}
 		if r.Network == "-" {
 			r.Network = shortID(ep.Network)
 		}

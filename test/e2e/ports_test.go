@@ -132,6 +132,9 @@ func TestPublishedPorts(t *testing.T) {
 	if table := c.mustCtl(t, "network", "ports"); !strings.Contains(table, "8080/tcp -> 0.0.0.0:18080") || !strings.Contains(table, "5353/udp -> 0.0.0.0:15353") {
 		t.Errorf("network ports lacks web's bindings:\n%s", table)
 	}
+	if wide := c.mustCtl(t, "get", "endpoints", "-o", "wide"); !strings.Contains(wide, "8080/tcp -> 0.0.0.0:18080") {
+		t.Errorf("get endpoints -o wide lacks web's published port:\n%s", wide)
+	}
 	mustAnswer(t, b.Host, udpecho, "", fmt.Sprintf("http://%s:%d/", aIP, hostPort), "", "-P port from another node")
 
 	// A host port published already: a clear error, and nothing left.
