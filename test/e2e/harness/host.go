@@ -570,7 +570,11 @@ func (h *Host) killLeftovers(all bool) []int {
 	}
 	var roots []int
 	for _, pid := range procsInNamespaces(netIno, mnts...) {
-		if !spare[pid] {
+		// The kernel reuses a namespace's inode number once the namespace
+		// is freed: the mount namespace of an exited dockerd incarnation
+		// may by now be another host's (tests run in parallel). Every
+		// process of this host's dockerd runs in this host's netns.
+		if !spare[pid] && nsInode(pid, "net") == h.netIno {
 			roots = append(roots, pid)
 		}
 	}
