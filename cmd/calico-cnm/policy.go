@@ -246,13 +246,7 @@ func (a *app) getEndpointsCmd() *cobra.Command {
 	return c
 }
 
-func portsText(r endpointRow) string {
-	var ps []string
-	for _, b := range r.Ports {
-		ps = append(ps, ports.String(b))
-	}
-	return orDash(strings.Join(ps, ","))
-}
+func portsText(r endpointRow) string { return orDash(ports.Summary(r.Ports)) }
 
 func labelsText(r endpointRow) string {
 	if r.LabelsUnknown {
