@@ -731,6 +731,7 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 		// Fail closed: the endpoint of an --internal network is not
 		// handed to Docker before its guard is in the kernel.
 		if err := d.ports.Sync(ctx); err != nil {
+			d.unjoin(context.WithoutCancel(ctx), key, log)
 			return nil, undo(fmt.Errorf("programming the --internal guard of endpoint %s failed: %w", short(req.EndpointID), err))
 		}
 	}
