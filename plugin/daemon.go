@@ -164,7 +164,7 @@ func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
 			d.pol.close()
 		}
 	}
-	if d.portsMgr, d.portsNFT, err = newPorts(d.cfg, d.store, d.dp, d.log); err != nil {
+	if d.portsMgr, d.portsNFT, err = newPorts(d.cfg, d.store, d.dp, d.ident.ID, d.log); err != nil {
 		closePolicy()
 		return nil, err
 	}

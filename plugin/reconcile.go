@@ -368,7 +368,7 @@ func (idx reconcileIndex) orphanReleases(allocs []ipam.Allocation, node string, 
 // engine that uses this node name too (a cloned host): this Docker's view
 // says nothing about it, so reconcile leaves it alone.
 func otherEngine(ep datastore.Endpoint, docker *DockerView) bool {
-	return ep.EngineID != "" && docker.EngineID != "" && ep.EngineID != docker.EngineID
+	return ep.OfOtherEngine(docker.EngineID)
 }
 
 // ownsAssignment tells whether assignment a, which holds one of ep's
