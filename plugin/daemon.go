@@ -185,6 +185,8 @@ func (d *daemon) prepareAPIs() error {
 	d.srv.Observer = d.metrics.ObserveRequest
 	d.health = NewHealth(d.store.Ping)
 	d.health.Require("network policy", d.pol.syncer.Health)
+	d.health.Require("VXLAN", d.vx.mgr.Health)
+	d.health.Require("published ports", d.portsMgr.Health)
 	var err error
 	if d.reconciler, err = newReconciler(cfg, d.store, d.engine, d.dp, d.metrics, d.log); err != nil {
 		return err

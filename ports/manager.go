@@ -12,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/lastpass"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -38,6 +39,8 @@ type Manager struct {
 	// never known): records of another engine sharing the node name are
 	// neither published nor counted as taken.
 	engineID func() string
+	// last is the outcome of the last resync (Health).
+	last *lastpass.Outcome
 }
 
 // NewManager publishes through nft (and dp for route_localnet, nil to skip)
@@ -51,7 +54,7 @@ func NewManager(store *datastore.Store, node string, nft *NFT, dp Dataplane, ipv
 	if engineID == nil {
 		engineID = func() string { return "" }
 	}
-	return &Manager{store: store, node: node, nft: nft, dp: dp, ipv6: ipv6, engineID: engineID, log: log.WithField("component", "ports")}
+	return &Manager{store: store, node: node, nft: nft, dp: dp, ipv6: ipv6, engineID: engineID, log: log.WithField("component", "ports"), last: lastpass.New("published ports")}
 }
 
 type record struct {
@@ -179,7 +182,12 @@ func (m *Manager) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if err := m.Sync(ctx); err != nil && ctx.Err() == nil {
+		err := m.Sync(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		m.last.Record(err)
+		if err != nil {
 			m.log.WithError(err).Warn("published ports resync failed")
 		}
 		select {
@@ -189,6 +197,9 @@ func (m *Manager) Run(ctx context.Context, interval time.Duration) {
 		}
 	}
 }
+
+// Health is nil unless the last resync failed (/healthz).
+func (m *Manager) Health() error { return m.last.Err() }
 
 // Publish resolves and records the endpoint's bindings and programs them.
 // On any failure nothing of it remains: the record keeps its old bindings
