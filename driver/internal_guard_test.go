@@ -51,3 +51,46 @@ func TestJoinInternalGuardFailureLeavesNothing(t *testing.T) {
 		t.Errorf("record still joined after the failed Join: %+v", rec)
 	}
 }
+
+// unpublishRecorder records which endpoints' ports were withdrawn.
+type unpublishRecorder struct {
+	unprogrammablePorts
+	withdrawn []string
+}
+
+func (u *unpublishRecorder) Unpublish(_ context.Context, endpointID string) error {
+	u.withdrawn = append(u.withdrawn, endpointID)
+	return nil
+}
+
+// TestDeleteEndpointWithdrawsPorts: an endpoint deleted with published
+// ports still recorded (Docker never sent RevokeExternalConnectivity, as
+// after a crash between the calls) has them withdrawn, so no DNAT rule
+// outlives it.
+func TestDeleteEndpointWithdrawsPorts(t *testing.T) {
+	m := etcdtest.Start(t)
+	ctx := context.Background()
+	e := newEnv(t, m.Store)
+	rec := &unpublishRecorder{}
+	e.nd = driver.NewNetworkDriver(m.Store, e.dp, testHost, quietLog(), driver.Options{MTU: 1400, IPAM: e.ipam, Ports: rec})
+	n := e.createNetworkWith(t, "10.10.4.0/24", nil)
+	withPorts, plain := e.createEndpoint(t, n, "10.10.4.10/32", ""), e.createEndpoint(t, n, "10.10.4.11/32", "")
+	key := datastore.EndpointKey(testHost, withPorts)
+	var ep datastore.Endpoint
+	rev, err := m.Store.GetJSON(ctx, key, &ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep.Ports = []datastore.PortBinding{{Proto: "tcp", HostPort: 18080, Port: 8080}}
+	if err := m.Store.Txn(ctx, datastore.Update(key, datastore.MustJSON(ep), rev)); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{withPorts, plain} {
+		if err := e.nd.DeleteEndpoint(ctx, &network.DeleteEndpointRequest{NetworkID: n, EndpointID: id}); err != nil {
+			t.Fatalf("DeleteEndpoint %s: %v", id, err)
+		}
+	}
+	if len(rec.withdrawn) != 1 || rec.withdrawn[0] != withPorts {
+		t.Errorf("ports withdrawn for %q, want only %s", rec.withdrawn, withPorts)
+	}
+}
