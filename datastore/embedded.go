@@ -22,6 +22,18 @@ import (
 // options or read BGP passwords.
 const EmbeddedClientSocket = "etcd.sock"
 
+// EmbeddedPeerSocket is the embedded member's peer (raft) socket in the
+// state dir. A lone member talks to no peer, but etcd must listen for
+// them: a unix socket of mode 0600 keeps local users from speaking raft to
+// it, where a loopback TCP port would not.
+const EmbeddedPeerSocket = "etcd-peer.sock"
+
+// EmbeddedPeerURL is the default peer URL of the member whose state dir is
+// stateDir.
+func EmbeddedPeerURL(stateDir string) string {
+	return "unix://" + filepath.Join(stateDir, EmbeddedPeerSocket)
+}
+
 // LoopbackClientURL is where daemons before the socket served the embedded
 // member (and where `--etcd-listen-client http://127.0.0.1:2379` still
 // does): the CLI's fallback.
@@ -89,6 +101,11 @@ func startEmbedded(ctx context.Context, cfg Config, log logrus.FieldLogger) (*em
 	if err := checkLocalListen("--etcd-listen-peer", peerURL); err != nil {
 		return nil, err
 	}
+	if peerURL.Scheme == "unix" && peerURL.Host == "" {
+		// etcd opens its peer listener at the URL's host alone (the client
+		// listener takes host and path): put the socket's path there.
+		peerURL.Host, peerURL.Path = peerURL.Path, ""
+	}
 	ec := embed.NewConfig()
 	ec.Name = cfg.EmbeddedName
 	ec.Dir = filepath.Clean(cfg.DataDir)
@@ -101,6 +118,11 @@ func startEmbedded(ctx context.Context, cfg Config, log logrus.FieldLogger) (*em
 	}
 	ec.ListenPeerUrls = []url.URL{*peerURL}
 	ec.AdvertisePeerUrls = []url.URL{*peerURL}
+	if peerURL.Scheme == "unix" {
+		// As for the client URL: a lone member never dials its own peer
+		// URL, but etcd wants host:port in it.
+		ec.AdvertisePeerUrls = []url.URL{{Scheme: "unix", Host: "localhost:0"}}
+	}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
 	stopping := &atomic.Bool{}
 	zl, err := newEtcdLogger(log, cfg.EmbeddedLogLevel, stopping)
@@ -128,15 +150,18 @@ func startEmbedded(ctx context.Context, cfg Config, log logrus.FieldLogger) (*em
 		e.Close()
 		return nil, ctx.Err()
 	}
-	if clientURL.Scheme == "unix" {
-		// etcd creates it under the umask; only root may connect.
-		if err := os.Chmod(clientURL.Host+clientURL.Path, 0o600); err != nil {
+	// etcd creates its sockets under the umask; only root may connect.
+	for _, u := range []*url.URL{clientURL, peerURL} {
+		if u.Scheme != "unix" {
+			continue
+		}
+		if err := os.Chmod(u.Host+u.Path, 0o600); err != nil {
 			stopping.Store(true)
 			e.Close()
-			return nil, fmt.Errorf("restricting the embedded etcd socket to root: %w", err)
+			return nil, fmt.Errorf("restricting the embedded etcd socket %s to root: %w", u.Host+u.Path, err)
 		}
 	}
-	log.WithFields(logrus.Fields{"dir": ec.Dir, "client": clientURL.String()}).Info("embedded etcd member ready")
+	log.WithFields(logrus.Fields{"dir": ec.Dir, "client": clientURL.String(), "peer": peerURL.String()}).Info("embedded etcd member ready")
 	return &embeddedMember{etcd: e, stopping: stopping}, nil
 }
 

@@ -102,6 +102,14 @@ type Endpoint struct {
 	Ports []PortBinding `json:"ports,omitempty"`
 }
 
+// OfOtherEngine tells whether the record was written by another Docker
+// engine than engineID, both being known: a host that shares this node
+// name (a clone) wrote it, so this host must neither remove it nor act on
+// it.
+func (ep Endpoint) OfOtherEngine(engineID string) bool {
+	return ep.EngineID != "" && engineID != "" && ep.EngineID != engineID
+}
+
 // PortBinding is one published port of an endpoint: traffic to
 // HostIP:HostPort (any of this host's addresses when HostIP is empty) is
 // forwarded to the endpoint's address at Port.

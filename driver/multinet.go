@@ -10,6 +10,7 @@ import (
 	"slices"
 
 	"github.com/docker/go-plugins-helpers/network"
+	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
@@ -109,6 +110,11 @@ func (d *NetworkDriver) planJoin(ctx context.Context, networkID string, peers []
 		if !routed[dst] {
 			p.routes = append(p.routes, dst)
 		}
+	}
+	if len(dsts) > 0 && len(p.routes) == 0 {
+		// The container answers this network's peers from another
+		// interface's address, which an isolated network drops.
+		d.log.WithFields(logrus.Fields{"network": nw.Name, "destinations": dsts}).Warn("Join: another interface of the container already routes all of this network's subnets; its peers see that interface's address, and isolation drops it: give each network its own --subnet, or set calico.isolation=off on both")
 	}
 	return p, nil
 }

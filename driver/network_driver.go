@@ -641,6 +641,13 @@ func (d *NetworkDriver) DeleteEndpoint(ctx context.Context, req *network.DeleteE
 		return err
 	}
 	log = log.WithField("ip", ep.IPv4)
+	if len(ep.Ports) > 0 && d.ports != nil {
+		// Docker skipped RevokeExternalConnectivity (a crash between the
+		// calls): the DNAT rules must not outlive the endpoint.
+		if err := d.ports.Unpublish(ctx, req.EndpointID); err != nil {
+			return fmt.Errorf("withdrawing the published ports of endpoint %s failed: %w", short(req.EndpointID), err)
+		}
+	}
 	if ep.Joined {
 		_, _, ips := epIPs(ep)
 		if err := d.dp.RemoveWorkload(ctx, req.EndpointID, ips); err != nil {
@@ -731,6 +738,7 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 		// Fail closed: the endpoint of an --internal network is not
 		// handed to Docker before its guard is in the kernel.
 		if err := d.ports.Sync(ctx); err != nil {
+			d.unjoin(context.WithoutCancel(ctx), key, log)
 			return nil, undo(fmt.Errorf("programming the --internal guard of endpoint %s failed: %w", short(req.EndpointID), err))
 		}
 	}

@@ -129,6 +129,9 @@ func (c *Config) Finish() error {
 	if c.Datastore.EmbeddedClientURL == "" {
 		c.Datastore.EmbeddedClientURL = datastore.EmbeddedClientURL(c.StateDir)
 	}
+	if c.Datastore.EmbeddedPeerURL == "" {
+		c.Datastore.EmbeddedPeerURL = datastore.EmbeddedPeerURL(c.StateDir)
+	}
 	if c.Datastore.EmbeddedName == "" {
 		c.Datastore.EmbeddedName = c.NodeName
 	}

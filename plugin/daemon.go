@@ -164,7 +164,7 @@ func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
 			d.pol.close()
 		}
 	}
-	if d.portsMgr, d.portsNFT, err = newPorts(d.cfg, d.store, d.dp, d.log); err != nil {
+	if d.portsMgr, d.portsNFT, err = newPorts(d.cfg, d.store, d.dp, d.ident.ID, d.log); err != nil {
 		closePolicy()
 		return nil, err
 	}
@@ -185,6 +185,8 @@ func (d *daemon) prepareAPIs() error {
 	d.srv.Observer = d.metrics.ObserveRequest
 	d.health = NewHealth(d.store.Ping)
 	d.health.Require("network policy", d.pol.syncer.Health)
+	d.health.Require("VXLAN", d.vx.mgr.Health)
+	d.health.Require("published ports", d.portsMgr.Health)
 	var err error
 	if d.reconciler, err = newReconciler(cfg, d.store, d.engine, d.dp, d.metrics, d.log); err != nil {
 		return err

@@ -13,12 +13,12 @@ import (
 
 // newPorts makes the publisher of container ports (package ports) for the
 // host namespace. Its tables are rebuilt from the datastore by startPorts.
-func newPorts(cfg Config, store *datastore.Store, dp *dataplane.Linux, log logrus.FieldLogger) (*ports.Manager, *ports.NFT, error) {
+func newPorts(cfg Config, store *datastore.Store, dp *dataplane.Linux, engineID func() string, log logrus.FieldLogger) (*ports.Manager, *ports.NFT, error) {
 	nft, err := ports.NewNFT("")
 	if err != nil {
 		return nil, nil, fmt.Errorf("published ports: %w", err)
 	}
-	return ports.NewManager(store, cfg.NodeName, nft, dp, ipv6Available(cfg.ProcSys), log), nft, nil
+	return ports.NewManager(store, cfg.NodeName, nft, dp, ipv6Available(cfg.ProcSys), engineID, log), nft, nil
 }
 
 // startPorts rebuilds the published ports' rules now and on every resync

@@ -37,6 +37,10 @@ type DockerEndpoint struct {
 // (calico-ipam can serve a network of another driver).
 type DockerView struct {
 	Endpoints map[string]DockerEndpoint // by endpoint id
+	// AuxAddresses are the --aux-address reservations of every network
+	// (address -> network name): calico-ipam cannot tell them from other
+	// requests, and only the calico driver marks its own (ipam.AttrReserved).
+	AuxAddresses map[netip.Addr]string
 	// EngineID is this Docker's engine ID ("" = unknown).
 	EngineID string
 }
@@ -264,6 +268,7 @@ func PlanReconcile(in ReconcileInput) Plan {
 // known.
 type reconcileIndex struct {
 	dockerIPs   map[netip.Addr]string // address -> Docker endpoint id
+	auxIPs      map[netip.Addr]string // address -> network of its --aux-address
 	liveIfNames map[string]bool       // host interface names of Docker's endpoints
 	// holders maps each address to the assignment holding it.
 	holders map[netip.Addr]ipam.Allocation
@@ -279,6 +284,7 @@ type reconcileIndex struct {
 func indexReconcileInput(in ReconcileInput) reconcileIndex {
 	idx := reconcileIndex{
 		dockerIPs:     map[netip.Addr]string{},
+		auxIPs:        in.Docker.AuxAddresses,
 		liveIfNames:   map[string]bool{},
 		holders:       map[netip.Addr]ipam.Allocation{},
 		recorded:      map[netip.Addr]bool{},
@@ -357,6 +363,9 @@ func (idx reconcileIndex) orphanReleases(allocs []ipam.Allocation, node string, 
 		if _, used := idx.dockerIPs[ip]; used {
 			continue
 		}
+		if _, aux := idx.auxIPs[ip]; aux {
+			continue
+		}
 		if mature(orphanCandidate(a)) {
 			out = append(out, AddressRelease{IP: ip, Handle: a.HandleID, Block: a.Block})
 		}
@@ -368,7 +377,7 @@ func (idx reconcileIndex) orphanReleases(allocs []ipam.Allocation, node string, 
 // engine that uses this node name too (a cloned host): this Docker's view
 // says nothing about it, so reconcile leaves it alone.
 func otherEngine(ep datastore.Endpoint, docker *DockerView) bool {
-	return ep.EngineID != "" && docker.EngineID != "" && ep.EngineID != docker.EngineID
+	return ep.OfOtherEngine(docker.EngineID)
 }
 
 // ownsAssignment tells whether assignment a, which holds one of ep's

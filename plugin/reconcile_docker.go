@@ -56,7 +56,7 @@ func (d *dockerClient) View(ctx context.Context) (DockerView, error) {
 	if err != nil {
 		return DockerView{}, fmt.Errorf("listing Docker networks at %s: %w", d.cli.DaemonHost(), err)
 	}
-	view := DockerView{Endpoints: map[string]DockerEndpoint{}}
+	view := DockerView{Endpoints: map[string]DockerEndpoint{}, AuxAddresses: map[netip.Addr]string{}}
 	// Without it reconcile cannot tell other hosts' records from ours and
 	// treats all records of this node name as its own (as before engine
 	// IDs were recorded).
@@ -73,6 +73,13 @@ func (d *dockerClient) View(ctx context.Context) (DockerView, error) {
 		}
 		if err != nil {
 			return DockerView{}, fmt.Errorf("inspecting Docker network %s: %w", n.Name, err)
+		}
+		for _, cfg := range insp.IPAM.Config {
+			for _, aux := range cfg.AuxAddress {
+				if ip, err := netip.ParseAddr(aux); err == nil {
+					view.AuxAddresses[ip.Unmap()] = n.Name
+				}
+			}
 		}
 		for _, c := range insp.Containers {
 			if c.EndpointID == "" {

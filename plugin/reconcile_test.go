@@ -370,6 +370,23 @@ func TestPlanReconcile(t *testing.T) {
 			want:      planSummary{Orphans: []string{"10.0.0.11:h11"}},
 		},
 		{
+			// calico-ipam serving another driver's network cannot tell an
+			// --aux-address request from others: Docker's network lists it.
+			name: "an --aux-address of another driver's network is never an orphan",
+			allocs: []ipam.Allocation{
+				alloc("10.0.0.12", "h12", host),
+				alloc("10.0.0.13", "h13", host),
+			},
+			docker: func() *plugin.DockerView {
+				v := view()
+				v.AuxAddresses = map[netip.Addr]string{netip.MustParseAddr("10.0.0.12"): "macvlan1"}
+				return v
+			}(),
+			firstSeen: seenAt("address/10.0.0.12/h12", "address/10.0.0.13/h13"),
+			orphans:   true,
+			want:      planSummary{Orphans: []string{"10.0.0.13:h13"}},
+		},
+		{
 			name:      "global scope: orphaned addresses are never released",
 			allocs:    []ipam.Allocation{alloc("10.0.0.9", "h9", host)},
 			docker:    view(),

@@ -45,6 +45,7 @@ const (
 	setPools     = "pools"
 	setNATPools  = "nat-pools"
 	setHosts     = "hosts"
+	setVTEPs     = "vteps"
 	setWorkloads = "workloads"
 	chainForward = "forward"
 	chainNAT     = "postrouting"
@@ -208,6 +209,8 @@ func Desired(st State) (Ruleset, []string) {
 	warnings = append(warnings, poolWarnings...)
 	hosts, hostWarnings := hostAddrs(st.Nodes)
 	warnings = append(warnings, hostWarnings...)
+	vteps, vtepWarnings := vtepAddrs(st.Nodes)
+	warnings = append(warnings, vtepWarnings...)
 
 	plan, pw := planPolicies(st, locals)
 	warnings = append(warnings, pw...)
@@ -217,7 +220,7 @@ func Desired(st State) (Ruleset, []string) {
 	}
 	var rs Ruleset
 	for _, f := range families {
-		rs.Tables = append(rs.Tables, desiredTable(f, locals, members, pools[f], natPools[f], hosts[f], plan))
+		rs.Tables = append(rs.Tables, desiredTable(f, locals, members, pools[f], natPools[f], hosts[f], vteps[f], plan))
 	}
 	rs.Tables[0].Chains = append(rs.Tables[0].Chains, vxlanChains(st.Pools)...) // IPv4 only, as VXLAN
 	return rs, warnings
@@ -332,6 +335,28 @@ func hostAddrs(nodes []datastore.Node) (map[Family][]netip.Addr, []string) {
 	return hosts, warnings
 }
 
+// vtepAddrs are the nodes' VXLAN tunnel addresses: what a host sends
+// through vxlan.calico leaves with its VTEP address as the source, which
+// lies in a pool. They are a set of their own, apart from the hosts'
+// underlay addresses that the vxlan-input filter trusts: a container may
+// forge a pool address, so a VTEP address must never vouch for VXLAN.
+func vtepAddrs(nodes []datastore.Node) (map[Family][]netip.Addr, []string) {
+	var warnings []string
+	vteps := map[Family][]netip.Addr{}
+	for _, n := range nodes {
+		if n.VXLANTunnelAddr == "" {
+			continue
+		}
+		a, ok := endpointAddr(n.VXLANTunnelAddr)
+		if !ok || !a.Is4() {
+			warnings = append(warnings, fmt.Sprintf("node %s: ignoring invalid VXLAN tunnel address %q", n.Name, n.VXLANTunnelAddr))
+			continue
+		}
+		vteps[IPv4] = append(vteps[IPv4], a)
+	}
+	return vteps, warnings
+}
+
 func familyOf(a netip.Addr) Family {
 	if a.Unmap().Is4() {
 		return IPv4
@@ -339,9 +364,9 @@ func familyOf(a netip.Addr) Family {
 	return IPv6
 }
 
-func desiredTable(f Family, locals []localEndpoint, members map[string]map[Family][]netip.Addr, pools, natPools []netip.Prefix, hosts []netip.Addr, plan policyPlan) Table {
+func desiredTable(f Family, locals []localEndpoint, members map[string]map[Family][]netip.Addr, pools, natPools []netip.Prefix, hosts, vteps []netip.Addr, plan policyPlan) Table {
 	pt := newPolicyTable(f, plan)
-	t := Table{Family: f, Sets: fixedSets(locals, pools, natPools, hosts), Chains: []Chain{natChain()}}
+	t := Table{Family: f, Sets: fixedSets(locals, pools, natPools, hosts, vteps), Chains: []Chain{natChain()}}
 	forward := forwardChain()
 	netSets := map[string]bool{}
 	netChains := map[string]bool{}
@@ -361,7 +386,7 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 			continue
 		}
 		netChains[in] = true
-		t.Chains = append(t.Chains, ingressChain(in, set, name, l.policy))
+		t.Chains = append(t.Chains, ingressChain(in, set, name, l.policy, len(vteps) > 0))
 		if l.policy.Isolated {
 			t.Chains = append(t.Chains, egressChain(EgressChainName(l.network.ID), set, name))
 		}
@@ -372,7 +397,7 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 }
 
 // fixedSets are the sets every table has.
-func fixedSets(locals []localEndpoint, pools, natPools []netip.Prefix, hosts []netip.Addr) []Set {
+func fixedSets(locals []localEndpoint, pools, natPools []netip.Prefix, hosts, vteps []netip.Addr) []Set {
 	var ifnames []string
 	for _, l := range locals {
 		ifnames = append(ifnames, l.ep.HostIfName)
@@ -381,6 +406,7 @@ func fixedSets(locals []localEndpoint, pools, natPools []netip.Prefix, hosts []n
 		{Name: setPools, Type: SetAddr, Interval: true, Elements: intervalElements(pools), Comment: "every calico pool"},
 		{Name: setNATPools, Type: SetAddr, Interval: true, Elements: intervalElements(natPools), Comment: "pools with natOutgoing"},
 		{Name: setHosts, Type: SetAddr, Elements: addrElements(hosts), Comment: "the cluster's hosts (node records)"},
+		{Name: setVTEPs, Type: SetAddr, Elements: addrElements(vteps), Comment: "the cluster's hosts' VXLAN tunnel addresses"},
 		{Name: setWorkloads, Type: SetIfname, Elements: sortedUnique(ifnames), Comment: "this host's joined workload interfaces"},
 	}
 }
@@ -462,8 +488,13 @@ var publishedPortRule = Rule{Matches: []Match{{Kind: MatchCtDNAT}}, Verdict: Ret
 // ingressChain checks traffic to a network's local containers: it drops
 // what the network does not allow and returns otherwise, so that the
 // sender's egress chain (for a local sender) is consulted too.
-func ingressChain(name, netSet, network string, p NetworkPolicy) Chain {
+func ingressChain(name, netSet, network string, p NetworkPolicy, vxlan bool) Chain {
 	c := Chain{Name: name, Rules: []Rule{publishedPortRule}}
+	if vxlan && p.Ingress != IngressHost {
+		// A host's connection through VXLAN comes from its VTEP address,
+		// inside the pools: let it in before isolation drops the pools.
+		c.Rules = append(c.Rules, Rule{Matches: []Match{{Kind: MatchAddrSet, In: true, Value: setVTEPs}}, Verdict: Return, Comment: "from the cluster's hosts over VXLAN"})
+	}
 	if p.Isolated {
 		c.Rules = append(c.Rules,
 			Rule{Matches: []Match{{Kind: MatchAddrSet, In: true, Value: netSet}}, Verdict: Return, Comment: "from network " + network},

@@ -411,3 +411,42 @@ func TestDesiredIsDeterministic(t *testing.T) {
 		t.Errorf("record order changed the ruleset:\n%s\nvs\n%s", a.Render(), b.Render())
 	}
 }
+
+// TestDesiredVXLANHosts: with VTEPs in the node records, an isolated
+// network lets the cluster's hosts in from their VTEP addresses (which lie
+// in the pools) before it drops the pools, unless ingress is "host"; the
+// VTEP addresses get a set of their own, never the @hosts set that vouches
+// for VXLAN packets.
+func TestDesiredVXLANHosts(t *testing.T) {
+	st := baseState()
+	st.Nodes[1].VXLANTunnelAddr = "10.66.0.1"
+	rs, warnings := Desired(st)
+	if len(warnings) != 0 {
+		t.Fatalf("warnings: %q", warnings)
+	}
+	v4 := mustTable(t, rs, IPv4)
+	if got := setElems(t, v4, setVTEPs); len(got) != 1 || got[0] != "10.66.0.1" {
+		t.Errorf("vteps set = %q, want [10.66.0.1]", got)
+	}
+	for _, e := range setElems(t, v4, setHosts) {
+		if e == "10.66.0.1" {
+			t.Errorf("a VTEP address in the hosts set: %q", setElems(t, v4, setHosts))
+		}
+	}
+	in := rulesOf(t, v4, IngressChainName(net1ID))
+	if len(in) < 4 || !strings.HasPrefix(in[1], "ip saddr @vteps counter return") || !strings.HasPrefix(in[3], "ip saddr @pools counter drop") {
+		t.Errorf("ingress chain of net1 = %q, want the VTEPs let in before the pools drop", in)
+	}
+
+	st.Networks[0].Options = map[string]string{OptIngress: "host"}
+	rs, _ = Desired(st)
+	if in := rulesOf(t, mustTable(t, rs, IPv4), IngressChainName(net1ID)); strings.Contains(strings.Join(in, "\n"), "@vteps") {
+		t.Errorf("ingress host lets the VTEPs in: %q", in)
+	}
+
+	st = baseState()
+	rs, _ = Desired(st)
+	if in := rulesOf(t, mustTable(t, rs, IPv4), IngressChainName(net1ID)); strings.Contains(strings.Join(in, "\n"), "@vteps") {
+		t.Errorf("a rule for VTEPs without any VXLAN node: %q", in)
+	}
+}

@@ -206,7 +206,7 @@ func (m Match) render(f Family) string {
 		}
 		return fmt.Sprintf("%s %s %d", proto, field, m.Proto)
 	}
-	return renderExtraMatch(m)
+	return fmt.Sprintf("<unknown match %d>", m.Kind)
 }
 
 // Render is the rule in nft syntax, comment included: what `nft list`

@@ -371,7 +371,7 @@ func encodeMatch(f Family, m Match, setIDs map[string]uint32) ([]expr.Any, error
 	case MatchICMPType, MatchICMPCode:
 		return encodeICMPMatch(m), nil
 	default:
-		return encodeExtraMatch(m)
+		return nil, fmt.Errorf("unsupported match kind %d", m.Kind)
 	}
 }
 
@@ -517,10 +517,6 @@ func decodeRule(f Family, nr *nftables.Rule) Rule {
 // decodeExprAt reads the match, statement or verdict starting at ex[i]
 // into r; n is the number of expressions it took.
 func decodeExprAt(f Family, ex []expr.Any, i int, r *Rule) (n int, ok bool) {
-	if m, n, ok := decodeExtraMatch(ex[i:]); ok {
-		r.Matches = append(r.Matches, m)
-		return n, true
-	}
 	last := i == len(ex)-1
 	switch e := ex[i].(type) {
 	case *expr.Ct:

@@ -446,7 +446,7 @@ func TestEncodeDecodeRule(t *testing.T) {
 		{Matches: []Match{{Kind: MatchL4Proto, Proto: 6}, {Kind: MatchPort, In: true, Min: 7, Max: 7}, {Kind: MatchPort, Min: 50, Max: 60, Negate: true}}, Verdict: Accept},
 		{Matches: []Match{{Kind: MatchL4Proto, Proto: 17, Negate: true}}, Verdict: Drop},
 		{Matches: []Match{{Kind: MatchL4Proto, Proto: 1}, {Kind: MatchICMPType, Proto: 8}, {Kind: MatchICMPCode, Proto: 0}}, Verdict: Accept},
-		{Matches: []Match{{Kind: MatchUDPDport, Value: "4789"}}, Verdict: Drop},
+		{Matches: []Match{{Kind: MatchL4Proto, Proto: 17}, {Kind: MatchPort, Min: 4789, Max: 4789}}, Verdict: Drop},
 		{SetMark: 0x4, ClearMark: 0x3, Verdict: Continue},
 		{ClearMark: 0x7, Verdict: Return},
 		{LogPrefix: "calico-cnm p ", Verdict: Continue},

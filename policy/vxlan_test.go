@@ -18,12 +18,12 @@ func TestDesiredVXLANFilter(t *testing.T) {
 		{mode: "", rules: nil},
 		{mode: "Never", rules: nil},
 		{mode: "Always", rules: []string{
-			`udp dport 4789 ip saddr @hosts counter accept comment "VXLAN from a cluster node"`,
-			`udp dport 4789 counter drop comment "VXLAN from a non-node address"`,
+			`meta l4proto 17 th dport 4789 ip saddr @hosts counter accept comment "VXLAN from a cluster node"`,
+			`meta l4proto 17 th dport 4789 counter drop comment "VXLAN from a non-node address"`,
 		}},
 		{mode: "CrossSubnet", rules: []string{
-			`udp dport 4789 ip saddr @hosts counter accept comment "VXLAN from a cluster node"`,
-			`udp dport 4789 counter drop comment "VXLAN from a non-node address"`,
+			`meta l4proto 17 th dport 4789 ip saddr @hosts counter accept comment "VXLAN from a cluster node"`,
+			`meta l4proto 17 th dport 4789 counter drop comment "VXLAN from a non-node address"`,
 		}},
 	} {
 		t.Run(c.mode, func(t *testing.T) {

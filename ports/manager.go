@@ -12,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/lastpass"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -34,15 +35,26 @@ type Manager struct {
 	ipv6  bool
 	log   logrus.FieldLogger
 	mu    sync.Mutex
+	// engineID gives this host's Docker engine ID ("" while unknown; nil:
+	// never known): records of another engine sharing the node name are
+	// neither published nor counted as taken.
+	engineID func() string
+	// last is the outcome of the last resync (Health).
+	last *lastpass.Outcome
 }
 
 // NewManager publishes through nft (and dp for route_localnet, nil to skip)
-// the ports of node's endpoints in store; ipv6 adds the ip6 table.
-func NewManager(store *datastore.Store, node string, nft *NFT, dp Dataplane, ipv6 bool, log logrus.FieldLogger) *Manager {
+// the ports of node's endpoints in store; ipv6 adds the ip6 table;
+// engineID (nil: unknown) tells this host's endpoint records from those a
+// host sharing the node name wrote.
+func NewManager(store *datastore.Store, node string, nft *NFT, dp Dataplane, ipv6 bool, engineID func() string, log logrus.FieldLogger) *Manager {
 	if log == nil {
 		log = logrus.StandardLogger()
 	}
-	return &Manager{store: store, node: node, nft: nft, dp: dp, ipv6: ipv6, log: log.WithField("component", "ports")}
+	if engineID == nil {
+		engineID = func() string { return "" }
+	}
+	return &Manager{store: store, node: node, nft: nft, dp: dp, ipv6: ipv6, engineID: engineID, log: log.WithField("component", "ports"), last: lastpass.New("published ports")}
 }
 
 type record struct {
@@ -50,7 +62,8 @@ type record struct {
 	rev int64
 }
 
-// load reads this host's endpoint records.
+// load reads this host's endpoint records (not those of another engine
+// under the same node name).
 func (m *Manager) load(ctx context.Context) ([]record, error) {
 	kvs, err := m.store.List(ctx, datastore.EndpointKey(m.node, ""))
 	if err != nil {
@@ -59,7 +72,7 @@ func (m *Manager) load(ctx context.Context) ([]record, error) {
 	out := make([]record, 0, len(kvs))
 	for _, kv := range kvs {
 		var ep datastore.Endpoint
-		if json.Unmarshal(kv.Value, &ep) == nil {
+		if json.Unmarshal(kv.Value, &ep) == nil && !ep.OfOtherEngine(m.engineID()) {
 			out = append(out, record{ep: ep, rev: kv.ModRevision})
 		}
 	}
@@ -169,7 +182,12 @@ func (m *Manager) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if err := m.Sync(ctx); err != nil && ctx.Err() == nil {
+		err := m.Sync(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		m.last.Record(err)
+		if err != nil {
 			m.log.WithError(err).Warn("published ports resync failed")
 		}
 		select {
@@ -179,6 +197,9 @@ func (m *Manager) Run(ctx context.Context, interval time.Duration) {
 		}
 	}
 }
+
+// Health is nil unless the last resync failed (/healthz).
+func (m *Manager) Health() error { return m.last.Err() }
 
 // Publish resolves and records the endpoint's bindings and programs them.
 // On any failure nothing of it remains: the record keeps its old bindings

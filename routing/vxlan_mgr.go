@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/lastpass"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -55,6 +56,9 @@ type VXLANManager struct {
 	// passes stay read-only until a pool uses VXLAN again.
 	clean bool
 
+	// last is the outcome of the last pass (Health).
+	last *lastpass.Outcome
+
 	mu        sync.Mutex
 	uplinkMTU int // for WorkloadMTU; 0 until located
 	desired   VXLANDesired
@@ -70,8 +74,11 @@ func NewVXLANManager(d VXLANDeps) (*VXLANManager, error) {
 		return nil, errors.New("the VXLAN manager needs the node name")
 	}
 	defaultLogDetectResync(&d.Log, &d.DetectAddress, &d.ResyncInterval)
-	return &VXLANManager{d: d, log: d.Log.WithField("component", "vxlan")}, nil
+	return &VXLANManager{d: d, log: d.Log.WithField("component", "vxlan"), last: lastpass.New("VXLAN")}, nil
 }
+
+// Health is nil unless the last pass failed (/healthz).
+func (m *VXLANManager) Health() error { return m.last.Err() }
 
 // Owns says whether dst is routed by VXLAN now; the BGP agent leaves such
 // destinations alone.
@@ -90,7 +97,12 @@ func (m *VXLANManager) Run(ctx context.Context) error {
 	ticker := time.NewTicker(m.d.ResyncInterval)
 	defer ticker.Stop()
 	for {
-		if err := m.Sync(ctx); err != nil && ctx.Err() == nil {
+		err := m.Sync(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		m.last.Record(err)
+		if err != nil {
 			m.log.WithError(err).Warn("VXLAN sync failed; retrying at the next change or resync")
 		}
 		select {

@@ -104,6 +104,10 @@ func (a *app) leakRules(ctx context.Context, store *datastore.Store, minAge time
 				inDocker[ip.Unmap()] = true
 			}
 		}
+		// --aux-address reservations of networks of other drivers.
+		for ip := range ev.docker.AuxAddresses {
+			inDocker[ip] = true
+		}
 	}
 	return &ipam.LeakRules{
 		Now:    time.Now(),

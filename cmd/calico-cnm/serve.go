@@ -33,7 +33,7 @@ variable (see the README's Configuration table).`,
 	}
 	fs := c.Flags()
 	fs.StringVar(&cfg.Datastore.EmbeddedClientURL, "etcd-listen-client", "", "embedded etcd client URL: unix://<path> or a loopback http:// URL (default unix://<state-dir>/etcd.sock, root only)")
-	fs.StringVar(&cfg.Datastore.EmbeddedPeerURL, "etcd-listen-peer", "", "embedded etcd peer URL (default http://127.0.0.1:2380)")
+	fs.StringVar(&cfg.Datastore.EmbeddedPeerURL, "etcd-listen-peer", "", "embedded etcd peer URL: unix://<path> or a loopback http:// URL (default unix://<state-dir>/etcd-peer.sock, root only)")
 	fs.StringVar(&cfg.NodeName, "nodename", cfg.NodeName, "this host's name in the datastore (env NODENAME; default: hostname)")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "state directory; the embedded etcd keeps its data in <state-dir>/etcd (env CALICO_CNM_STATE_DIR)")
 	fs.StringVar(&cfg.SocketDir, "socket-dir", cfg.SocketDir, "where the plugin sockets are created (env CALICO_CNM_SOCKET_DIR)")
