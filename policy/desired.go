@@ -319,20 +319,7 @@ func poolPrefixes(ps []ipam.Pool) (pools, natPools map[Family][]netip.Prefix, wa
 
 // hostAddrs are the cluster's hosts (the node records' IPv4 addresses).
 func hostAddrs(nodes []datastore.Node) (map[Family][]netip.Addr, []string) {
-	var warnings []string
-	hosts := map[Family][]netip.Addr{}
-	for _, n := range nodes {
-		if n.IPv4 == "" {
-			continue
-		}
-		a, ok := endpointAddr(n.IPv4)
-		if !ok || !a.Is4() {
-			warnings = append(warnings, fmt.Sprintf("node %s: ignoring invalid IPv4 address %q", n.Name, n.IPv4))
-			continue
-		}
-		hosts[IPv4] = append(hosts[IPv4], a)
-	}
-	return hosts, warnings
+	return nodeAddrs(nodes, "IPv4 address", func(n datastore.Node) string { return n.IPv4 })
 }
 
 // vtepAddrs are the nodes' VXLAN tunnel addresses: what a host sends
@@ -341,20 +328,27 @@ func hostAddrs(nodes []datastore.Node) (map[Family][]netip.Addr, []string) {
 // underlay addresses that the vxlan-input filter trusts: a container may
 // forge a pool address, so a VTEP address must never vouch for VXLAN.
 func vtepAddrs(nodes []datastore.Node) (map[Family][]netip.Addr, []string) {
+	return nodeAddrs(nodes, "VXLAN tunnel address", func(n datastore.Node) string { return n.VXLANTunnelAddr })
+}
+
+// nodeAddrs are the IPv4 addresses field gives of the node records, with a
+// warning for each invalid one (what names the field in it).
+func nodeAddrs(nodes []datastore.Node, what string, field func(datastore.Node) string) (map[Family][]netip.Addr, []string) {
 	var warnings []string
-	vteps := map[Family][]netip.Addr{}
+	out := map[Family][]netip.Addr{}
 	for _, n := range nodes {
-		if n.VXLANTunnelAddr == "" {
+		v := field(n)
+		if v == "" {
 			continue
 		}
-		a, ok := endpointAddr(n.VXLANTunnelAddr)
+		a, ok := endpointAddr(v)
 		if !ok || !a.Is4() {
-			warnings = append(warnings, fmt.Sprintf("node %s: ignoring invalid VXLAN tunnel address %q", n.Name, n.VXLANTunnelAddr))
+			warnings = append(warnings, fmt.Sprintf("node %s: ignoring invalid %s %q", n.Name, what, v))
 			continue
 		}
-		vteps[IPv4] = append(vteps[IPv4], a)
+		out[IPv4] = append(out[IPv4], a)
 	}
-	return vteps, warnings
+	return out, warnings
 }
 
 func familyOf(a netip.Addr) Family {
