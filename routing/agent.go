@@ -750,6 +750,12 @@ func (a *Agent) resolveSecrets(peers []PeerSpec) []PeerSpec {
 
 // syncRoutes runs the import policy over the RIB and programs the result.
 func (a *Agent) syncRoutes(ctx context.Context) {
+	// The sessions first, then the RIB: the paths read after a session is
+	// seen with its End-of-RIB hold every route it sent before it. Read
+	// the other way round, a session that synced in between counted as
+	// synced while its routes were missing from the paths, and the pass
+	// withdrew them from the kernel (to install them again the next pass).
+	states, statesErr := a.d.Speaker.Peers(ctx)
 	paths, err := a.d.Speaker.Paths(ctx)
 	if err != nil {
 		a.log.WithError(err).Warn("reading the RIB")
@@ -772,9 +778,8 @@ func (a *Agent) syncRoutes(ctx context.Context) {
 	pol := ImportPolicy{Self: a.self, Pools: a.pools, Nodes: nodes, NodeIPv6: nodeIPv6, Peers: a.sessions, Exports: a.advertised}
 	sel := Select(paths, pol)
 	leaveToVXLAN(sel.Routes, a.d.VXLAN)
-	states, err := a.d.Speaker.Peers(ctx)
-	if err != nil {
-		a.log.WithError(err).Warn("reading BGP sessions")
+	if statesErr != nil {
+		a.log.WithError(statesErr).Warn("reading BGP sessions")
 	}
 	a.restoreRestartFlag(ctx, states)
 	if !a.synced {

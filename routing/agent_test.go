@@ -33,6 +33,9 @@ type fakeSpeaker struct {
 	changes    chan struct{}
 	ops        []string // "add ADDR" / "delete ADDR", in order
 	passes     int      // Paths calls: one per reconcile pass
+	// afterPathsRead, when set, runs once right after a Paths read: what
+	// the speaker receives just after the agent read its RIB.
+	afterPathsRead func()
 }
 
 func newFakeSpeaker() *fakeSpeaker {
@@ -74,9 +77,15 @@ func (f *fakeSpeaker) Withdraw(_ context.Context, p netip.Prefix) error {
 }
 func (f *fakeSpeaker) Paths(context.Context) ([]LearnedPath, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.passes++
-	return slices.Clone(f.paths), nil
+	out := slices.Clone(f.paths)
+	arrive := f.afterPathsRead
+	f.afterPathsRead = nil
+	f.mu.Unlock()
+	if arrive != nil {
+		arrive()
+	}
+	return out, nil
 }
 func (f *fakeSpeaker) Peers(context.Context) ([]PeerState, error) {
 	f.mu.Lock()

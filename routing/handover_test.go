@@ -516,3 +516,49 @@ func TestSessionEvent(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentReadsSessionsBeforeRIB: a session whose routes and End-of-RIB
+// arrive just after the agent read the RIB must not count as synced in
+// that pass, or the pass withdraws the routes it is about to bring (the
+// kernel route blinked on a reflector while its clients re-connected).
+func TestAgentReadsSessionsBeforeRIB(t *testing.T) {
+	store, eng, ctx, cancel, log := newAgentFixture(t)
+	defer cancel()
+	if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: "192.168.0.0/16"}); err != nil {
+		t.Fatal(err)
+	}
+	b := addr("10.0.0.2")
+	if err := store.Txn(ctx, datastore.Put(datastore.NodeKey("b"), datastore.MustJSON(datastore.Node{Name: "b", IPv4: b.String()}))); err != nil {
+		t.Fatal(err)
+	}
+	blkB := pfx("192.168.1.0/26")
+	// A restart: the kernel still has b's block from the previous run.
+	rt := &syncTable{ft: fakeTable{learned: map[netip.Prefix][]netip.Addr{blkB: {b}}}}
+	sp := newFakeSpeaker()
+	sp.states = []PeerState{{Address: b, State: "Active"}}
+	sp.afterPathsRead = func() {
+		sp.set([]LearnedPath{{Prefix: blkB, NextHop: b, Peer: b}}, []PeerState{{Address: b, State: "Established", EORReceived: true}})
+	}
+	agent := runAgent(t, ctx, cancel, Deps{
+		Store: store, Blocks: eng, Speaker: sp, Routes: rt, NodeName: "a", Log: log,
+		Config: Config{Enabled: true, NodeIP: "10.0.0.1", SyncTimeout: time.Hour},
+	})
+	eventually(t, "in sync with b's block installed", func() error {
+		if !agent.Status(ctx).Synced {
+			return fmt.Errorf("not synced yet")
+		}
+		if got := rt.routes(); !slices.Equal(got[blkB], []netip.Addr{b}) {
+			return fmt.Errorf("kernel routes %v", got)
+		}
+		return nil
+	})
+	for range 2 {
+		sp.afterPass(t, sp.poke)
+	}
+	rt.mu.Lock()
+	ops := slices.Clone(rt.ft.ops)
+	rt.mu.Unlock()
+	if slices.Contains(ops, "delete "+blkB.String()) {
+		t.Errorf("b's block was withdrawn from the kernel while b's routes arrived: %v", ops)
+	}
+}
