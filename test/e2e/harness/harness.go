@@ -358,14 +358,19 @@ func TailFile(path string, n int) string {
 // passes; then it fails the test with the last error.
 func Eventually(t testing.TB, timeout, interval time.Duration, what string, cond func() error) {
 	t.Helper()
+	if err := EventuallyErr(timeout, interval, cond); err != nil {
+		t.Fatalf("%s: not true after %s: %v", what, timeout, err)
+	}
+}
+
+// EventuallyErr polls cond like Eventually and returns its last error
+// (nil once it held), for a test that reports it among others.
+func EventuallyErr(timeout, interval time.Duration, cond func() error) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true after %s: %v", what, timeout, err)
+		if err == nil || time.Now().After(deadline) {
+			return err
 		}
 		time.Sleep(interval)
 	}
