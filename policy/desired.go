@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
@@ -145,9 +146,29 @@ func NetworkKey(n datastore.Network) string {
 // hashName is a short stable name part: nftables names are limited (32
 // bytes on older kernels) and Docker network names may hold anything.
 func hashName(s string) string {
-	h := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(h[:6])
+	hashMu.Lock()
+	defer hashMu.Unlock()
+	if h, ok := hashMemo[s]; ok {
+		return h
+	}
+	sum := sha256.Sum256([]byte(s))
+	h := hex.EncodeToString(sum[:6])
+	if len(hashMemo) >= maxHashMemo {
+		clear(hashMemo)
+	}
+	hashMemo[s] = h
+	return h
 }
+
+// hashMemo remembers hashName's answers: Desired names the chains and
+// sets of every local endpoint's network at every change, which would
+// hash the same few names thousands of times.
+var (
+	hashMu   sync.Mutex
+	hashMemo = map[string]string{}
+)
+
+const maxHashMemo = 4096
 
 // NetworkSetName is the address set of a logical network.
 func NetworkSetName(key string) string { return netSetPrefix + hashName(key) }
@@ -456,7 +477,7 @@ func endpointJumps(pt *policyTable, l localEndpoint, network string) []Rule {
 		jumps = append(jumps, Rule{
 			Matches: []Match{{Kind: MatchIfname, In: true, Value: l.ep.HostIfName}},
 			Verdict: Jump, Target: out,
-			Comment: fmt.Sprintf("from endpoint %s of network %s", shortID(l.ep.ID), network),
+			Comment: "from endpoint " + shortID(l.ep.ID) + " of network " + network,
 		})
 	}
 	if r, ok := pt.endpointJump(l, api.Ingress, in); ok {
@@ -465,7 +486,7 @@ func endpointJumps(pt *policyTable, l localEndpoint, network string) []Rule {
 		jumps = append(jumps, Rule{
 			Matches: []Match{{Kind: MatchIfname, Value: l.ep.HostIfName}},
 			Verdict: Jump, Target: in,
-			Comment: fmt.Sprintf("to endpoint %s of network %s", shortID(l.ep.ID), network),
+			Comment: "to endpoint " + shortID(l.ep.ID) + " of network " + network,
 		})
 	}
 	return jumps

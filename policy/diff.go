@@ -269,8 +269,8 @@ func diffChain(f Family, cur, want Chain) []Op {
 	}
 	// Deletions first, in handle order for a deterministic plan.
 	var extra []Rule
-	for _, k := range sortedKeys(have) {
-		extra = append(extra, have[k]...)
+	for _, rs := range have {
+		extra = append(extra, rs...) // sorted below
 	}
 	slices.SortFunc(extra, func(a, b Rule) int {
 		switch {
@@ -279,7 +279,7 @@ func diffChain(f Family, cur, want Chain) []Op {
 		case a.Handle > b.Handle:
 			return 1
 		}
-		return 0
+		return strings.Compare(a.Render(f), b.Render(f)) // unaddressable: rewritten below
 	})
 	for _, r := range extra {
 		if r.Handle == 0 {
