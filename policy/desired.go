@@ -390,7 +390,7 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 		if name == "" {
 			name = shortID(l.network.ID)
 		}
-		forward.Unordered = append(forward.Unordered, endpointJumps(pt, l, name)...)
+		forward.Unordered = append(forward.Unordered, memoJumps(f, pt, l, name)...)
 		set := NetworkSetName(l.key)
 		if l.policy.Isolated && !netSets[set] {
 			netSets[set] = true
@@ -491,6 +491,45 @@ func endpointJumps(pt *policyTable, l localEndpoint, network string) []Rule {
 	}
 	return jumps
 }
+
+// memoJumps is endpointJumps, rendered, from a memo while the endpoint
+// is selected by no policy (the jumps then depend on nothing else than
+// what the memo key holds, and building them has no side effect on pt):
+// Desired runs at every change, for every local endpoint.
+func memoJumps(f Family, pt *policyTable, l localEndpoint, network string) []Rule {
+	if len(pt.plan.failClosed[l.ep.ID]) > 0 || len(pt.plan.byEndpoint[l.ep.ID]) > 0 {
+		return endpointJumps(pt, l, network)
+	}
+	iso := "0"
+	if l.policy.Isolated {
+		iso = "1"
+	}
+	key := string(f) + "\x00" + l.ep.ID + "\x00" + l.ep.HostIfName + "\x00" + l.network.ID + "\x00" + network + "\x00" + iso
+	jumpMu.Lock()
+	rs, ok := jumpMemo[key]
+	jumpMu.Unlock()
+	if ok {
+		return rs
+	}
+	rs = endpointJumps(pt, l, network)
+	for i := range rs {
+		rs[i] = rs[i].withText(f)
+	}
+	jumpMu.Lock()
+	if len(jumpMemo) >= maxJumpMemo {
+		clear(jumpMemo)
+	}
+	jumpMemo[key] = rs
+	jumpMu.Unlock()
+	return rs
+}
+
+var (
+	jumpMu   sync.Mutex
+	jumpMemo = map[string][]Rule{}
+)
+
+const maxJumpMemo = 1 << 15
 
 // publishedPortRule opens a published port (docker run -p) to whoever
 // reaches the host's port, whatever the network's isolation and ingress

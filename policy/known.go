@@ -117,7 +117,7 @@ func changeRules(c *Chain, op Op, handle uint64) bool {
 		}
 		r := op.Rule
 		r.Handle, r.Packets, r.Bytes, r.Comment = handle, 0, 0, clipComment(r.Comment)
-		c.Rules = append(c.Rules, r)
+		c.Rules = append(c.Rules, r.withText(op.Family))
 	case OpDelRule:
 		j := slices.IndexFunc(c.Rules, func(r Rule) bool { return r.Handle == op.Rule.Handle })
 		if j < 0 || op.Rule.Handle == 0 {

@@ -292,3 +292,93 @@ func TestRenderMatchesFmt(t *testing.T) {
 		}
 	}
 }
+
+// TestDiffChainMultiset: the unordered rules are compared as a multiset,
+// duplicates included, whether their texts are remembered (withText) or
+// rendered; extra copies are deleted by handle, missing ones appended.
+func TestDiffChainMultiset(t *testing.T) {
+	head := Rule{Matches: []Match{{Kind: MatchCtEstablished}}, Verdict: Accept}
+	a := Rule{Matches: []Match{{Kind: MatchIfname, Value: "calia"}}, Verdict: Drop}
+	b := Rule{Matches: []Match{{Kind: MatchIfname, Value: "calib"}}, Verdict: Drop}
+	h := func(r Rule, handle uint64, remembered bool) Rule {
+		r.Handle = handle
+		if remembered {
+			r = r.withText(IPv4)
+		}
+		return r
+	}
+	tests := []struct {
+		name        string
+		cur         []Rule
+		want        []Rule
+		wantDeleted []uint64
+		wantAdded   int
+		rewrite     bool
+	}{
+		{name: "equal", cur: []Rule{h(head, 1, true), h(a, 2, true), h(b, 3, false)}, want: []Rule{b, a}},
+		{name: "a duplicate too many", cur: []Rule{h(head, 1, false), h(a, 2, true), h(a, 3, true), h(a, 4, false)}, want: []Rule{a, a}, wantDeleted: []uint64{2}},
+		{name: "every copy extra", cur: []Rule{h(head, 1, false), h(a, 2, true), h(a, 3, false)}, want: []Rule{b}, wantDeleted: []uint64{2, 3}, wantAdded: 1},
+		{name: "a copy missing", cur: []Rule{h(head, 1, false), h(a, 5, true)}, want: []Rule{a, a, b}, wantAdded: 2},
+		{name: "an extra rule without a handle", cur: []Rule{h(head, 1, false), h(a, 0, false)}, want: nil, rewrite: true},
+		{name: "the ordered head differs", cur: []Rule{h(a, 1, true)}, want: []Rule{a}, rewrite: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ops := diffChain(IPv4, Chain{Name: "c", Rules: tc.cur}, Chain{Name: "c", Rules: []Rule{head}, Unordered: tc.want})
+			var deleted []uint64
+			added, flushed := 0, false
+			for _, op := range ops {
+				switch op.Kind {
+				case OpDelRule:
+					deleted = append(deleted, op.Rule.Handle)
+				case OpAddRule:
+					added++
+				case OpFlushChain:
+					flushed = true
+				}
+			}
+			if flushed != tc.rewrite {
+				t.Fatalf("rewrite = %v, want %v: %q", flushed, tc.rewrite, opStrings(ops))
+			}
+			if tc.rewrite {
+				return
+			}
+			if !slices.Equal(deleted, tc.wantDeleted) || added != tc.wantAdded {
+				t.Errorf("deleted %v, added %d; want %v, %d: %q", deleted, added, tc.wantDeleted, tc.wantAdded, opStrings(ops))
+			}
+		})
+	}
+}
+
+// TestMemoJumpsEqualsEndpointJumps: the memoised jumps of an endpoint no
+// policy selects are the ones endpointJumps builds, for every option that
+// changes them, and are never reused for another endpoint or network.
+func TestMemoJumpsEqualsEndpointJumps(t *testing.T) {
+	e0, e1 := ep(0, net1ID, "h1", "192.168.0.1", true), ep(1, net1ID, "h1", "192.168.0.2", true)
+	isolated, open := NetworkPolicy{Isolated: true, Ingress: IngressCluster}, NetworkPolicy{Ingress: IngressAny}
+	n1, n2 := datastore.Network{ID: net1ID, Name: "net1"}, datastore.Network{ID: net2ID, Name: "net2"}
+	locals := []localEndpoint{
+		{ep: e0, network: n1, policy: isolated, key: "name:net1"},
+		{ep: e0, network: n1, policy: open, key: "name:net1"},
+		{ep: e0, network: n2, policy: isolated, key: "name:net2"},
+		{ep: e1, network: n1, policy: isolated, key: "name:net1"},
+	}
+	for round := 0; round < 2; round++ { // the second round comes from the memo
+		for _, f := range []Family{IPv4, IPv6} {
+			for i, l := range locals {
+				pt := newPolicyTable(f, policyPlan{})
+				got, want := memoJumps(f, pt, l, l.network.Name), endpointJumps(pt, l, l.network.Name)
+				var g, w []string
+				for _, r := range got {
+					g = append(g, r.text(f))
+				}
+				for _, r := range want {
+					w = append(w, r.Render(f))
+				}
+				if !slices.Equal(g, w) {
+					t.Errorf("round %d, %s, endpoint %d: memoised %q, want %q", round, f, i, g, w)
+				}
+			}
+		}
+	}
+}

@@ -151,6 +151,27 @@ type Rule struct {
 	Handle uint64
 	// Packets and Bytes are a dumped rule's counter (not compared).
 	Packets, Bytes uint64
+
+	// rendered is Render(renderedFor), remembered by withText: rules
+	// NFT remembers and the endpoints' jumps Desired memoises are
+	// compared at every change without rendering them again.
+	rendered    string
+	renderedFor Family
+}
+
+// text is Render(f), remembered when withText did it for f.
+func (r Rule) text(f Family) string {
+	if r.rendered != "" && r.renderedFor == f {
+		return r.rendered
+	}
+	return r.Render(f)
+}
+
+// withText is r remembering its rendering for f (r must not change
+// afterwards).
+func (r Rule) withText(f Family) Rule {
+	r.rendered, r.renderedFor = r.Render(f), f
+	return r
 }
 
 // ifnameLen is IFNAMSIZ: nftables compares interface names as 16 bytes.
