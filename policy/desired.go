@@ -255,10 +255,15 @@ func splitEndpoints(st State, networks map[string]datastore.Network) (map[string
 	members := map[string]map[Family][]netip.Addr{}
 	var locals []localEndpoint
 	seenIf := map[string]bool{}
+	keys := map[string]string{} // network id -> its key, once per network
 	for _, ep := range st.Endpoints {
-		key := "id:" + ep.Network
-		if n, ok := networks[ep.Network]; ok {
-			key = NetworkKey(n)
+		key, done := keys[ep.Network]
+		if !done {
+			key = "id:" + ep.Network
+			if n, ok := networks[ep.Network]; ok {
+				key = NetworkKey(n)
+			}
+			keys[ep.Network] = key
 		}
 		if members[key] == nil {
 			members[key] = map[Family][]netip.Addr{}
@@ -275,8 +280,18 @@ func splitEndpoints(st State, networks map[string]datastore.Network) (map[string
 			locals = append(locals, l)
 		}
 	}
-	sort.Slice(locals, func(i, j int) bool { return locals[i].ep.HostIfName < locals[j].ep.HostIfName })
-	return members, locals, warnings
+	// Sorted by interface name; the records are large, so sort their
+	// indexes and copy each once.
+	order := make([]int, len(locals))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(i, j int) bool { return locals[order[i]].ep.HostIfName < locals[order[j]].ep.HostIfName })
+	sorted := make([]localEndpoint, len(locals))
+	for i, k := range order {
+		sorted[i] = locals[k]
+	}
+	return members, sorted, warnings
 }
 
 // addMemberAddrs adds the endpoint's addresses to its network's members.
@@ -385,22 +400,28 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 	forward := forwardChain()
 	netSets := map[string]bool{}
 	netChains := map[string]bool{}
+	setOf := map[string]string{} // network key -> its set's name
+	forward.Unordered = make([]Rule, 0, 2*len(locals))
 	for _, l := range locals {
 		name := l.network.Name
 		if name == "" {
 			name = shortID(l.network.ID)
 		}
 		forward.Unordered = append(forward.Unordered, memoJumps(f, pt, l, name)...)
-		set := NetworkSetName(l.key)
+		set, ok := setOf[l.key]
+		if !ok {
+			set = NetworkSetName(l.key)
+			setOf[l.key] = set
+		}
 		if l.policy.Isolated && !netSets[set] {
 			netSets[set] = true
 			t.Sets = append(t.Sets, Set{Name: set, Type: SetAddr, Elements: addrElements(members[l.key][f]), Comment: "members of " + l.key})
 		}
-		in := IngressChainName(l.network.ID)
-		if netChains[in] {
+		if netChains[l.network.ID] {
 			continue
 		}
-		netChains[in] = true
+		netChains[l.network.ID] = true
+		in := IngressChainName(l.network.ID)
 		t.Chains = append(t.Chains, ingressChain(in, set, name, l.policy, len(vteps) > 0))
 		if l.policy.Isolated {
 			t.Chains = append(t.Chains, egressChain(EgressChainName(l.network.ID), set, name))
@@ -500,11 +521,7 @@ func memoJumps(f Family, pt *policyTable, l localEndpoint, network string) []Rul
 	if len(pt.plan.failClosed[l.ep.ID]) > 0 || len(pt.plan.byEndpoint[l.ep.ID]) > 0 {
 		return endpointJumps(pt, l, network)
 	}
-	iso := "0"
-	if l.policy.Isolated {
-		iso = "1"
-	}
-	key := string(f) + "\x00" + l.ep.ID + "\x00" + l.ep.HostIfName + "\x00" + l.network.ID + "\x00" + network + "\x00" + iso
+	key := jumpKey{f: f, id: l.ep.ID, ifname: l.ep.HostIfName, network: l.network.ID, name: network, isolated: l.policy.Isolated}
 	jumpMu.Lock()
 	rs, ok := jumpMemo[key]
 	jumpMu.Unlock()
@@ -524,9 +541,17 @@ func memoJumps(f Family, pt *policyTable, l localEndpoint, network string) []Rul
 	return rs
 }
 
+// jumpKey is what an endpoint's jumps are built from when no policy
+// selects it.
+type jumpKey struct {
+	f                         Family
+	id, ifname, network, name string
+	isolated                  bool
+}
+
 var (
 	jumpMu   sync.Mutex
-	jumpMemo = map[string][]Rule{}
+	jumpMemo = map[jumpKey][]Rule{}
 )
 
 const maxJumpMemo = 1 << 15
