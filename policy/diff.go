@@ -186,12 +186,13 @@ func diffTable(cur, want Table) []Op {
 			}
 			continue
 		}
-		if gone := minus(c.Elements, w.Elements); len(gone) > 0 {
+		gone, added := setChanges(c.Elements, w.Elements)
+		if len(gone) > 0 {
 			r := ref
 			r.Elements = gone
 			elems = append(elems, Op{Kind: OpDelElements, Family: f, Set: r})
 		}
-		if added := minus(w.Elements, c.Elements); len(added) > 0 {
+		if len(added) > 0 {
 			r := ref
 			r.Elements = added
 			elems = append(elems, Op{Kind: OpAddElements, Family: f, Set: r})
@@ -315,6 +316,23 @@ func diffChain(f Family, cur, want Chain) []Op {
 		ops = append(ops, Op{Kind: OpAddRule, Family: f, Chain: want.Name, Rule: r})
 	}
 	return ops
+}
+
+// setChanges are the elements that leave (gone) and come (added) from cur
+// to want, both canonical (sorted, no duplicates): only what lies between
+// their common head and tail is compared by set, so that a join or leave
+// does not build maps of every member.
+func setChanges(cur, want []string) (gone, added []string) {
+	i := 0
+	for i < len(cur) && i < len(want) && cur[i] == want[i] {
+		i++
+	}
+	j := 0
+	for j < len(cur)-i && j < len(want)-i && cur[len(cur)-1-j] == want[len(want)-1-j] {
+		j++
+	}
+	c, w := cur[i:len(cur)-j], want[i:len(want)-j]
+	return minus(c, w), minus(w, c)
 }
 
 // minus is a \ b, in a's order.

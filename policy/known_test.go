@@ -382,3 +382,30 @@ func TestMemoJumpsEqualsEndpointJumps(t *testing.T) {
 		}
 	}
 }
+
+// TestSetChanges: what leaves and comes between two canonical element
+// lists, with the common head and tail skipped.
+func TestSetChanges(t *testing.T) {
+	tests := []struct {
+		name              string
+		cur, want         []string
+		wantGone, wantAdd []string
+	}{
+		{"equal", []string{"a", "b", "c"}, []string{"a", "b", "c"}, nil, nil},
+		{"one added inside", []string{"a", "b", "d"}, []string{"a", "b", "c", "d"}, nil, []string{"c"}},
+		{"one gone inside", []string{"a", "b", "c", "d"}, []string{"a", "c", "d"}, []string{"b"}, nil},
+		{"added at the ends", []string{"b"}, []string{"a", "b", "c"}, nil, []string{"a", "c"}},
+		{"replaced", []string{"a", "b", "c"}, []string{"a", "x", "c"}, []string{"b"}, []string{"x"}},
+		{"from empty", nil, []string{"a", "b"}, nil, []string{"a", "b"}},
+		{"to empty", []string{"a", "b"}, nil, []string{"a", "b"}, nil},
+		{"shifted", []string{"a", "b", "c", "d"}, []string{"b", "c", "d", "e"}, []string{"a"}, []string{"e"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			gone, added := setChanges(tc.cur, tc.want)
+			if !slices.Equal(gone, tc.wantGone) || !slices.Equal(added, tc.wantAdd) {
+				t.Errorf("gone %q added %q; want %q %q", gone, added, tc.wantGone, tc.wantAdd)
+			}
+		})
+	}
+}
