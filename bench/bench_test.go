@@ -41,17 +41,24 @@ const (
 //
 // and writes report.md and report.png in this directory. Opt-in
 // (CALICO_CNM_BENCH=1) because it takes minutes.
+//
+// CALICO_CNM_BENCH=join measures only the Join latency (and RSS): it logs
+// the medians at each checkpoint and writes no report.
 func TestBenchReport(t *testing.T) {
-	if os.Getenv("CALICO_CNM_BENCH") == "" {
+	mode := os.Getenv("CALICO_CNM_BENCH")
+	if mode == "" {
 		t.Skip("the benchmark report runs with CALICO_CNM_BENCH=1 (make bench); it takes several minutes")
 	}
+	joinOnly := mode == "join"
 	harness.RequirePrereqs(t)
 	began := time.Now()
 	bin := harness.BuildBinary(t)
 	res := Results{When: time.Now(), Host: hostDesc()}
 
 	// The IPAM micro-benchmark first, before dockerd competes for the CPU.
-	ipamBench(t, &res)
+	if !joinOnly {
+		ipamBench(t, &res)
+	}
 
 	fab := harness.NewFabric(t, "")
 	h := fab.AddHost(t, "bench", harness.HostOptions{Bridge: true})
@@ -64,6 +71,16 @@ func TestBenchReport(t *testing.T) {
 	time.Sleep(2 * time.Second) // let start-up work (reconcile pass, etcd) settle
 	res.RSSIdleKiB = rssKiB(t, p.Pid())
 
+	if joinOnly {
+		joinBench(t, h, &res)
+		for _, n := range JoinCheckpoints {
+			t.Logf("Join median of endpoints %d-%d: %s", n-9, n, res.JoinWindow(n-9, n))
+		}
+		first, last := res.JoinWindow(1, 10), res.JoinWindow(joinEndpoints-9, joinEndpoints)
+		t.Logf("endpoint 1000 vs 10 (medians of 10): %.2fx; medians of 50: first %s, last %s; RSS idle %d KiB, loaded %d KiB",
+			float64(last)/float64(first), res.JoinWindow(1, 50), res.JoinWindow(joinEndpoints-49, joinEndpoints), res.RSSIdleKiB, res.RSSLoadedKiB)
+		return
+	}
 	dockerRunBench(t, h, &res)
 	joinBench(t, h, &res)
 	multiHostBench(t, &res)

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"slices"
+	"sync"
 
 	"github.com/docker/go-plugins-helpers/network"
 	"github.com/sirupsen/logrus"
@@ -47,18 +48,59 @@ type joinPlan struct {
 	internal bool
 }
 
-// sandboxOf reads this host's endpoint records once: the joining endpoint
-// (with its revision) and the others joined to the same sandbox.
+// sandboxOf reads the joining endpoint's record (with its revision) and
+// those of the other endpoints joined to the same sandbox. The first Join
+// of the driver reads all of this host's endpoint records (endpoints an
+// earlier run joined); later ones read only the endpoint and the
+// candidates the sandbox index names, so that Join does not take longer
+// as the host fills up.
 func (d *NetworkDriver) sandboxOf(ctx context.Context, endpointID, sandboxKey string) (self datastore.Endpoint, rev int64, peers []datastore.Endpoint, err error) {
+	if !d.sandboxes.isBuilt() {
+		return d.sandboxOfAll(ctx, endpointID, sandboxKey)
+	}
+	self, rev, err = d.getEndpoint(ctx, endpointID)
+	if err != nil {
+		return self, 0, nil, err
+	}
+	if sandboxKey == "" {
+		return self, rev, nil, nil
+	}
+	for _, id := range d.sandboxes.candidates(sandboxKey) {
+		if id == endpointID {
+			continue
+		}
+		var ep datastore.Endpoint
+		_, err := d.store.GetJSON(ctx, datastore.EndpointKey(d.host, id), &ep)
+		switch {
+		case errors.Is(err, datastore.ErrNotFound):
+			d.sandboxes.forget(id)
+		case err != nil:
+			return self, 0, nil, storeErr("reading endpoint "+short(id)+" of the same container", err)
+		case ep.Joined && ep.Container == sandboxKey:
+			peers = append(peers, ep)
+		default:
+			d.sandboxes.forget(id)
+		}
+	}
+	return self, rev, peers, nil
+}
+
+// sandboxOfAll is sandboxOf from all of this host's endpoint records, read
+// once; it fills the sandbox index.
+func (d *NetworkDriver) sandboxOfAll(ctx context.Context, endpointID, sandboxKey string) (self datastore.Endpoint, rev int64, peers []datastore.Endpoint, err error) {
 	kvs, err := d.store.List(ctx, datastore.EndpointKey(d.host, ""))
 	if err != nil {
 		return self, 0, nil, storeErr("reading endpoint "+short(endpointID), err)
 	}
 	found := false
+	joined := map[string]string{}
 	for _, kv := range kvs {
 		var ep datastore.Endpoint
 		if err := json.Unmarshal(kv.Value, &ep); err != nil {
 			continue // not ours to judge here; reconcile reports it
+		}
+		if ep.Joined && ep.Container != "" {
+			joined[ep.ID] = ep.Container
 		}
 		switch {
 		case ep.ID == endpointID:
@@ -67,10 +109,90 @@ func (d *NetworkDriver) sandboxOf(ctx context.Context, endpointID, sandboxKey st
 			peers = append(peers, ep)
 		}
 	}
+	d.sandboxes.fill(joined)
 	if !found {
 		return self, 0, nil, userError(fmt.Sprintf("endpoint %s is not known on host %s", short(endpointID), d.host), ErrEndpointNotFound, datastore.ErrNotFound)
 	}
 	return self, rev, peers, nil
+}
+
+// sandboxIndex remembers which of this host's endpoints are (or were)
+// joined to each sandbox: candidates, always checked against their
+// records, so a stale entry costs one read and is dropped. Only Join
+// joins endpoints, so after one full read it misses none of this
+// driver's host.
+type sandboxIndex struct {
+	mu        sync.Mutex
+	built     bool
+	bySandbox map[string]map[string]bool // sandbox key -> endpoint ids
+	sandbox   map[string]string          // endpoint id -> sandbox key
+}
+
+func (x *sandboxIndex) isBuilt() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.built
+}
+
+// fill adds the joined endpoints (id -> sandbox key) of a full read and
+// marks the index built.
+func (x *sandboxIndex) fill(joined map[string]string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for id, sb := range joined {
+		x.addLocked(sb, id)
+	}
+	x.built = true
+}
+
+// add notes that endpoint id joins sandbox sb.
+func (x *sandboxIndex) add(sb, id string) {
+	if sb == "" {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.addLocked(sb, id)
+}
+
+func (x *sandboxIndex) addLocked(sb, id string) {
+	if x.bySandbox == nil {
+		x.bySandbox, x.sandbox = map[string]map[string]bool{}, map[string]string{}
+	}
+	if old, ok := x.sandbox[id]; ok && old != sb {
+		x.forgetLocked(id)
+	}
+	if x.bySandbox[sb] == nil {
+		x.bySandbox[sb] = map[string]bool{}
+	}
+	x.bySandbox[sb][id] = true
+	x.sandbox[id] = sb
+}
+
+// forget drops endpoint id (it left, or was deleted).
+func (x *sandboxIndex) forget(id string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.forgetLocked(id)
+}
+
+func (x *sandboxIndex) forgetLocked(id string) {
+	sb, ok := x.sandbox[id]
+	if !ok {
+		return
+	}
+	delete(x.sandbox, id)
+	delete(x.bySandbox[sb], id)
+	if len(x.bySandbox[sb]) == 0 {
+		delete(x.bySandbox, sb)
+	}
+}
+
+// candidates are the endpoints noted for sandbox sb, sorted.
+func (x *sandboxIndex) candidates(sb string) []string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return slices.Sorted(maps.Keys(x.bySandbox[sb]))
 }
 
 // planJoin picks the interface's gateway and routes, given the container's

@@ -159,3 +159,57 @@ func TestAuxAddressesMarkedReserved(t *testing.T) {
 		}
 	}
 }
+
+// TestJoinFindsPeersAcrossRestarts proves the sandbox index (which spares
+// Join reading every endpoint record of the host) misses no interface of
+// the container: endpoints joined by an earlier run of the driver are
+// found by the first Join's full read, later ones from the index, and an
+// endpoint that left, or whose record went away, no longer counts.
+func TestJoinFindsPeersAcrossRestarts(t *testing.T) {
+	m := etcdtest.Start(t)
+	ctx := context.Background()
+	e := newEnv(t, m.Store)
+	const sb = "/var/run/docker/netns/restart1"
+	nets := []string{
+		e.createNetworkWith(t, "10.10.1.0/24", nil), e.createNetworkWith(t, "10.10.2.0/24", nil),
+		e.createNetworkWith(t, "10.10.3.0/24", nil), e.createNetworkWith(t, "10.10.4.0/24", nil),
+	}
+	join := func(nd *driver.NetworkDriver, n int, addr string) (string, string) {
+		t.Helper()
+		id := e.createEndpoint(t, nets[n], addr, "")
+		resp, err := nd.Join(ctx, &network.JoinRequest{NetworkID: nets[n], EndpointID: id, SandboxKey: sb})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id, resp.Gateway
+	}
+	first, gw := join(e.nd, 0, "10.10.1.10/32")
+	if gw != "169.254.1.1" {
+		t.Fatalf("first interface: gateway %s", gw)
+	}
+	// The daemon restarts: a new driver on the same datastore.
+	restarted := driver.NewNetworkDriver(m.Store, e.dp, testHost, quietLog(), driver.Options{MTU: 1400, IPAM: e.ipam})
+	steps := []struct {
+		name   string
+		before func()
+		net    int
+		addr   string
+		wantGW string
+	}{
+		{name: "the earlier run's interface is found", net: 1, addr: "10.10.2.10/32", wantGW: "169.254.1.2"},
+		{name: "and this run's", net: 2, addr: "10.10.3.10/32", wantGW: "169.254.1.3"},
+		{name: "a left interface frees its gateway", before: func() {
+			if err := restarted.Leave(ctx, &network.LeaveRequest{NetworkID: nets[0], EndpointID: first}); err != nil {
+				t.Fatal(err)
+			}
+		}, net: 3, addr: "10.10.4.10/32", wantGW: "169.254.1.1"},
+	}
+	for _, st := range steps {
+		if st.before != nil {
+			st.before()
+		}
+		if _, gw := join(restarted, st.net, st.addr); gw != st.wantGW {
+			t.Errorf("%s: gateway %s, want %s", st.name, gw, st.wantGW)
+		}
+	}
+}

@@ -106,6 +106,8 @@ type NetworkDriver struct {
 	// mtuFor: see Options.WorkloadMTU.
 	mtuFor func(ctx context.Context, ip net.IP) (int, error)
 	ports  Ports
+	// sandboxes finds the endpoints joined to a sandbox (see sandboxOf).
+	sandboxes sandboxIndex
 }
 
 // NewNetworkDriver records networks and endpoints in store and plumbs
@@ -659,6 +661,7 @@ func (d *NetworkDriver) DeleteEndpoint(ctx context.Context, req *network.DeleteE
 	if _, err := d.store.DeleteExisting(ctx, key); err != nil {
 		return storeErr("deleting endpoint "+short(req.EndpointID), err)
 	}
+	d.sandboxes.forget(req.EndpointID)
 	// Docker's ReleaseAddress, which comes next, names only the address.
 	if d.ipam != nil && len(ep.Handles) > 0 {
 		_, _, ips := epIPs(ep)
@@ -717,6 +720,9 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 	routes := nextHopRoutes(resp)
 	labels, unknown := d.endpointLabels(ctx, req, log)
 	key := datastore.EndpointKey(d.host, req.EndpointID)
+	// Before the record: a concurrent Join into the same sandbox finds
+	// this endpoint as a candidate and checks its record.
+	d.sandboxes.add(req.SandboxKey, req.EndpointID)
 	written, err := d.recordJoin(ctx, key, req.EndpointID, ep, epRev, func(cur *datastore.Endpoint) {
 		cur.Joined = true
 		cur.Container = req.SandboxKey
@@ -864,6 +870,7 @@ func (d *NetworkDriver) Leave(ctx context.Context, req *network.LeaveRequest) er
 	if err != nil {
 		return storeErr("recording the leave of endpoint "+short(req.EndpointID), err)
 	}
+	d.sandboxes.forget(req.EndpointID)
 	log.WithField("ip", ep.IPv4).Info("endpoint left")
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
@@ -145,9 +146,29 @@ func NetworkKey(n datastore.Network) string {
 // hashName is a short stable name part: nftables names are limited (32
 // bytes on older kernels) and Docker network names may hold anything.
 func hashName(s string) string {
-	h := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(h[:6])
+	hashMu.Lock()
+	defer hashMu.Unlock()
+	if h, ok := hashMemo[s]; ok {
+		return h
+	}
+	sum := sha256.Sum256([]byte(s))
+	h := hex.EncodeToString(sum[:6])
+	if len(hashMemo) >= maxHashMemo {
+		clear(hashMemo)
+	}
+	hashMemo[s] = h
+	return h
 }
+
+// hashMemo remembers hashName's answers: Desired names the chains and
+// sets of every local endpoint's network at every change, which would
+// hash the same few names thousands of times.
+var (
+	hashMu   sync.Mutex
+	hashMemo = map[string]string{}
+)
+
+const maxHashMemo = 4096
 
 // NetworkSetName is the address set of a logical network.
 func NetworkSetName(key string) string { return netSetPrefix + hashName(key) }
@@ -234,10 +255,15 @@ func splitEndpoints(st State, networks map[string]datastore.Network) (map[string
 	members := map[string]map[Family][]netip.Addr{}
 	var locals []localEndpoint
 	seenIf := map[string]bool{}
+	keys := map[string]string{} // network id -> its key, once per network
 	for _, ep := range st.Endpoints {
-		key := "id:" + ep.Network
-		if n, ok := networks[ep.Network]; ok {
-			key = NetworkKey(n)
+		key, done := keys[ep.Network]
+		if !done {
+			key = "id:" + ep.Network
+			if n, ok := networks[ep.Network]; ok {
+				key = NetworkKey(n)
+			}
+			keys[ep.Network] = key
 		}
 		if members[key] == nil {
 			members[key] = map[Family][]netip.Addr{}
@@ -254,8 +280,18 @@ func splitEndpoints(st State, networks map[string]datastore.Network) (map[string
 			locals = append(locals, l)
 		}
 	}
-	sort.Slice(locals, func(i, j int) bool { return locals[i].ep.HostIfName < locals[j].ep.HostIfName })
-	return members, locals, warnings
+	// Sorted by interface name; the records are large, so sort their
+	// indexes and copy each once.
+	order := make([]int, len(locals))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(i, j int) bool { return locals[order[i]].ep.HostIfName < locals[order[j]].ep.HostIfName })
+	sorted := make([]localEndpoint, len(locals))
+	for i, k := range order {
+		sorted[i] = locals[k]
+	}
+	return members, sorted, warnings
 }
 
 // addMemberAddrs adds the endpoint's addresses to its network's members.
@@ -364,22 +400,28 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 	forward := forwardChain()
 	netSets := map[string]bool{}
 	netChains := map[string]bool{}
+	setOf := map[string]string{} // network key -> its set's name
+	forward.Unordered = make([]Rule, 0, 2*len(locals))
 	for _, l := range locals {
 		name := l.network.Name
 		if name == "" {
 			name = shortID(l.network.ID)
 		}
-		forward.Unordered = append(forward.Unordered, endpointJumps(pt, l, name)...)
-		set := NetworkSetName(l.key)
+		forward.Unordered = append(forward.Unordered, memoJumps(f, pt, l, name)...)
+		set, ok := setOf[l.key]
+		if !ok {
+			set = NetworkSetName(l.key)
+			setOf[l.key] = set
+		}
 		if l.policy.Isolated && !netSets[set] {
 			netSets[set] = true
 			t.Sets = append(t.Sets, Set{Name: set, Type: SetAddr, Elements: addrElements(members[l.key][f]), Comment: "members of " + l.key})
 		}
-		in := IngressChainName(l.network.ID)
-		if netChains[in] {
+		if netChains[l.network.ID] {
 			continue
 		}
-		netChains[in] = true
+		netChains[l.network.ID] = true
+		in := IngressChainName(l.network.ID)
 		t.Chains = append(t.Chains, ingressChain(in, set, name, l.policy, len(vteps) > 0))
 		if l.policy.Isolated {
 			t.Chains = append(t.Chains, egressChain(EgressChainName(l.network.ID), set, name))
@@ -456,7 +498,7 @@ func endpointJumps(pt *policyTable, l localEndpoint, network string) []Rule {
 		jumps = append(jumps, Rule{
 			Matches: []Match{{Kind: MatchIfname, In: true, Value: l.ep.HostIfName}},
 			Verdict: Jump, Target: out,
-			Comment: fmt.Sprintf("from endpoint %s of network %s", shortID(l.ep.ID), network),
+			Comment: "from endpoint " + shortID(l.ep.ID) + " of network " + network,
 		})
 	}
 	if r, ok := pt.endpointJump(l, api.Ingress, in); ok {
@@ -465,11 +507,54 @@ func endpointJumps(pt *policyTable, l localEndpoint, network string) []Rule {
 		jumps = append(jumps, Rule{
 			Matches: []Match{{Kind: MatchIfname, Value: l.ep.HostIfName}},
 			Verdict: Jump, Target: in,
-			Comment: fmt.Sprintf("to endpoint %s of network %s", shortID(l.ep.ID), network),
+			Comment: "to endpoint " + shortID(l.ep.ID) + " of network " + network,
 		})
 	}
 	return jumps
 }
+
+// memoJumps is endpointJumps, rendered, from a memo while the endpoint
+// is selected by no policy (the jumps then depend on nothing else than
+// what the memo key holds, and building them has no side effect on pt):
+// Desired runs at every change, for every local endpoint.
+func memoJumps(f Family, pt *policyTable, l localEndpoint, network string) []Rule {
+	if len(pt.plan.failClosed[l.ep.ID]) > 0 || len(pt.plan.byEndpoint[l.ep.ID]) > 0 {
+		return endpointJumps(pt, l, network)
+	}
+	key := jumpKey{f: f, id: l.ep.ID, ifname: l.ep.HostIfName, network: l.network.ID, name: network, isolated: l.policy.Isolated}
+	jumpMu.Lock()
+	rs, ok := jumpMemo[key]
+	jumpMu.Unlock()
+	if ok {
+		return rs
+	}
+	rs = endpointJumps(pt, l, network)
+	for i := range rs {
+		rs[i] = rs[i].withText(f)
+	}
+	jumpMu.Lock()
+	if len(jumpMemo) >= maxJumpMemo {
+		clear(jumpMemo)
+	}
+	jumpMemo[key] = rs
+	jumpMu.Unlock()
+	return rs
+}
+
+// jumpKey is what an endpoint's jumps are built from when no policy
+// selects it.
+type jumpKey struct {
+	f                         Family
+	id, ifname, network, name string
+	isolated                  bool
+}
+
+var (
+	jumpMu   sync.Mutex
+	jumpMemo = map[jumpKey][]Rule{}
+)
+
+const maxJumpMemo = 1 << 15
 
 // publishedPortRule opens a published port (docker run -p) to whoever
 // reaches the host's port, whatever the network's isolation and ingress

@@ -215,7 +215,7 @@ func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile
 	if dir == api.Egress {
 		match, what = Match{Kind: MatchIfname, In: true, Value: l.ep.HostIfName}, "from"
 	}
-	jump := Rule{Matches: []Match{match}, Verdict: Jump, Comment: fmt.Sprintf("%s endpoint %s: policies", what, shortID(l.ep.ID))}
+	jump := Rule{Matches: []Match{match}, Verdict: Jump, Comment: what + " endpoint " + shortID(l.ep.ID) + ": policies"}
 	if pt.plan.failClosed[l.ep.ID][dir] {
 		jump.Target = dispatchChainName(dir, "fail-closed")
 		pt.chains[jump.Target] = Chain{Name: jump.Target, Rules: []Rule{{Verdict: Drop, Comment: "endpoint labels unknown: fail closed while policies exist"}}}

@@ -186,12 +186,13 @@ func diffTable(cur, want Table) []Op {
 			}
 			continue
 		}
-		if gone := minus(c.Elements, w.Elements); len(gone) > 0 {
+		gone, added := setChanges(c.Elements, w.Elements)
+		if len(gone) > 0 {
 			r := ref
 			r.Elements = gone
 			elems = append(elems, Op{Kind: OpDelElements, Family: f, Set: r})
 		}
-		if added := minus(w.Elements, c.Elements); len(added) > 0 {
+		if len(added) > 0 {
 			r := ref
 			r.Elements = added
 			elems = append(elems, Op{Kind: OpAddElements, Family: f, Set: r})
@@ -236,7 +237,13 @@ func diffTable(cur, want Table) []Op {
 // rewritten); the unordered rest is compared as a multiset, deleting the
 // extra rules by handle and appending the missing ones.
 func diffChain(f Family, cur, want Chain) []Op {
-	all := append(slices.Clone(cur.Rules), cur.Unordered...)
+	n := len(cur.Rules) + len(cur.Unordered)
+	at := func(i int) *Rule { // the i-th rule of cur, without copying them all
+		if i < len(cur.Rules) {
+			return &cur.Rules[i]
+		}
+		return &cur.Unordered[i-len(cur.Rules)]
+	}
 	rewrite := func() []Op {
 		ops := []Op{{Kind: OpFlushChain, Family: f, Chain: want.Name}}
 		for _, r := range chainRules(want) {
@@ -244,33 +251,49 @@ func diffChain(f Family, cur, want Chain) []Op {
 		}
 		return ops
 	}
-	if len(all) < len(want.Rules) {
+	if n < len(want.Rules) {
 		return rewrite()
 	}
 	for i, r := range want.Rules {
-		if all[i].Render(f) != r.Render(f) {
+		if at(i).text(f) != r.text(f) {
 			return rewrite()
 		}
 	}
-	have := map[string][]Rule{}
-	for _, r := range all[len(want.Rules):] {
-		k := r.Render(f)
-		have[k] = append(have[k], r)
+	// The rest as a multiset, by rendering: the first rule of each text
+	// in have (its index), further ones with the same text in dups.
+	have := make(map[string]int, n-len(want.Rules))
+	dups := map[string][]int{}
+	for i := len(want.Rules); i < n; i++ {
+		k := at(i).text(f)
+		if _, ok := have[k]; ok {
+			dups[k] = append(dups[k], i)
+			continue
+		}
+		have[k] = i
 	}
 	var ops []Op
 	var missing []Rule
 	for _, r := range want.Unordered {
-		k := r.Render(f)
-		if len(have[k]) > 0 {
-			have[k] = have[k][1:]
+		k := r.text(f)
+		if d := dups[k]; len(d) > 0 {
+			dups[k] = d[1:]
+			continue
+		}
+		if _, ok := have[k]; ok {
+			delete(have, k)
 			continue
 		}
 		missing = append(missing, r)
 	}
 	// Deletions first, in handle order for a deterministic plan.
 	var extra []Rule
-	for _, k := range sortedKeys(have) {
-		extra = append(extra, have[k]...)
+	for _, i := range have {
+		extra = append(extra, *at(i)) // sorted below
+	}
+	for _, d := range dups {
+		for _, i := range d {
+			extra = append(extra, *at(i))
+		}
 	}
 	slices.SortFunc(extra, func(a, b Rule) int {
 		switch {
@@ -279,7 +302,7 @@ func diffChain(f Family, cur, want Chain) []Op {
 		case a.Handle > b.Handle:
 			return 1
 		}
-		return 0
+		return strings.Compare(a.Render(f), b.Render(f)) // unaddressable: rewritten below
 	})
 	for _, r := range extra {
 		if r.Handle == 0 {
@@ -288,11 +311,28 @@ func diffChain(f Family, cur, want Chain) []Op {
 		}
 		ops = append(ops, Op{Kind: OpDelRule, Family: f, Chain: want.Name, Rule: r})
 	}
-	slices.SortFunc(missing, func(a, b Rule) int { return strings.Compare(a.Render(f), b.Render(f)) })
+	slices.SortFunc(missing, func(a, b Rule) int { return strings.Compare(a.text(f), b.text(f)) })
 	for _, r := range missing {
 		ops = append(ops, Op{Kind: OpAddRule, Family: f, Chain: want.Name, Rule: r})
 	}
 	return ops
+}
+
+// setChanges are the elements that leave (gone) and come (added) from cur
+// to want, both canonical (sorted, no duplicates): only what lies between
+// their common head and tail is compared by set, so that a join or leave
+// does not build maps of every member.
+func setChanges(cur, want []string) (gone, added []string) {
+	i := 0
+	for i < len(cur) && i < len(want) && cur[i] == want[i] {
+		i++
+	}
+	j := 0
+	for j < len(cur)-i && j < len(want)-i && cur[len(cur)-1-j] == want[len(want)-1-j] {
+		j++
+	}
+	c, w := cur[i:len(cur)-j], want[i:len(want)-j]
+	return minus(c, w), minus(w, c)
 }
 
 // minus is a \ b, in a's order.

@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -150,12 +151,40 @@ type Rule struct {
 	Handle uint64
 	// Packets and Bytes are a dumped rule's counter (not compared).
 	Packets, Bytes uint64
+
+	// rendered is Render(renderedFor), remembered by withText: rules
+	// NFT remembers and the endpoints' jumps Desired memoises are
+	// compared at every change without rendering them again.
+	rendered    string
+	renderedFor Family
+}
+
+// text is Render(f), remembered when withText did it for f.
+func (r Rule) text(f Family) string {
+	if r.rendered != "" && r.renderedFor == f {
+		return r.rendered
+	}
+	return r.Render(f)
+}
+
+// withText is r remembering its rendering for f (r must not change
+// afterwards).
+func (r Rule) withText(f Family) Rule {
+	r.rendered, r.renderedFor = r.Render(f), f
+	return r
 }
 
 // ifnameLen is IFNAMSIZ: nftables compares interface names as 16 bytes.
 const ifnameLen = 16
 
 func (m Match) render(f Family) string {
+	return string(m.appendRender(nil, f))
+}
+
+// appendRender appends the match in nft syntax to b. Rendering runs for
+// every rule at every change (rules are compared by it), so it builds the
+// text without fmt.
+func (m Match) appendRender(b []byte, f Family) []byte {
 	dir := func(in bool, a, b string) string {
 		if in {
 			return a
@@ -168,82 +197,109 @@ func (m Match) render(f Family) string {
 	}
 	switch m.Kind {
 	case MatchCtEstablished:
-		return "ct state established,related"
+		return append(b, "ct state established,related"...)
 	case MatchCtDNAT:
-		return "ct status dnat"
+		return append(b, "ct status dnat"...)
 	case MatchIfname:
 		v := m.Value
 		if m.Prefix {
 			v += "*"
 		}
-		return fmt.Sprintf("%s %s%q", dir(m.In, "iifname", "oifname"), neg, v)
+		b = append(append(append(b, dir(m.In, "iifname", "oifname")...), ' '), neg...)
+		return appendQuote(b, v)
 	case MatchIfnameSet:
-		return fmt.Sprintf("%s %s@%s", dir(m.In, "iifname", "oifname"), neg, m.Value)
+		b = append(append(append(b, dir(m.In, "iifname", "oifname")...), ' '), neg...)
+		return append(append(b, '@'), m.Value...)
 	case MatchAddrSet:
-		return fmt.Sprintf("%s %s %s@%s", f, dir(m.In, "saddr", "daddr"), neg, m.Value)
+		b = append(append(append(append(append(b, f...), ' '), dir(m.In, "saddr", "daddr")...), ' '), neg...)
+		return append(append(b, '@'), m.Value...)
 	case MatchMark:
-		op := "!="
+		op := " != 0"
 		if m.Negate {
-			op = "=="
+			op = " == 0"
 		}
-		return fmt.Sprintf("meta mark & 0x%08x %s 0", m.Mark, op)
+		return append(appendHex8(append(b, "meta mark & "...), m.Mark), op...)
 	case MatchL4Proto:
-		return fmt.Sprintf("meta l4proto %s%d", neg, m.Proto)
+		return strconv.AppendUint(append(append(b, "meta l4proto "...), neg...), uint64(m.Proto), 10)
 	case MatchPort:
-		v := fmt.Sprint(m.Min)
+		b = append(append(append(append(b, "th "...), dir(m.In, "sport", "dport")...), ' '), neg...)
+		b = strconv.AppendUint(b, uint64(m.Min), 10)
 		if m.Max != m.Min {
-			v = fmt.Sprintf("%d-%d", m.Min, m.Max)
+			b = strconv.AppendUint(append(b, '-'), uint64(m.Max), 10)
 		}
-		return fmt.Sprintf("th %s %s%s", dir(m.In, "sport", "dport"), neg, v)
+		return b
 	case MatchICMPType, MatchICMPCode:
 		proto := "icmp"
 		if f == IPv6 {
 			proto = "icmpv6"
 		}
-		field := "type"
+		field := " type "
 		if m.Kind == MatchICMPCode {
-			field = "code"
+			field = " code "
 		}
-		return fmt.Sprintf("%s %s %d", proto, field, m.Proto)
+		return strconv.AppendUint(append(append(b, proto...), field...), uint64(m.Proto), 10)
 	}
-	return fmt.Sprintf("<unknown match %d>", m.Kind)
+	return append(b, fmt.Sprintf("<unknown match %d>", m.Kind)...)
+}
+
+// appendQuote is strconv.AppendQuote, quicker for the plain ASCII that
+// interface names, log prefixes and comments almost always are.
+func appendQuote(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
+			return strconv.AppendQuote(b, s)
+		}
+	}
+	return append(append(append(b, '"'), s...), '"')
+}
+
+// appendHex8 appends v as 0x and 8 hex digits (%#08x with the padding
+// after the 0x, as nft shows marks).
+func appendHex8(b []byte, v uint32) []byte {
+	const digits = "0123456789abcdef"
+	b = append(b, '0', 'x')
+	for shift := 28; shift >= 0; shift -= 4 {
+		b = append(b, digits[v>>uint(shift)&0xf])
+	}
+	return b
 }
 
 // Render is the rule in nft syntax, comment included: what `nft list`
 // shows, and the rule's identity when comparing rulesets.
 func (r Rule) Render(f Family) string {
-	var parts []string
+	b := make([]byte, 0, 128)
 	for _, m := range r.Matches {
-		parts = append(parts, m.render(f))
+		b = append(m.appendRender(b, f), ' ')
 	}
-	parts = append(parts, "counter")
+	b = append(b, "counter"...)
 	if r.SetMark != 0 || r.ClearMark != 0 {
-		parts = append(parts, fmt.Sprintf("meta mark set mark & 0x%08x | 0x%08x", ^(r.SetMark|r.ClearMark), r.SetMark))
+		b = appendHex8(append(b, " meta mark set mark & "...), ^(r.SetMark | r.ClearMark))
+		b = appendHex8(append(b, " | "...), r.SetMark)
 	}
 	if r.LogPrefix != "" {
-		parts = append(parts, fmt.Sprintf("log prefix %q", r.LogPrefix))
+		b = appendQuote(append(b, " log prefix "...), r.LogPrefix)
 	}
 	switch r.Verdict {
 	case Accept:
-		parts = append(parts, "accept")
+		b = append(b, " accept"...)
 	case Drop:
-		parts = append(parts, "drop")
+		b = append(b, " drop"...)
 	case Return:
-		parts = append(parts, "return")
+		b = append(b, " return"...)
 	case Jump:
-		parts = append(parts, "jump "+r.Target)
+		b = append(append(b, " jump "...), r.Target...)
 	case Masquerade:
-		parts = append(parts, "masquerade")
+		b = append(b, " masquerade"...)
 	case Goto:
-		parts = append(parts, "goto "+r.Target)
+		b = append(append(b, " goto "...), r.Target...)
 	case Continue:
 	default:
-		parts = append(parts, fmt.Sprintf("<unknown verdict %d>", r.Verdict))
+		b = append(b, fmt.Sprintf(" <unknown verdict %d>", r.Verdict)...)
 	}
 	if c := clipComment(r.Comment); c != "" {
-		parts = append(parts, fmt.Sprintf("comment %q", c))
+		b = appendQuote(append(b, " comment "...), c)
 	}
-	return strings.Join(parts, " ")
+	return string(b)
 }
 
 func (s Set) render(f Family) string {

@@ -3,11 +3,13 @@ package policy
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"slices"
+	"sync"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -25,6 +27,17 @@ type NFT struct {
 	nsFd int // 0: the calling thread's namespace
 	ns   *os.File
 	log  logrus.FieldLogger
+
+	// mu serialises Apply and guards known.
+	mu sync.Mutex
+	// known is the project's tables as this NFT last read or programmed
+	// them, handles included (nil: unknown, read the kernel). Apply diffs
+	// against it instead of reading every rule back from the kernel at
+	// each change, which costs time in proportion to the endpoints of the
+	// host (Felix keeps its dataplane state the same way). Resync drops
+	// it: the periodic resync, and any failure, compare with the kernel
+	// again, which repairs what somebody else changed.
+	known *Ruleset
 }
 
 // NewNFT works on the namespace at nsPath ("" = the current one, the
@@ -66,30 +79,33 @@ func (n *NFT) conn(bufBytes int) (*nftables.Conn, error) {
 		opts = append(opts, nftables.WithNetNSFd(n.nsFd))
 	}
 	if bufBytes > 0 {
-		opts = append(opts, nftables.WithSockOptions(func(c *netlink.Conn) error {
-			raw, err := c.SyscallConn()
-			if err != nil {
-				return err
-			}
-			var serr error
-			if err := raw.Control(func(fd uintptr) {
-				// FORCE: as root (CAP_NET_ADMIN) beyond net.core.*mem_max.
-				if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, bufBytes); e != nil {
-					serr = e
-					return
-				}
-				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, bufBytes)
-			}); err != nil {
-				return err
-			}
-			return serr
-		}))
+		opts = append(opts, nftables.WithSockOptions(func(c *netlink.Conn) error { return forceBuffers(c, bufBytes) }))
 	}
 	c, err := nftables.New(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("opening nftables netlink: %w", err)
 	}
 	return c, nil
+}
+
+// forceBuffers sizes c's send and receive buffers (see batchBuffer).
+func forceBuffers(c *netlink.Conn, bufBytes int) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		// FORCE: as root (CAP_NET_ADMIN) beyond net.core.*mem_max.
+		if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, bufBytes); e != nil {
+			serr = e
+			return
+		}
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, bufBytes)
+	}); err != nil {
+		return err
+	}
+	return serr
 }
 
 func tableFamily(f Family) nftables.TableFamily {
@@ -794,28 +810,139 @@ func (n *NFT) nftSet(f Family, s Set) *nftables.Set {
 	return ns
 }
 
-// Execute applies ops as one netlink batch: all of them or none.
+// Execute applies ops as one netlink batch: all of them or none. The next
+// Apply reads the tables from the kernel.
 func (n *NFT) Execute(ctx context.Context, ops []Op) error {
+	n.Resync()
+	_, err := n.execute(ctx, ops)
+	return err
+}
+
+// execute is Execute that also returns the kernel's handles of the rules
+// the OpAddRule ops created, by index in ops (from the kernel's echo of
+// each new rule; a handle it did not echo is missing).
+func (n *NFT) execute(ctx context.Context, ops []Op) (map[int]uint64, error) {
 	if len(ops) == 0 {
-		return nil
+		return nil, nil
 	}
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
-	c, err := n.conn(batchBuffer(len(ops)))
+	c, echo, err := n.echoConn(batchBuffer(len(ops)))
 	if err != nil {
-		return err
+		return nil, err
 	}
+	defer echo.close()
 	b := &nftBatch{n: n, c: c, setIDs: map[string]uint32{}}
-	for _, op := range ops {
+	var ruleOps []int // the index in ops of each rule added, in batch order
+	for i, op := range ops {
 		if err := b.add(op); err != nil {
-			return err
+			return nil, err
+		}
+		if op.Kind == OpAddRule {
+			ruleOps = append(ruleOps, i)
 		}
 	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nftables batch of %d changes failed (nothing was changed): %w", len(ops), err)
+		return nil, fmt.Errorf("nftables batch of %d changes failed (nothing was changed): %w", len(ops), err)
 	}
-	return nil
+	return echo.handles(ops, ruleOps), nil
+}
+
+// newRuleType is the netlink message type of a new rule, and of the
+// kernel's echo of it.
+const newRuleType = netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWRULE)
+
+// ruleEcho relays a batch between an nftables.Conn and a netlink socket
+// of its own, noting the sequence number of each new rule sent and the
+// handle the kernel's echo gives it back (nftables.Conn asks for the
+// echo, but drops it).
+type ruleEcho struct {
+	conn    *netlink.Conn
+	sent    []uint32          // sequence numbers of the new rules, in order
+	echoed  map[uint32]uint64 // sequence number -> handle
+	chainOf map[uint32]string // sequence number -> chain echoed
+}
+
+// echoConn is an nftables connection whose replies pass through a
+// ruleEcho; bufBytes sizes the socket's buffers.
+func (n *NFT) echoConn(bufBytes int) (*nftables.Conn, *ruleEcho, error) {
+	nc, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: n.nsFd})
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening nftables netlink: %w", err)
+	}
+	if err := forceBuffers(nc, bufBytes); err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("sizing the nftables netlink buffers: %w", err)
+	}
+	e := &ruleEcho{conn: nc, echoed: map[uint32]uint64{}, chainOf: map[uint32]string{}}
+	c, err := nftables.New(nftables.WithTestDial(e.relay))
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("opening nftables netlink: %w", err)
+	}
+	return c, e, nil
+}
+
+func (e *ruleEcho) close() { e.conn.Close() }
+
+// relay is the nltest.Func of the connection: requests (non-nil) are sent
+// on the socket, a nil request receives.
+func (e *ruleEcho) relay(req []netlink.Message) ([]netlink.Message, error) {
+	if req != nil {
+		for i := range req {
+			req[i].Header.PID = 0 // the socket's own port id
+			if req[i].Header.Type == newRuleType {
+				e.sent = append(e.sent, req[i].Header.Sequence)
+			}
+		}
+		_, err := e.conn.SendMessages(req)
+		return nil, err
+	}
+	msgs, err := e.conn.Receive()
+	for _, m := range msgs {
+		if m.Header.Type == newRuleType {
+			e.note(m)
+		}
+	}
+	return msgs, err
+}
+
+// note reads the handle and chain of an echoed rule.
+func (e *ruleEcho) note(m netlink.Message) {
+	if len(m.Data) < 4 {
+		return
+	}
+	ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+	if err != nil {
+		return
+	}
+	ad.ByteOrder = binary.BigEndian
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_RULE_HANDLE:
+			e.echoed[m.Header.Sequence] = ad.Uint64()
+		case unix.NFTA_RULE_CHAIN:
+			e.chainOf[m.Header.Sequence] = ad.String()
+		}
+	}
+}
+
+// handles maps the echoed handles to the ops (ruleOps: the index of each
+// new rule's op, in the order they were sent). A rule whose echo is
+// missing or names another chain gets none.
+func (e *ruleEcho) handles(ops []Op, ruleOps []int) map[int]uint64 {
+	out := map[int]uint64{}
+	if len(e.sent) != len(ruleOps) {
+		return out
+	}
+	for k, seq := range e.sent {
+		i := ruleOps[k]
+		if h, ok := e.echoed[seq]; ok && e.chainOf[seq] == ops[i].Chain {
+			out[i] = h
+		}
+	}
+	return out
 }
 
 // nftBatch queues one Execute's operations on its connection.
@@ -950,10 +1077,57 @@ func cutFamily(k string) (Family, string, bool) {
 }
 
 // Apply makes the project's tables equal to want, changing only what
-// differs, in one batch. If that batch fails (the kernel refused some
-// change), it falls back to rewriting the tables whole, also in one batch.
-// It returns the number of changes made.
+// differs, in one batch. What differs is judged against the tables as
+// Apply last left them (see known), or read from the kernel after Resync
+// or a failure. If the batch fails (the kernel refused some change, or
+// the remembered tables were not the kernel's any more), it compares with
+// the kernel's tables and, failing again, rewrites them whole, also in one
+// batch. It returns the number of changes made.
 func (n *NFT) Apply(ctx context.Context, want Ruleset) (int, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.known != nil {
+		cur := *n.known
+		ops := Diff(cur, want)
+		if len(ops) == 0 {
+			return 0, nil
+		}
+		handles, err := n.execute(ctx, ops)
+		if err == nil {
+			n.remember(cur, ops, handles)
+			return len(ops), nil
+		}
+		n.known = nil
+		if ctx.Err() != nil {
+			return 0, err
+		}
+		n.log.WithError(err).Warn("updating the nftables tables from what was last programmed failed; reading them from the kernel")
+	}
+	return n.applyFromKernel(ctx, want)
+}
+
+// Resync makes the next Apply read the kernel's tables instead of
+// trusting what it last programmed.
+func (n *NFT) Resync() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.known = nil
+}
+
+// remember records the tables after ops were applied to cur; when that
+// cannot be told exactly, the next Apply reads the kernel.
+func (n *NFT) remember(cur Ruleset, ops []Op, handles map[int]uint64) {
+	next, ok := afterOps(cur, ops, handles)
+	if !ok {
+		n.log.Debug("cannot tell the nftables tables after a change; the next change reads them from the kernel")
+		n.known = nil
+		return
+	}
+	n.known = &next
+}
+
+// applyFromKernel is Apply against the kernel's tables as read now.
+func (n *NFT) applyFromKernel(ctx context.Context, want Ruleset) (int, error) {
 	families := []Family{IPv4, IPv6}
 	cur, err := n.Dump(ctx, families...)
 	if err != nil {
@@ -961,10 +1135,12 @@ func (n *NFT) Apply(ctx context.Context, want Ruleset) (int, error) {
 	}
 	ops := Diff(cur, want)
 	if len(ops) == 0 {
+		n.known = &cur
 		return 0, nil
 	}
-	err = n.Execute(ctx, ops)
+	handles, err := n.execute(ctx, ops)
 	if err == nil {
+		n.remember(cur, ops, handles)
 		return len(ops), nil
 	}
 	n.log.WithError(err).Warn("updating the nftables tables in place failed; rewriting them")
@@ -978,9 +1154,11 @@ func (n *NFT) Apply(ctx context.Context, want Ruleset) (int, error) {
 			full = append(full, Op{Kind: OpDelTable, Family: t.Family})
 		}
 	}
-	if err2 := n.Execute(ctx, full); err2 != nil {
+	handles, err2 := n.execute(ctx, full)
+	if err2 != nil {
 		return 0, fmt.Errorf("rewriting the nftables tables: %w (in-place update: %v)", err2, err)
 	}
+	n.remember(cur, full, handles)
 	return len(full), nil
 }
 
@@ -988,6 +1166,7 @@ func (n *NFT) Apply(ctx context.Context, want Ruleset) (int, error) {
 // fine. The daemon never calls it on shutdown: the rules must keep
 // protecting running containers while it restarts.
 func (n *NFT) Delete(ctx context.Context) error {
+	n.Resync()
 	cur, err := n.Dump(ctx, IPv4, IPv6)
 	if err != nil {
 		return err

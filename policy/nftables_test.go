@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"github.com/calico-cnm/calico-cnm/policy/api"
+	"maps"
 	"os"
 	"os/exec"
 	"reflect"
@@ -136,6 +137,32 @@ func checkInSync(t *testing.T, n *NFT, want Ruleset) {
 	if len(got.Tables) != len(want.Tables) {
 		t.Fatalf("kernel has %d of our tables, want %d", len(got.Tables), len(want.Tables))
 	}
+	// What Apply remembers is the kernel's tables, handles included (the
+	// kernel's echo of each new rule).
+	n.mu.Lock()
+	known := n.known
+	n.mu.Unlock()
+	if known != nil {
+		if k, g := byHandle(*known), byHandle(got); !maps.Equal(k, g) {
+			t.Fatalf("remembered rules differ from the kernel's:\nremembered: %v\nkernel:     %v", k, g)
+		}
+		if ops := Diff(*known, got); len(ops) != 0 {
+			t.Fatalf("remembered sets or chains differ from the kernel's:\n%s", strings.Join(opStrings(ops), "\n"))
+		}
+	}
+}
+
+// byHandle is every rule of rs by family and handle.
+func byHandle(rs Ruleset) map[string]string {
+	out := map[string]string{}
+	for _, tb := range rs.Tables {
+		for _, c := range tb.Chains {
+			for _, r := range c.Rules {
+				out[fmt.Sprintf("%s/%d", tb.Family, r.Handle)] = c.Name + ": " + r.Render(tb.Family)
+			}
+		}
+	}
+	return out
 }
 
 // TestNFTApplyIntegration writes, changes and deletes the tables in a
@@ -227,17 +254,33 @@ func TestNFTApplyIntegration(t *testing.T) {
 		t.Errorf("after join+leave the rules differ from before")
 	}
 
-	// Somebody deletes one of our rules and adds one: repaired.
+	// Somebody deletes one of our rules and adds one. Apply trusts what
+	// it programmed last (it does not read the kernel at every change);
+	// the periodic resync (Resync, then Apply) repairs it.
 	h := findHandle(t, ns, "ip", "forward", ifOf(epID(1)))
 	nftIn(t, ns, "delete", "rule", "ip", TableName, "forward", "handle", h)
 	nftIn(t, ns, "add", "rule", "ip", TableName, "forward", "ip", "saddr", "1.2.3.4", "accept")
+	if changes, err := n.Apply(ctx, want); err != nil || changes != 0 {
+		t.Errorf("apply without a resync: %d changes, %v; want none (the kernel is not read)", changes, err)
+	}
+	n.Resync()
 	if changes, err := n.Apply(ctx, want); err != nil || changes != 2 {
 		t.Errorf("repair: %d changes, %v; want 2 (add the missing rule, delete the foreign one)", changes, err)
 	}
 	checkInSync(t, n, want)
 
-	// The whole table deleted by hand: rebuilt.
+	// The whole table deleted by hand, then a join: the batch planned
+	// from what Apply remembers fails, so it reads the kernel and
+	// rebuilds the table.
 	nftIn(t, ns, "delete", "table", "ip", TableName)
+	if _, err := n.Apply(ctx, want2); err != nil {
+		t.Fatal(err)
+	}
+	checkInSync(t, n, want2)
+
+	// Deleted by hand again: the resync rebuilds it.
+	nftIn(t, ns, "delete", "table", "ip", TableName)
+	n.Resync()
 	if _, err := n.Apply(ctx, want); err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,12 @@
 package policy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"sync"
@@ -74,6 +76,9 @@ type Syncer struct {
 	// policies caches decoded policy records by key (strict decoding is
 	// slow and runs at every pass); only the Run loop uses it.
 	policies map[string]decodedPolicy
+	// endpoints caches decoded endpoint records by key: a pass decodes
+	// only the records that changed, not every endpoint of the cluster.
+	endpoints map[string]decodedEndpoint
 
 	// mu guards what WaitProgrammed and Health read.
 	mu sync.Mutex
@@ -193,7 +198,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case u := <-updates:
-			ss.epRev = max(ss.epRev, s.merge(ss.records, ss.loaded, u))
+			ss.merge(s, u)
 		case <-ss.retryC:
 			ss.retryTimer, ss.retryC = nil, nil
 			force = true
@@ -205,7 +210,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		for drained := false; !drained; {
 			select {
 			case u := <-updates:
-				ss.epRev = max(ss.epRev, s.merge(ss.records, ss.loaded, u))
+				ss.merge(s, u)
 			default:
 				drained = true
 			}
@@ -220,14 +225,16 @@ type syncState struct {
 	records map[string]map[string][]byte // by prefix, then key
 	loaded  map[string]bool              // prefixes listed at least once
 	epRev   int64                        // the endpoint records' revision that records holds
-	// lastApplied is the rendered ruleset last applied ("" after a
-	// failure).
-	lastApplied string
-	delay       *retry.Backoff
-	retryTimer  *time.Timer // a retry of a failed apply is pending
-	retryC      <-chan time.Time
-	warned      map[string]bool      // the problems logged, while they last
-	names       chan map[string]bool // to resolveNames; nil without a NameResolver
+	// changed says the records changed since the last pass that applied
+	// them; inStep that such a pass succeeded (false after a failure).
+	// Together they skip passes that cannot change the tables (Desired
+	// is a function of the records).
+	changed, inStep bool
+	delay           *retry.Backoff
+	retryTimer      *time.Timer // a retry of a failed apply is pending
+	retryC          <-chan time.Time
+	warned          map[string]bool      // the problems logged, while they last
+	names           chan map[string]bool // to resolveNames; nil without a NameResolver
 }
 
 // startHelpers starts a follower per prefix and, given a NameResolver,
@@ -252,35 +259,46 @@ func (s *Syncer) startHelpers(ctx context.Context, wg *sync.WaitGroup) (updates 
 	return updates, names
 }
 
-// apply programs the tables the records call for, unless they are what
-// was last applied (force: compare with the kernel anyway). A failure is
+// Resyncer is a Dataplane that remembers what it programmed (*NFT):
+// Resync makes its next Apply compare with the kernel's tables again.
+type Resyncer interface {
+	Resync()
+}
+
+// apply programs the tables the records call for, unless the records did
+// not change since they were last applied (force: the periodic resync or
+// a retry, which compares with the kernel's tables anyway). A failure is
 // retried with backoff.
 func (s *Syncer) apply(ctx context.Context, ss *syncState, force bool) {
 	if len(ss.loaded) < len(followed) {
 		return // not everything read yet: a partial view would drop rules
 	}
 	rev := ss.epRev
+	if !force && !ss.changed && ss.inStep {
+		s.setProgrammed(rev, "")
+		return
+	}
 	st, bad := s.state(ss.records)
 	want, warnings := Desired(st)
 	ss.warnOnce(s.log, append(bad, warnings...))
 	if ss.names != nil {
 		offerNames(ss.names, unnamedNetworks(st.Networks))
 	}
-	text := want.Render()
-	if !force && text == ss.lastApplied {
-		s.setProgrammed(rev, "")
-		return
+	if r, ok := s.cfg.Dataplane.(Resyncer); ok && (force || !ss.inStep) {
+		r.Resync()
 	}
+	ss.changed = false
 	start := time.Now()
 	n, err := s.cfg.Dataplane.Apply(ctx, want)
 	if err != nil {
 		if ctx.Err() != nil {
+			ss.inStep = false
 			return
 		}
 		next := ss.delay.Next()
 		s.log.WithError(err).WithField("retryIn", next).Error("programming the nftables policy failed")
 		s.setProgrammed(0, "programming nftables failed: "+err.Error())
-		ss.lastApplied = ""
+		ss.inStep = false
 		if ss.retryTimer == nil {
 			ss.retryTimer = time.NewTimer(next)
 			ss.retryC = ss.retryTimer.C
@@ -288,7 +306,7 @@ func (s *Syncer) apply(ctx context.Context, ss *syncState, force bool) {
 		return
 	}
 	ss.delay.Reset()
-	ss.lastApplied = text
+	ss.inStep = true
 	s.setProgrammed(rev, "")
 	if n > 0 {
 		s.log.WithFields(logrus.Fields{"changes": n, "took": time.Since(start).Round(time.Microsecond), "localEndpoints": countLocal(st)}).Info("nftables policy updated")
@@ -307,9 +325,17 @@ func (ss *syncState) warnOnce(log logrus.FieldLogger, problems []string) {
 	ss.warned = now
 }
 
+// merge takes u into the records, noting whether they changed and the
+// endpoint records' revision.
+func (ss *syncState) merge(s *Syncer, u update) {
+	rev, changed := s.merge(ss.records, ss.loaded, u)
+	ss.epRev = max(ss.epRev, rev)
+	ss.changed = ss.changed || changed
+}
+
 // merge applies u to records; it returns the revision of the endpoint
-// records it brings (0 for other prefixes).
-func (s *Syncer) merge(records map[string]map[string][]byte, loaded map[string]bool, u update) int64 {
+// records it brings (0 for other prefixes) and whether a record changed.
+func (s *Syncer) merge(records map[string]map[string][]byte, loaded map[string]bool, u update) (int64, bool) {
 	var rev int64
 	if u.event != nil {
 		s.seenRev = max(s.seenRev, u.event.ModRevision)
@@ -321,20 +347,23 @@ func (s *Syncer) merge(records map[string]map[string][]byte, loaded map[string]b
 		}
 	}
 	if u.snapshot != nil {
+		changed := !loaded[u.prefix] || !maps.EqualFunc(records[u.prefix], u.snapshot, bytes.Equal)
 		records[u.prefix] = u.snapshot
 		loaded[u.prefix] = true
-		return rev
+		return rev, changed
 	}
 	if records[u.prefix] == nil {
 		records[u.prefix] = map[string][]byte{}
 	}
+	old, had := records[u.prefix][u.event.Key]
 	switch u.event.Type {
 	case datastore.EventDelete:
 		delete(records[u.prefix], u.event.Key)
+		return rev, had
 	default:
 		records[u.prefix][u.event.Key] = u.event.Value
+		return rev, !had || !bytes.Equal(old, u.event.Value)
 	}
-	return rev
 }
 
 // follow lists a prefix and watches it from the list's revision; when the
@@ -420,23 +449,20 @@ func (s *Syncer) state(records map[string]map[string][]byte) (State, []string) {
 		st.Networks = append(st.Networks, n)
 		return nil
 	})
+	st.Endpoints = make([]datastore.Endpoint, 0, len(records[datastore.EndpointsPrefix]))
 	decode(datastore.EndpointsPrefix, func(k string, v []byte) error {
-		var e datastore.Endpoint
-		if err := json.Unmarshal(v, &e); err != nil {
+		e, err := s.decodeEndpoint(k, v)
+		if err != nil {
 			return err
-		}
-		// The key is the truth about which node the endpoint is on.
-		node, id, ok := datastore.EndpointNodeAndID(k)
-		if !ok {
-			return errors.New("not an endpoints/<node>/<id> key")
-		}
-		e.Node = node
-		if e.ID == "" {
-			e.ID = id
 		}
 		st.Endpoints = append(st.Endpoints, e)
 		return nil
 	})
+	for k := range s.endpoints {
+		if _, ok := records[datastore.EndpointsPrefix][k]; !ok {
+			delete(s.endpoints, k) // deleted endpoints leave the cache
+		}
+	}
 	decode(api.PoliciesPrefix, func(k string, v []byte) error {
 		p, err := s.decodePolicy(k, v)
 		if err != nil {
@@ -600,6 +626,41 @@ func (s *Syncer) resolveOne(ctx context.Context, id string) bool {
 	}
 	log.WithField("name", name).Info("recorded the Docker network's name: its endpoints on all hosts now form one network")
 	return true
+}
+
+// decodedEndpoint is an endpoint record as last decoded.
+type decodedEndpoint struct {
+	raw []byte
+	ep  datastore.Endpoint
+	err error
+}
+
+// decodeEndpoint decodes an endpoint record, once per value. The key is
+// the truth about which node the endpoint is on.
+func (s *Syncer) decodeEndpoint(key string, v []byte) (datastore.Endpoint, error) {
+	if d, ok := s.endpoints[key]; ok && bytes.Equal(d.raw, v) {
+		return d.ep, d.err
+	}
+	d := decodedEndpoint{raw: v}
+	node, id, ok := datastore.EndpointNodeAndID(key)
+	if err := json.Unmarshal(v, &d.ep); err != nil {
+		d.err = err
+	} else if !ok {
+		d.err = errors.New("not an endpoints/<node>/<id> key")
+	} else {
+		d.ep.Node = node
+		if d.ep.ID == "" {
+			d.ep.ID = id
+		}
+	}
+	if d.err != nil {
+		d.ep = datastore.Endpoint{}
+	}
+	if s.endpoints == nil {
+		s.endpoints = map[string]decodedEndpoint{}
+	}
+	s.endpoints[key] = d
+	return d.ep, d.err
 }
 
 // decodedPolicy is a policy record as last decoded.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
+	"github.com/calico-cnm/calico-cnm/internal/retry"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -256,5 +257,158 @@ func TestSyncerStateDecodesKeys(t *testing.T) {
 	}
 	if len(st.Networks) != 1 || st.Networks[0].ID != net1ID {
 		t.Errorf("networks = %+v", st.Networks)
+	}
+}
+
+// resyncingDataplane is a fakeDataplane that remembers (like *NFT) and
+// counts the Resyncs asked of it.
+type resyncingDataplane struct {
+	fakeDataplane
+	resyncs int
+}
+
+func (r *resyncingDataplane) Resync() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.resyncs++
+}
+
+// TestSyncerApplyPasses: a pass applies only when the records changed or
+// when forced (the periodic resync, a retry), and a forced pass, or the
+// first after a failure, makes the dataplane compare with the kernel
+// (Resync) instead of what it last programmed.
+func TestSyncerApplyPasses(t *testing.T) {
+	dp := &resyncingDataplane{}
+	s, err := NewSyncer(Config{Store: &datastore.Store{}, Node: "h1", Dataplane: dp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss := &syncState{records: map[string]map[string][]byte{}, loaded: map[string]bool{}, delay: retry.New(retry.Standard()), warned: map[string]bool{}}
+	for _, p := range followed {
+		ss.merge(s, update{prefix: p, snapshot: map[string][]byte{}, rev: 1})
+	}
+	e0 := ep(0, net1ID, "h1", "192.168.0.1", true)
+	key := datastore.EndpointKey("h1", e0.ID)
+	event := func(rev int64, v any) update {
+		return update{prefix: datastore.EndpointsPrefix, event: &datastore.Event{Type: datastore.EventPut, Key: key, Value: datastore.MustJSON(v), ModRevision: rev}}
+	}
+	steps := []struct {
+		name        string
+		update      *update
+		force       bool
+		fail        bool
+		wantApplies int // Apply calls so far
+		wantResyncs int
+		programmed  int64 // WaitProgrammed(this) returns at once
+	}{
+		{name: "first pass", wantApplies: 1, wantResyncs: 1, programmed: 1},
+		{name: "nothing changed", wantApplies: 1, wantResyncs: 1, programmed: 1},
+		{name: "an endpoint joins", update: ptr(event(5, e0)), wantApplies: 2, wantResyncs: 1, programmed: 5},
+		{name: "the same record written again", update: ptr(event(6, e0)), wantApplies: 2, wantResyncs: 1, programmed: 6},
+		{name: "periodic resync", force: true, wantApplies: 3, wantResyncs: 2, programmed: 6},
+		{name: "a failed apply", update: ptr(event(7, ep(0, net1ID, "h1", "192.168.0.9", true))), fail: true, wantApplies: 3, wantResyncs: 2, programmed: 6},
+		{name: "the retry compares with the kernel", force: true, wantApplies: 4, wantResyncs: 3, programmed: 7},
+	}
+	for _, st := range steps {
+		if st.update != nil {
+			ss.merge(s, *st.update)
+		}
+		dp.mu.Lock()
+		if st.fail {
+			dp.fail = 1
+		}
+		dp.mu.Unlock()
+		s.apply(context.Background(), ss, st.force)
+		if ss.retryTimer != nil {
+			ss.retryTimer.Stop()
+			ss.retryTimer, ss.retryC = nil, nil
+		}
+		_, applies := dp.current()
+		dp.mu.Lock()
+		resyncs := dp.resyncs
+		dp.mu.Unlock()
+		if applies != st.wantApplies || resyncs != st.wantResyncs {
+			t.Errorf("%s: %d applies, %d resyncs; want %d, %d", st.name, applies, resyncs, st.wantApplies, st.wantResyncs)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // answers now or not at all
+		if err := s.WaitProgrammed(ctx, st.programmed); err != nil {
+			t.Errorf("%s: revision %d not programmed: %v", st.name, st.programmed, err)
+		}
+		if st.fail {
+			if err := s.WaitProgrammed(ctx, 7); err == nil {
+				t.Errorf("%s: a failed pass counts as programmed", st.name)
+			}
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// TestSyncerMergeNotesChanges: merge says whether a record really
+// changed; only then does a pass recompute.
+func TestSyncerMergeNotesChanges(t *testing.T) {
+	s, err := NewSyncer(Config{Store: &datastore.Store{}, Node: "h1", Dataplane: &fakeDataplane{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := map[string]map[string][]byte{}
+	loaded := map[string]bool{}
+	p := datastore.NodesPrefix
+	steps := []struct {
+		name string
+		u    update
+		want bool
+	}{
+		{"first snapshot", update{prefix: p, snapshot: map[string][]byte{"nodes/a": []byte("1")}}, true},
+		{"the same snapshot again", update{prefix: p, snapshot: map[string][]byte{"nodes/a": []byte("1")}}, false},
+		{"a snapshot with another value", update{prefix: p, snapshot: map[string][]byte{"nodes/a": []byte("2")}}, true},
+		{"a put of the same value", update{prefix: p, event: &datastore.Event{Type: datastore.EventPut, Key: "nodes/a", Value: []byte("2")}}, false},
+		{"a put of a new value", update{prefix: p, event: &datastore.Event{Type: datastore.EventPut, Key: "nodes/a", Value: []byte("3")}}, true},
+		{"a new key", update{prefix: p, event: &datastore.Event{Type: datastore.EventPut, Key: "nodes/b", Value: []byte("3")}}, true},
+		{"a delete", update{prefix: p, event: &datastore.Event{Type: datastore.EventDelete, Key: "nodes/b"}}, true},
+		{"a delete of what is not there", update{prefix: p, event: &datastore.Event{Type: datastore.EventDelete, Key: "nodes/b"}}, false},
+	}
+	for _, st := range steps {
+		if _, got := s.merge(records, loaded, st.u); got != st.want {
+			t.Errorf("%s: changed = %v, want %v", st.name, got, st.want)
+		}
+	}
+}
+
+// TestSyncerStateDecodesOnce: an endpoint record is decoded again only
+// when its value changes, and a deleted one leaves the cache.
+func TestSyncerStateDecodesOnce(t *testing.T) {
+	s, err := NewSyncer(Config{Store: &datastore.Store{}, Node: "h1", Dataplane: &fakeDataplane{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k0, k1 := datastore.EndpointKey("h1", epID(0)), datastore.EndpointKey("h1", epID(1))
+	e0 := ep(0, net1ID, "h1", "192.168.0.1", true)
+	records := map[string]map[string][]byte{datastore.EndpointsPrefix: {
+		k0: datastore.MustJSON(e0),
+		k1: datastore.MustJSON(ep(1, net1ID, "h1", "192.168.0.2", true)),
+	}}
+	st, _ := s.state(records)
+	if len(st.Endpoints) != 2 || len(s.endpoints) != 2 {
+		t.Fatalf("%d endpoints, %d cached", len(st.Endpoints), len(s.endpoints))
+	}
+	// A cached decoding is used as long as the bytes are the same: mark it.
+	d := s.endpoints[k0]
+	d.ep.MAC = "cached"
+	s.endpoints[k0] = d
+	st, _ = s.state(records)
+	if st.Endpoints[0].MAC != "cached" {
+		t.Error("an unchanged record was decoded again")
+	}
+	e0.IPv4 = "192.168.0.9/32"
+	records[datastore.EndpointsPrefix][k0] = datastore.MustJSON(e0)
+	delete(records[datastore.EndpointsPrefix], k1)
+	st, _ = s.state(records)
+	if len(st.Endpoints) != 1 || st.Endpoints[0].IPv4 != "192.168.0.9/32" || st.Endpoints[0].MAC == "cached" {
+		t.Errorf("after a change: %+v", st.Endpoints)
+	}
+	if _, ok := s.endpoints[k1]; ok || len(s.endpoints) != 1 {
+		t.Error("the deleted record is still cached")
 	}
 }

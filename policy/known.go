@@ -1,0 +1,184 @@
+package policy
+
+import (
+	"net/netip"
+	"slices"
+)
+
+// afterOps is the tables cur (in Dump's shape: each chain's rules in
+// Rules, with their handles) once the kernel has applied ops, in the same
+// shape: what NFT keeps as the kernel's state instead of reading it back
+// after every change. handles are the kernel's handles of the rules the
+// OpAddRule ops created, by index in ops. ok is false when the result
+// cannot be told exactly (a rule's handle is missing, an op refers to
+// something cur does not have): the caller then reads the kernel.
+//
+// cur is not changed: the chains and sets ops touch are copied.
+func afterOps(cur Ruleset, ops []Op, handles map[int]uint64) (Ruleset, bool) {
+	tables := map[Family]*Table{}
+	var order []Family
+	for _, t := range cur.Tables {
+		t := t
+		t.Sets, t.Chains = slices.Clone(t.Sets), slices.Clone(t.Chains)
+		tables[t.Family] = &t
+		order = append(order, t.Family)
+	}
+	// copied: the chains and sets already copied (their slices are this
+	// function's own to change).
+	copiedChain := map[Family]map[string]bool{}
+	copiedSet := map[Family]map[string]bool{}
+	for i, op := range ops {
+		t := tables[op.Family]
+		if t == nil && op.Kind != OpAddTable {
+			return Ruleset{}, false
+		}
+		switch op.Kind {
+		case OpAddTable:
+			if t == nil {
+				tables[op.Family] = &Table{Family: op.Family}
+				order = append(order, op.Family)
+			}
+		case OpDelTable:
+			delete(tables, op.Family)
+			order = slices.DeleteFunc(order, func(f Family) bool { return f == op.Family })
+			delete(copiedChain, op.Family)
+			delete(copiedSet, op.Family)
+		case OpAddSet:
+			if _, ok := t.Set(op.Set.Name); ok {
+				return Ruleset{}, false
+			}
+			s, ok := canonicalSet(op.Family, op.Set, nil)
+			if !ok {
+				return Ruleset{}, false
+			}
+			s.Comment = "" // Dump does not read it back
+			t.Sets = append(t.Sets, s)
+		case OpDelSet:
+			t.Sets = slices.DeleteFunc(t.Sets, func(s Set) bool { return s.Name == op.Set.Name })
+		case OpFlushSet, OpAddElements, OpDelElements:
+			j := slices.IndexFunc(t.Sets, func(s Set) bool { return s.Name == op.Set.Name })
+			if j < 0 {
+				return Ruleset{}, false
+			}
+			s, ok := changedSet(op, t.Sets[j])
+			if !ok {
+				return Ruleset{}, false
+			}
+			t.Sets[j] = s
+			mark(copiedSet, op.Family, s.Name)
+		case OpAddChain:
+			if _, ok := t.Chain(op.ChainDef.Name); !ok {
+				t.Chains = append(t.Chains, Chain{Name: op.ChainDef.Name, Base: op.ChainDef.Base})
+				mark(copiedChain, op.Family, op.ChainDef.Name)
+			}
+		case OpDelChain:
+			t.Chains = slices.DeleteFunc(t.Chains, func(c Chain) bool { return c.Name == op.Chain })
+			delete(copiedChain[op.Family], op.Chain)
+		case OpFlushChain, OpAddRule, OpDelRule:
+			j := slices.IndexFunc(t.Chains, func(c Chain) bool { return c.Name == op.Chain })
+			if j < 0 {
+				return Ruleset{}, false
+			}
+			c := &t.Chains[j]
+			if !copiedChain[op.Family][op.Chain] {
+				c.Rules, c.Unordered = slices.Clone(c.Rules), nil
+				mark(copiedChain, op.Family, op.Chain)
+			}
+			if !changeRules(c, op, handles[i]) {
+				return Ruleset{}, false
+			}
+		default:
+			return Ruleset{}, false
+		}
+	}
+	var out Ruleset
+	for _, f := range order {
+		out.Tables = append(out.Tables, *tables[f])
+	}
+	return out, true
+}
+
+func mark(m map[Family]map[string]bool, f Family, name string) {
+	if m[f] == nil {
+		m[f] = map[string]bool{}
+	}
+	m[f][name] = true
+}
+
+// changeRules applies a flush, append or delete to c's rules (all in
+// Rules, as dumped).
+func changeRules(c *Chain, op Op, handle uint64) bool {
+	switch op.Kind {
+	case OpFlushChain:
+		c.Rules = nil
+	case OpAddRule:
+		if handle == 0 {
+			return false
+		}
+		r := op.Rule
+		r.Handle, r.Packets, r.Bytes, r.Comment = handle, 0, 0, clipComment(r.Comment)
+		c.Rules = append(c.Rules, r.withText(op.Family))
+	case OpDelRule:
+		j := slices.IndexFunc(c.Rules, func(r Rule) bool { return r.Handle == op.Rule.Handle })
+		if j < 0 || op.Rule.Handle == 0 {
+			return false
+		}
+		c.Rules = slices.Delete(c.Rules, j, j+1)
+	}
+	return true
+}
+
+// changedSet is s after a flush, an add or a delete of elements, in the
+// canonical form Dump reads.
+func changedSet(op Op, s Set) (Set, bool) {
+	switch op.Kind {
+	case OpFlushSet:
+		s.Elements = nil
+		return s, true
+	case OpAddElements:
+		return canonicalSet(op.Family, s, op.Set.Elements)
+	}
+	gone := map[string]bool{}
+	for _, e := range op.Set.Elements {
+		gone[e] = true
+	}
+	if s.Interval {
+		// Diff never deletes single interval elements (it flushes and
+		// adds); a range's pieces cannot be told apart here.
+		return s, false
+	}
+	s.Elements = slices.DeleteFunc(slices.Clone(s.Elements), func(e string) bool { return gone[e] })
+	return s, true
+}
+
+// canonicalSet is s with more elements, canonical as Dump reads them
+// (sorted addresses, merged ranges, sorted names).
+func canonicalSet(f Family, s Set, more []string) (Set, bool) {
+	all := append(slices.Clone(s.Elements), more...)
+	switch {
+	case s.Type == SetIfname:
+		s.Elements = sortedUnique(all)
+	case s.Type != SetAddr:
+		return s, false
+	case s.Interval:
+		rs, err := parseIntervalElements(all)
+		if err != nil {
+			return s, false
+		}
+		s.Elements = rangesElements(rs)
+	default:
+		as := make([]netip.Addr, 0, len(all))
+		for _, e := range all {
+			a, err := netip.ParseAddr(e)
+			if err != nil || familyOf(a) != f {
+				return s, false
+			}
+			as = append(as, a.Unmap())
+		}
+		s.Elements = addrElements(as)
+	}
+	if len(s.Elements) == 0 {
+		s.Elements = nil
+	}
+	return s, true
+}

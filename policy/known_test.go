@@ -1,0 +1,411 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/ipam"
+)
+
+// handlesFrom numbers the rules ops add, from next on, as a kernel would.
+func handlesFrom(ops []Op, next uint64) map[int]uint64 {
+	h := map[int]uint64{}
+	for i, op := range ops {
+		if op.Kind == OpAddRule {
+			h[i] = next
+			next++
+		}
+	}
+	return h
+}
+
+// TestAfterOpsFollowsDiff: the tables NFT remembers after applying
+// Diff(cur, want) are want, in Dump's shape (every rule in Rules with
+// the handle it was given, kept rules with their old ones), so that the
+// next Diff against them is what a Diff against the kernel would be.
+func TestAfterOpsFollowsDiff(t *testing.T) {
+	withEP := func(st State, n int, network, ip string) State {
+		st.Endpoints = append(slices.Clone(st.Endpoints), ep(n, network, "h1", ip, true))
+		return st
+	}
+	base := baseState()
+	base.IPv6 = true
+	noV6 := baseState()
+	vxlan := baseState()
+	vxlan.Pools = append(slices.Clone(vxlan.Pools), ipam.Pool{CIDR: "10.77.0.0/16", VXLANMode: "Always"})
+	vxlan.Nodes = []datastore.Node{{Name: "h1", IPv4: "172.31.0.2", VXLANTunnelAddr: "192.168.0.65"}}
+	isolationOff := baseState()
+	isolationOff.Networks = slices.Clone(isolationOff.Networks)
+	isolationOff.Networks[0].Options = map[string]string{OptIsolation: "off"}
+	morePools := baseState()
+	morePools.Pools = append(slices.Clone(morePools.Pools), ipam.Pool{CIDR: "10.88.0.0/16", NATOutgoing: true})
+
+	tests := []struct {
+		name     string
+		from, to State
+		empty    bool // from nothing
+	}{
+		{name: "write from nothing", to: base, empty: true},
+		{name: "a join", from: base, to: withEP(base, 7, net1ID, "192.168.0.7")},
+		{name: "a leave", from: withEP(base, 7, net1ID, "192.168.0.7"), to: base},
+		{name: "a join on a new network", from: base, to: withEP(base, 8, net3ID, "192.168.0.8")},
+		{name: "the last endpoint of a network leaves", from: withEP(base, 8, net3ID, "192.168.0.8"), to: base},
+		{name: "a pool added (interval sets rewritten)", from: base, to: morePools},
+		{name: "isolation turned off (chain heads rewritten)", from: baseState(), to: isolationOff},
+		{name: "VXLAN chains and sets", from: baseState(), to: vxlan},
+		{name: "the ip6 table goes", from: base, to: noV6},
+		{name: "the ip6 table comes", from: noV6, to: base},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var cur Ruleset
+			if !tc.empty {
+				cur = programmed(t, desired(t, tc.from))
+			}
+			before := cur.Render()
+			want := desired(t, tc.to)
+			ops := Diff(cur, want)
+			if len(ops) == 0 {
+				t.Fatal("the step changes nothing")
+			}
+			got, ok := afterOps(cur, ops, handlesFrom(ops, 10000))
+			if !ok {
+				t.Fatalf("afterOps cannot follow the plan:\n%s", strings.Join(opStrings(ops), "\n"))
+			}
+			if cur.Render() != before {
+				t.Error("afterOps changed the tables it started from")
+			}
+			// Diff is exact: no plan means every set, chain and rule is as
+			// wanted (Render would differ: appended rules are in write
+			// order).
+			if again := Diff(got, want); len(again) != 0 {
+				t.Errorf("Diff against the remembered tables is not empty:\n%s", strings.Join(opStrings(again), "\n"))
+			}
+			for _, tb := range got.Tables {
+				for _, c := range tb.Chains {
+					if len(c.Unordered) > 0 {
+						t.Errorf("chain %s has unordered rules: Dump's shape has them all in Rules", c.Name)
+					}
+					for _, r := range c.Rules {
+						if r.Handle == 0 {
+							t.Errorf("rule without a handle in %s: %s", c.Name, r.Render(tb.Family))
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestAfterOpsKeepsHandles: a join keeps the handles of the rules already
+// there and gives the new ones theirs; a leave then deletes exactly those.
+func TestAfterOpsKeepsHandles(t *testing.T) {
+	before := baseState()
+	after := baseState()
+	joined := ep(7, net1ID, "h1", "192.168.0.7", true)
+	after.Endpoints = append(after.Endpoints, joined)
+
+	cur := programmed(t, desired(t, before))
+	fwd := func(rs Ruleset) Chain {
+		t.Helper()
+		c, ok := mustTable(t, rs, IPv4).Chain(chainForward)
+		if !ok {
+			t.Fatal("no forward chain")
+		}
+		return c
+	}
+	old := map[uint64]bool{}
+	for _, r := range fwd(cur).Rules {
+		old[r.Handle] = true
+	}
+	ops := Diff(cur, desired(t, after))
+	joinedRS, ok := afterOps(cur, ops, handlesFrom(ops, 5000))
+	if !ok {
+		t.Fatal("afterOps cannot follow the join")
+	}
+	var added []uint64
+	for _, r := range fwd(joinedRS).Rules {
+		if !old[r.Handle] {
+			added = append(added, r.Handle)
+			if !strings.Contains(r.Render(IPv4), joined.HostIfName) {
+				t.Errorf("new rule %d is not the joined endpoint's: %s", r.Handle, r.Render(IPv4))
+			}
+		}
+	}
+	if !slices.Equal(added, []uint64{5000, 5001}) {
+		t.Errorf("handles of the join's rules = %v, want [5000 5001]", added)
+	}
+	var deleted []uint64
+	for _, op := range Diff(joinedRS, desired(t, before)) {
+		if op.Kind == OpDelRule {
+			deleted = append(deleted, op.Rule.Handle)
+		}
+		if op.Kind == OpFlushChain {
+			t.Errorf("the leave rewrites chain %s", op.Chain)
+		}
+	}
+	if !slices.Equal(deleted, added) {
+		t.Errorf("the leave deletes rules %v, want %v", deleted, added)
+	}
+}
+
+// TestAfterOpsCannotTell: when the result is not known exactly, afterOps
+// says so and NFT reads the kernel instead.
+func TestAfterOpsCannotTell(t *testing.T) {
+	cur := programmed(t, desired(t, baseState()))
+	fwd, _ := mustTable(t, cur, IPv4).Chain(chainForward)
+	tests := []struct {
+		name    string
+		ops     []Op
+		handles map[int]uint64
+	}{
+		{"a new rule's handle was not echoed", []Op{{Kind: OpAddRule, Family: IPv4, Chain: chainForward, Rule: Rule{Verdict: Drop}}}, nil},
+		{"deleting a handle the chain does not have", []Op{{Kind: OpDelRule, Family: IPv4, Chain: chainForward, Rule: Rule{Handle: 999999}}}, nil},
+		{"deleting without a handle", []Op{{Kind: OpDelRule, Family: IPv4, Chain: chainForward, Rule: fwd.Rules[0]}}, nil},
+		{"a rule in a chain that is not there", []Op{{Kind: OpAddRule, Family: IPv4, Chain: "nope", Rule: Rule{Verdict: Drop}}}, map[int]uint64{0: 1}},
+		{"elements of a set that is not there", []Op{{Kind: OpAddElements, Family: IPv4, Set: Set{Name: "nope", Type: SetAddr, Elements: []string{"10.0.0.1"}}}}, nil},
+		{"an element that does not parse", []Op{{Kind: OpAddElements, Family: IPv4, Set: Set{Name: setHosts, Type: SetAddr, Elements: []string{"not an address"}}}}, nil},
+		{"a table that is not there", []Op{{Kind: OpAddSet, Family: IPv6, Set: Set{Name: "x", Type: SetAddr}}}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "deleting without a handle" {
+				tc.ops[0].Rule.Handle = 0
+			}
+			if _, ok := afterOps(cur, tc.ops, tc.handles); ok {
+				t.Errorf("afterOps claims to know the result of %q", opStrings(tc.ops))
+			}
+		})
+	}
+}
+
+// renderFmt is Rule.Render as it was written with fmt: the reference the
+// quicker rendering must equal.
+func renderFmt(r Rule, f Family) string {
+	dir := func(in bool, a, b string) string {
+		if in {
+			return a
+		}
+		return b
+	}
+	var parts []string
+	for _, m := range r.Matches {
+		neg := ""
+		if m.Negate {
+			neg = "!= "
+		}
+		var s string
+		switch m.Kind {
+		case MatchCtEstablished:
+			s = "ct state established,related"
+		case MatchCtDNAT:
+			s = "ct status dnat"
+		case MatchIfname:
+			v := m.Value
+			if m.Prefix {
+				v += "*"
+			}
+			s = fmt.Sprintf("%s %s%q", dir(m.In, "iifname", "oifname"), neg, v)
+		case MatchIfnameSet:
+			s = fmt.Sprintf("%s %s@%s", dir(m.In, "iifname", "oifname"), neg, m.Value)
+		case MatchAddrSet:
+			s = fmt.Sprintf("%s %s %s@%s", f, dir(m.In, "saddr", "daddr"), neg, m.Value)
+		case MatchMark:
+			op := "!="
+			if m.Negate {
+				op = "=="
+			}
+			s = fmt.Sprintf("meta mark & 0x%08x %s 0", m.Mark, op)
+		case MatchL4Proto:
+			s = fmt.Sprintf("meta l4proto %s%d", neg, m.Proto)
+		case MatchPort:
+			v := fmt.Sprint(m.Min)
+			if m.Max != m.Min {
+				v = fmt.Sprintf("%d-%d", m.Min, m.Max)
+			}
+			s = fmt.Sprintf("th %s %s%s", dir(m.In, "sport", "dport"), neg, v)
+		case MatchICMPType, MatchICMPCode:
+			proto, field := "icmp", "type"
+			if f == IPv6 {
+				proto = "icmpv6"
+			}
+			if m.Kind == MatchICMPCode {
+				field = "code"
+			}
+			s = fmt.Sprintf("%s %s %d", proto, field, m.Proto)
+		}
+		parts = append(parts, s)
+	}
+	parts = append(parts, "counter")
+	if r.SetMark != 0 || r.ClearMark != 0 {
+		parts = append(parts, fmt.Sprintf("meta mark set mark & 0x%08x | 0x%08x", ^(r.SetMark|r.ClearMark), r.SetMark))
+	}
+	if r.LogPrefix != "" {
+		parts = append(parts, fmt.Sprintf("log prefix %q", r.LogPrefix))
+	}
+	switch r.Verdict {
+	case Accept:
+		parts = append(parts, "accept")
+	case Drop:
+		parts = append(parts, "drop")
+	case Return:
+		parts = append(parts, "return")
+	case Jump:
+		parts = append(parts, "jump "+r.Target)
+	case Masquerade:
+		parts = append(parts, "masquerade")
+	case Goto:
+		parts = append(parts, "goto "+r.Target)
+	}
+	if c := clipComment(r.Comment); c != "" {
+		parts = append(parts, fmt.Sprintf("comment %q", c))
+	}
+	return strings.Join(parts, " ")
+}
+
+// TestRenderMatchesFmt: Render, written without fmt for speed, says what
+// the fmt version said for every kind of match and statement, and quotes
+// what needs quoting.
+func TestRenderMatchesFmt(t *testing.T) {
+	rules := []Rule{
+		{Matches: []Match{{Kind: MatchCtEstablished}}, Verdict: Accept, Comment: "replies"},
+		{Matches: []Match{{Kind: MatchCtDNAT}}, Verdict: Return},
+		{Matches: []Match{{Kind: MatchIfname, In: true, Value: "cali", Prefix: true}, {Kind: MatchIfnameSet, In: true, Value: setWorkloads, Negate: true}}, Verdict: Drop},
+		{Matches: []Match{{Kind: MatchIfname, Value: "cali0123456789a", Negate: true}}, Verdict: Jump, Target: "in-abc"},
+		{Matches: []Match{{Kind: MatchAddrSet, In: true, Value: "pools"}, {Kind: MatchAddrSet, Value: "nat-pools", Negate: true}}, Verdict: Masquerade},
+		{Matches: []Match{{Kind: MatchMark, Mark: markAccept}, {Kind: MatchMark, Mark: markBits, Negate: true}}, ClearMark: markBits, Verdict: Return},
+		{Matches: []Match{{Kind: MatchL4Proto, Proto: 6}, {Kind: MatchPort, Min: 80, Max: 80}, {Kind: MatchPort, In: true, Min: 1000, Max: 2000, Negate: true}}, SetMark: markAccept, Verdict: Return},
+		{Matches: []Match{{Kind: MatchL4Proto, Proto: 17, Negate: true}}, Verdict: Goto, Target: "out-x"},
+		{Matches: []Match{{Kind: MatchL4Proto, Proto: 1}, {Kind: MatchICMPType, Proto: 8}, {Kind: MatchICMPCode, Proto: 0}}, Verdict: Drop},
+		{LogPrefix: "calico-cnm p1 ", Verdict: Continue, Comment: `a "quoted" \ comment`},
+		{Verdict: Drop, Comment: "ünïcode and a tab\t" + strings.Repeat("x", 200)},
+		{Matches: []Match{{Kind: MatchIfname, Value: "we\"ird\x01"}}, Verdict: Accept},
+	}
+	for _, f := range []Family{IPv4, IPv6} {
+		for i, r := range rules {
+			if got, want := r.Render(f), renderFmt(r, f); got != want {
+				t.Errorf("%s rule %d:\n got %s\nwant %s", f, i, got, want)
+			}
+		}
+	}
+}
+
+// TestDiffChainMultiset: the unordered rules are compared as a multiset,
+// duplicates included, whether their texts are remembered (withText) or
+// rendered; extra copies are deleted by handle, missing ones appended.
+func TestDiffChainMultiset(t *testing.T) {
+	head := Rule{Matches: []Match{{Kind: MatchCtEstablished}}, Verdict: Accept}
+	a := Rule{Matches: []Match{{Kind: MatchIfname, Value: "calia"}}, Verdict: Drop}
+	b := Rule{Matches: []Match{{Kind: MatchIfname, Value: "calib"}}, Verdict: Drop}
+	h := func(r Rule, handle uint64, remembered bool) Rule {
+		r.Handle = handle
+		if remembered {
+			r = r.withText(IPv4)
+		}
+		return r
+	}
+	tests := []struct {
+		name        string
+		cur         []Rule
+		want        []Rule
+		wantDeleted []uint64
+		wantAdded   int
+		rewrite     bool
+	}{
+		{name: "equal", cur: []Rule{h(head, 1, true), h(a, 2, true), h(b, 3, false)}, want: []Rule{b, a}},
+		{name: "a duplicate too many", cur: []Rule{h(head, 1, false), h(a, 2, true), h(a, 3, true), h(a, 4, false)}, want: []Rule{a, a}, wantDeleted: []uint64{2}},
+		{name: "every copy extra", cur: []Rule{h(head, 1, false), h(a, 2, true), h(a, 3, false)}, want: []Rule{b}, wantDeleted: []uint64{2, 3}, wantAdded: 1},
+		{name: "a copy missing", cur: []Rule{h(head, 1, false), h(a, 5, true)}, want: []Rule{a, a, b}, wantAdded: 2},
+		{name: "an extra rule without a handle", cur: []Rule{h(head, 1, false), h(a, 0, false)}, want: nil, rewrite: true},
+		{name: "the ordered head differs", cur: []Rule{h(a, 1, true)}, want: []Rule{a}, rewrite: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ops := diffChain(IPv4, Chain{Name: "c", Rules: tc.cur}, Chain{Name: "c", Rules: []Rule{head}, Unordered: tc.want})
+			var deleted []uint64
+			added, flushed := 0, false
+			for _, op := range ops {
+				switch op.Kind {
+				case OpDelRule:
+					deleted = append(deleted, op.Rule.Handle)
+				case OpAddRule:
+					added++
+				case OpFlushChain:
+					flushed = true
+				}
+			}
+			if flushed != tc.rewrite {
+				t.Fatalf("rewrite = %v, want %v: %q", flushed, tc.rewrite, opStrings(ops))
+			}
+			if tc.rewrite {
+				return
+			}
+			if !slices.Equal(deleted, tc.wantDeleted) || added != tc.wantAdded {
+				t.Errorf("deleted %v, added %d; want %v, %d: %q", deleted, added, tc.wantDeleted, tc.wantAdded, opStrings(ops))
+			}
+		})
+	}
+}
+
+// TestMemoJumpsEqualsEndpointJumps: the memoised jumps of an endpoint no
+// policy selects are the ones endpointJumps builds, for every option that
+// changes them, and are never reused for another endpoint or network.
+func TestMemoJumpsEqualsEndpointJumps(t *testing.T) {
+	e0, e1 := ep(0, net1ID, "h1", "192.168.0.1", true), ep(1, net1ID, "h1", "192.168.0.2", true)
+	isolated, open := NetworkPolicy{Isolated: true, Ingress: IngressCluster}, NetworkPolicy{Ingress: IngressAny}
+	n1, n2 := datastore.Network{ID: net1ID, Name: "net1"}, datastore.Network{ID: net2ID, Name: "net2"}
+	locals := []localEndpoint{
+		{ep: e0, network: n1, policy: isolated, key: "name:net1"},
+		{ep: e0, network: n1, policy: open, key: "name:net1"},
+		{ep: e0, network: n2, policy: isolated, key: "name:net2"},
+		{ep: e1, network: n1, policy: isolated, key: "name:net1"},
+	}
+	for round := 0; round < 2; round++ { // the second round comes from the memo
+		for _, f := range []Family{IPv4, IPv6} {
+			for i, l := range locals {
+				pt := newPolicyTable(f, policyPlan{})
+				got, want := memoJumps(f, pt, l, l.network.Name), endpointJumps(pt, l, l.network.Name)
+				var g, w []string
+				for _, r := range got {
+					g = append(g, r.text(f))
+				}
+				for _, r := range want {
+					w = append(w, r.Render(f))
+				}
+				if !slices.Equal(g, w) {
+					t.Errorf("round %d, %s, endpoint %d: memoised %q, want %q", round, f, i, g, w)
+				}
+			}
+		}
+	}
+}
+
+// TestSetChanges: what leaves and comes between two canonical element
+// lists, with the common head and tail skipped.
+func TestSetChanges(t *testing.T) {
+	tests := []struct {
+		name              string
+		cur, want         []string
+		wantGone, wantAdd []string
+	}{
+		{"equal", []string{"a", "b", "c"}, []string{"a", "b", "c"}, nil, nil},
+		{"one added inside", []string{"a", "b", "d"}, []string{"a", "b", "c", "d"}, nil, []string{"c"}},
+		{"one gone inside", []string{"a", "b", "c", "d"}, []string{"a", "c", "d"}, []string{"b"}, nil},
+		{"added at the ends", []string{"b"}, []string{"a", "b", "c"}, nil, []string{"a", "c"}},
+		{"replaced", []string{"a", "b", "c"}, []string{"a", "x", "c"}, []string{"b"}, []string{"x"}},
+		{"from empty", nil, []string{"a", "b"}, nil, []string{"a", "b"}},
+		{"to empty", []string{"a", "b"}, nil, []string{"a", "b"}, nil},
+		{"shifted", []string{"a", "b", "c", "d"}, []string{"b", "c", "d", "e"}, []string{"a"}, []string{"e"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			gone, added := setChanges(tc.cur, tc.want)
+			if !slices.Equal(gone, tc.wantGone) || !slices.Equal(added, tc.wantAdd) {
+				t.Errorf("gone %q added %q; want %q %q", gone, added, tc.wantGone, tc.wantAdd)
+			}
+		})
+	}
+}
