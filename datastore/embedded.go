@@ -72,6 +72,31 @@ func checkLocalListen(flag string, u *url.URL) error {
 	return fmt.Errorf("%s %s: %w", flag, u, ErrExposedListener)
 }
 
+// embeddedListenURLs parses the member's client and peer URLs and refuses
+// any that other hosts could reach.
+func embeddedListenURLs(cfg Config) (client, peer *url.URL, err error) {
+	client, err = url.Parse(cfg.EmbeddedClientURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("embedded etcd client URL %q: %w", cfg.EmbeddedClientURL, err)
+	}
+	peer, err = url.Parse(cfg.EmbeddedPeerURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("embedded etcd peer URL %q: %w", cfg.EmbeddedPeerURL, err)
+	}
+	if err := checkLocalListen("--etcd-listen-client", client); err != nil {
+		return nil, nil, err
+	}
+	if err := checkLocalListen("--etcd-listen-peer", peer); err != nil {
+		return nil, nil, err
+	}
+	if peer.Scheme == "unix" && peer.Host == "" {
+		// etcd opens its peer listener at the URL's host alone (the client
+		// listener takes host and path): put the socket's path there.
+		peer.Host, peer.Path = peer.Path, ""
+	}
+	return client, peer, nil
+}
+
 // embeddedMember is a single-member etcd cluster running inside the daemon:
 // one host needs no external datastore, yet everything above uses the same
 // client code as with a real cluster.
@@ -87,24 +112,9 @@ func startEmbedded(ctx context.Context, cfg Config, log logrus.FieldLogger) (*em
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating embedded etcd data dir: %w", err)
 	}
-	clientURL, err := url.Parse(cfg.EmbeddedClientURL)
+	clientURL, peerURL, err := embeddedListenURLs(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("embedded etcd client URL %q: %w", cfg.EmbeddedClientURL, err)
-	}
-	peerURL, err := url.Parse(cfg.EmbeddedPeerURL)
-	if err != nil {
-		return nil, fmt.Errorf("embedded etcd peer URL %q: %w", cfg.EmbeddedPeerURL, err)
-	}
-	if err := checkLocalListen("--etcd-listen-client", clientURL); err != nil {
 		return nil, err
-	}
-	if err := checkLocalListen("--etcd-listen-peer", peerURL); err != nil {
-		return nil, err
-	}
-	if peerURL.Scheme == "unix" && peerURL.Host == "" {
-		// etcd opens its peer listener at the URL's host alone (the client
-		// listener takes host and path): put the socket's path there.
-		peerURL.Host, peerURL.Path = peerURL.Path, ""
 	}
 	ec := embed.NewConfig()
 	ec.Name = cfg.EmbeddedName

@@ -23,10 +23,9 @@ func afterOps(cur Ruleset, ops []Op, handles map[int]uint64) (Ruleset, bool) {
 		tables[t.Family] = &t
 		order = append(order, t.Family)
 	}
-	// copied: the chains and sets already copied (their slices are this
-	// function's own to change).
+	// copiedChain: the chains already copied (their rule slices are this
+	// function's own to change). Sets are replaced whole, never changed.
 	copiedChain := map[Family]map[string]bool{}
-	copiedSet := map[Family]map[string]bool{}
 	for i, op := range ops {
 		t := tables[op.Family]
 		if t == nil && op.Kind != OpAddTable {
@@ -42,49 +41,12 @@ func afterOps(cur Ruleset, ops []Op, handles map[int]uint64) (Ruleset, bool) {
 			delete(tables, op.Family)
 			order = slices.DeleteFunc(order, func(f Family) bool { return f == op.Family })
 			delete(copiedChain, op.Family)
-			delete(copiedSet, op.Family)
-		case OpAddSet:
-			if _, ok := t.Set(op.Set.Name); ok {
+		case OpAddSet, OpDelSet, OpFlushSet, OpAddElements, OpDelElements:
+			if !applySetOp(t, op) {
 				return Ruleset{}, false
 			}
-			s, ok := canonicalSet(op.Family, op.Set, nil)
-			if !ok {
-				return Ruleset{}, false
-			}
-			s.Comment = "" // Dump does not read it back
-			t.Sets = append(t.Sets, s)
-		case OpDelSet:
-			t.Sets = slices.DeleteFunc(t.Sets, func(s Set) bool { return s.Name == op.Set.Name })
-		case OpFlushSet, OpAddElements, OpDelElements:
-			j := slices.IndexFunc(t.Sets, func(s Set) bool { return s.Name == op.Set.Name })
-			if j < 0 {
-				return Ruleset{}, false
-			}
-			s, ok := changedSet(op, t.Sets[j])
-			if !ok {
-				return Ruleset{}, false
-			}
-			t.Sets[j] = s
-			mark(copiedSet, op.Family, s.Name)
-		case OpAddChain:
-			if _, ok := t.Chain(op.ChainDef.Name); !ok {
-				t.Chains = append(t.Chains, Chain{Name: op.ChainDef.Name, Base: op.ChainDef.Base})
-				mark(copiedChain, op.Family, op.ChainDef.Name)
-			}
-		case OpDelChain:
-			t.Chains = slices.DeleteFunc(t.Chains, func(c Chain) bool { return c.Name == op.Chain })
-			delete(copiedChain[op.Family], op.Chain)
-		case OpFlushChain, OpAddRule, OpDelRule:
-			j := slices.IndexFunc(t.Chains, func(c Chain) bool { return c.Name == op.Chain })
-			if j < 0 {
-				return Ruleset{}, false
-			}
-			c := &t.Chains[j]
-			if !copiedChain[op.Family][op.Chain] {
-				c.Rules, c.Unordered = slices.Clone(c.Rules), nil
-				mark(copiedChain, op.Family, op.Chain)
-			}
-			if !changeRules(c, op, handles[i]) {
+		case OpAddChain, OpDelChain, OpFlushChain, OpAddRule, OpDelRule:
+			if !applyChainOp(t, op, copiedChain, handles[i]) {
 				return Ruleset{}, false
 			}
 		default:
@@ -181,4 +143,61 @@ func canonicalSet(f Family, s Set, more []string) (Set, bool) {
 		s.Elements = nil
 	}
 	return s, true
+}
+
+// applySetOp is afterOps for an operation on a set of t.
+func applySetOp(t *Table, op Op) bool {
+	switch op.Kind {
+	case OpAddSet:
+		if _, ok := t.Set(op.Set.Name); ok {
+			return false
+		}
+		s, ok := canonicalSet(op.Family, op.Set, nil)
+		if !ok {
+			return false
+		}
+		s.Comment = "" // Dump does not read it back
+		t.Sets = append(t.Sets, s)
+	case OpDelSet:
+		t.Sets = slices.DeleteFunc(t.Sets, func(s Set) bool { return s.Name == op.Set.Name })
+	default: // OpFlushSet, OpAddElements, OpDelElements
+		j := slices.IndexFunc(t.Sets, func(s Set) bool { return s.Name == op.Set.Name })
+		if j < 0 {
+			return false
+		}
+		s, ok := changedSet(op, t.Sets[j])
+		if !ok {
+			return false
+		}
+		t.Sets[j] = s
+	}
+	return true
+}
+
+// applyChainOp is afterOps for an operation on a chain of t; copied are
+// the chains whose rule slices afterOps owns already, handle the kernel's
+// handle of an added rule.
+func applyChainOp(t *Table, op Op, copied map[Family]map[string]bool, handle uint64) bool {
+	switch op.Kind {
+	case OpAddChain:
+		if _, ok := t.Chain(op.ChainDef.Name); !ok {
+			t.Chains = append(t.Chains, Chain{Name: op.ChainDef.Name, Base: op.ChainDef.Base})
+			mark(copied, op.Family, op.ChainDef.Name)
+		}
+	case OpDelChain:
+		t.Chains = slices.DeleteFunc(t.Chains, func(c Chain) bool { return c.Name == op.Chain })
+		delete(copied[op.Family], op.Chain)
+	default: // OpFlushChain, OpAddRule, OpDelRule
+		j := slices.IndexFunc(t.Chains, func(c Chain) bool { return c.Name == op.Chain })
+		if j < 0 {
+			return false
+		}
+		c := &t.Chains[j]
+		if !copied[op.Family][op.Chain] {
+			c.Rules, c.Unordered = slices.Clone(c.Rules), nil
+			mark(copied, op.Family, op.Chain)
+		}
+		return changeRules(c, op, handle)
+	}
+	return true
 }
