@@ -29,6 +29,8 @@ type BlockSource interface {
 type Store interface {
 	Get(ctx context.Context, key string) (datastore.KV, error)
 	List(ctx context.Context, prefix string) ([]datastore.KV, error)
+	// ListWithRevision is List with the revision it read at.
+	ListWithRevision(ctx context.Context, prefix string) ([]datastore.KV, int64, error)
 	Txn(ctx context.Context, ops ...datastore.Op) error
 	Retry(ctx context.Context, fn func(ctx context.Context) error) error
 	Watch(ctx context.Context, prefix string, fromRev int64) <-chan datastore.Event
@@ -161,11 +163,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log = a.log.WithField("address", addr.String())
 	addr6 := a.ipv6NextHop(addr)
 
-	// Watches start before the first reads so that no change between the
-	// read and the watch is missed.
+	// The watches follow every change after rev, and the first reads come
+	// after rev was taken, so no change between a read and its watch is
+	// missed (see follow.go): a node that registers while this one starts
+	// is either in the first read of the nodes or signalled.
+	rev, err := storeRevision(ctx, a.d.Store, a.log)
+	if err != nil {
+		return nil // only when ctx ended
+	}
 	dirty := make(chan string, 8)
 	for _, prefix := range []string{datastore.NodesPrefix, datastore.BGPPrefix, ipam.PoolsPrefix, datastore.EndpointsPrefix + a.d.NodeName + "/"} {
-		go a.follow(ctx, prefix, dirty)
+		go a.follow(ctx, prefix, rev, dirty)
 	}
 
 	if err := a.startSpeaker(ctx, addr, addr6); err != nil {
@@ -361,10 +369,10 @@ func (a *Agent) spacePasses(ctx context.Context, lastPass time.Time) {
 	}
 }
 
-// follow signals dirty with prefix for every change under it, re-watching
-// after a break (and signalling then, since changes may have been missed).
-func (a *Agent) follow(ctx context.Context, prefix string, dirty chan<- string) {
-	followPrefix(ctx, a.d.Store, prefix, dirty)
+// follow signals dirty with prefix for every change under it after
+// revision rev (see followPrefix).
+func (a *Agent) follow(ctx context.Context, prefix string, rev int64, dirty chan<- string) {
+	followPrefix(ctx, a.d.Store, prefix, rev, dirty)
 }
 
 // ipv6NextHop is the configured or detected IPv6 next hop; invalid when
