@@ -84,6 +84,12 @@ type Agent struct {
 	// What the speaker has been told (sessions includes retiring ones).
 	sessions   map[netip.Addr]PeerSpec
 	advertised map[netip.Prefix]bool
+	// blockEvents are this node's block changes (set by
+	// reconcileOnChanges; nil before and once closed). exportsDirty: block
+	// events were applied outside a pass (see readSpeaker), the next pass
+	// syncs the exports again.
+	blockEvents  <-chan ipam.BlockEvent
+	exportsDirty bool
 	// handover: topology changes in flight (see handover.go).
 	handover handover
 	// grReadded: sessions re-created once to restore the restart flag.
@@ -274,7 +280,7 @@ func (p *pendingPass) markDirty(prefix string) {
 // datastore changes and speaker changes, and every ResyncInterval, until
 // ctx ends.
 func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) {
-	blockEvents := a.d.Blocks.WatchHostBlocks(ctx, a.d.NodeName)
+	a.blockEvents = a.d.Blocks.WatchHostBlocks(ctx, a.d.NodeName)
 	ticker := time.NewTicker(a.d.ResyncInterval)
 	defer ticker.Stop()
 	lastPass := time.Now()
@@ -282,7 +288,7 @@ func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) {
 		var pass pendingPass
 		onBlock := func(ev ipam.BlockEvent, ok bool) {
 			if !ok {
-				blockEvents = nil
+				a.blockEvents = nil
 				return
 			}
 			a.applyBlockEvent(ev)
@@ -291,7 +297,7 @@ func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) {
 		select {
 		case <-ctx.Done():
 			return
-		case ev, ok := <-blockEvents:
+		case ev, ok := <-a.blockEvents:
 			onBlock(ev, ok)
 		case prefix := <-dirty:
 			pass.markDirty(prefix)
@@ -303,7 +309,7 @@ func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) {
 		// Drain what else is queued so a burst costs one reconcile.
 		for drained := false; !drained; {
 			select {
-			case ev, ok := <-blockEvents:
+			case ev, ok := <-a.blockEvents:
 				onBlock(ev, ok)
 			case prefix := <-dirty:
 				pass.markDirty(prefix)
@@ -335,7 +341,8 @@ func (a *Agent) runPass(ctx context.Context, pass pendingPass) {
 		}
 		pass.exports = true
 	}
-	if pass.exports || pass.reloadNodes {
+	if pass.exports || pass.reloadNodes || a.exportsDirty {
+		a.exportsDirty = false
 		a.syncExports(ctx)
 	}
 	if pass.reloadNodes {
@@ -763,8 +770,11 @@ func (a *Agent) syncRoutes(ctx context.Context) {
 	// the other way round, a session that synced in between counted as
 	// synced while its routes were missing from the paths, and the pass
 	// withdrew them from the kernel (to install them again the next pass).
-	states, statesErr := a.d.Speaker.Peers(ctx)
-	paths, err := a.d.Speaker.Paths(ctx)
+	read := a.readSpeaker(ctx)
+	states, statesErr, paths, err := read.states, read.statesErr, read.paths, read.pathsErr
+	if ctx.Err() != nil {
+		return // stopping
+	}
 	if err != nil {
 		a.log.WithError(err).Warn("reading the RIB")
 		return
@@ -817,6 +827,48 @@ func (a *Agent) syncRoutes(ctx context.Context) {
 		}
 	}
 	a.updateStatus(sel, states)
+}
+
+// speakerRead is what readSpeaker got.
+type speakerRead struct {
+	states    []PeerState
+	statesErr error
+	paths     []LearnedPath
+	pathsErr  error
+}
+
+// readSpeaker reads the sessions, then the RIB (in that order, see
+// syncRoutes). Both reads wait their turn on gobgp's server loop behind
+// every update queued there: on a route reflector while 64 nodes claim
+// blocks at once, 1-3 s. A block claimed on this node meanwhile waited for
+// the pass to end before it was advertised, and in the scale bench the
+// reflector's own block was the last route of the run, 2-4 s after its
+// claim. So the reads run aside, and while they wait this node's block
+// events are applied and exported at once.
+func (a *Agent) readSpeaker(ctx context.Context) speakerRead {
+	done := make(chan speakerRead, 1)
+	go func() {
+		var r speakerRead
+		r.states, r.statesErr = a.d.Speaker.Peers(ctx)
+		r.paths, r.pathsErr = a.d.Speaker.Paths(ctx)
+		done <- r
+	}()
+	for {
+		select {
+		case r := <-done:
+			return r
+		case <-ctx.Done():
+			return speakerRead{statesErr: ctx.Err(), pathsErr: ctx.Err()}
+		case ev, ok := <-a.blockEvents:
+			if !ok {
+				a.blockEvents = nil
+				continue
+			}
+			a.applyBlockEvent(ev)
+			a.syncExports(ctx)
+			a.exportsDirty = true // a failed advertisement is retried next pass
+		}
+	}
 }
 
 // allPeersSynced: every session is up and has sent its End-of-RIB.

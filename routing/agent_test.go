@@ -36,6 +36,11 @@ type fakeSpeaker struct {
 	// afterPathsRead, when set, runs once right after a Paths read: what
 	// the speaker receives just after the agent read its RIB.
 	afterPathsRead func()
+	// pathsGate, when set, holds every Paths read until it is closed
+	// (gobgp's server loop busy with a burst of updates); inPaths hears
+	// that a read is held.
+	pathsGate chan struct{}
+	inPaths   chan struct{}
 }
 
 func newFakeSpeaker() *fakeSpeaker {
@@ -76,6 +81,16 @@ func (f *fakeSpeaker) Withdraw(_ context.Context, p netip.Prefix) error {
 	return nil
 }
 func (f *fakeSpeaker) Paths(context.Context) ([]LearnedPath, error) {
+	f.mu.Lock()
+	gate, in := f.pathsGate, f.inPaths
+	f.mu.Unlock()
+	if gate != nil {
+		select {
+		case in <- struct{}{}:
+		default:
+		}
+		<-gate
+	}
 	f.mu.Lock()
 	f.passes++
 	out := slices.Clone(f.paths)
@@ -535,4 +550,71 @@ func TestAgentSeesNodesRegisteredBeforeItsWatchWasLive(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestAgentAdvertisesWhileReadingTheRIB: a block claimed on this node is
+// advertised while the pass in flight still waits for the speaker's RIB
+// (on a busy reflector that read waited 1-3 s, and the reflector's own
+// block was the last route of the 64-node bench), not after it.
+func TestAgentAdvertisesWhileReadingTheRIB(t *testing.T) {
+	store, eng, ctx, cancel, log := newAgentFixture(t)
+	defer cancel()
+	if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: "192.168.0.0/16"}); err != nil {
+		t.Fatal(err)
+	}
+	b := addr("10.0.0.2")
+	if err := store.Txn(ctx, datastore.Put(datastore.NodeKey("b"), datastore.MustJSON(datastore.Node{Name: "b", IPv4: b.String()}))); err != nil {
+		t.Fatal(err)
+	}
+	sp := newFakeSpeaker()
+	runAgent(t, ctx, cancel, Deps{
+		Store: store, Blocks: eng, Speaker: sp, Routes: &syncTable{ft: fakeTable{learned: map[netip.Prefix][]netip.Addr{}}}, NodeName: "a", Log: log,
+		Config: Config{Enabled: true, NodeIP: "10.0.0.1", SyncTimeout: time.Hour}, ResyncInterval: time.Hour,
+	})
+	eventually(t, "the session to b", func() error {
+		if got, _ := sp.snapshot(); len(got) != 1 {
+			return fmt.Errorf("peers %v", got)
+		}
+		return nil
+	})
+	// The next pass's RIB read is held.
+	gate, in := make(chan struct{}), make(chan struct{}, 1)
+	sp.mu.Lock()
+	sp.pathsGate, sp.inPaths = gate, in
+	sp.mu.Unlock()
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(gate)
+		}
+	}
+	defer release()
+	sp.set(nil, []PeerState{{Address: b, State: "Established", EORReceived: true}})
+	select {
+	case <-in:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no pass read the RIB")
+	}
+	_, pool, _ := net.ParseCIDR("192.168.0.0/16")
+	ip, err := eng.AutoAssign(ctx, ipam.AutoAssignArgs{Host: "a", HandleID: "h1", Within: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := netip.MustParsePrefix((&net.IPNet{IP: ip.IP.Mask(net.CIDRMask(26, 32)), Mask: net.CIDRMask(26, 32)}).String())
+	eventually(t, "the new block advertised while the RIB read is held", func() error {
+		if _, adv := sp.snapshot(); !slices.Contains(adv, block) {
+			return fmt.Errorf("advertised %v", adv)
+		}
+		return nil
+	})
+	release()
+	sp.mu.Lock()
+	sp.pathsGate = nil
+	sp.mu.Unlock()
+	// And the passes after it leave it advertised.
+	sp.afterPass(t, sp.poke)
+	if _, adv := sp.snapshot(); !slices.Contains(adv, block) {
+		t.Errorf("advertised %v after the pass, want %s", adv, block)
+	}
 }
