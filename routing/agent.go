@@ -29,6 +29,8 @@ type BlockSource interface {
 type Store interface {
 	Get(ctx context.Context, key string) (datastore.KV, error)
 	List(ctx context.Context, prefix string) ([]datastore.KV, error)
+	// ListWithRevision is List with the revision it read at.
+	ListWithRevision(ctx context.Context, prefix string) ([]datastore.KV, int64, error)
 	Txn(ctx context.Context, ops ...datastore.Op) error
 	Retry(ctx context.Context, fn func(ctx context.Context) error) error
 	Watch(ctx context.Context, prefix string, fromRev int64) <-chan datastore.Event
@@ -82,6 +84,12 @@ type Agent struct {
 	// What the speaker has been told (sessions includes retiring ones).
 	sessions   map[netip.Addr]PeerSpec
 	advertised map[netip.Prefix]bool
+	// blockEvents are this node's block changes (set by
+	// reconcileOnChanges; nil before and once closed). exportsDirty: block
+	// events were applied outside a pass (see readSpeaker), the next pass
+	// syncs the exports again.
+	blockEvents  <-chan ipam.BlockEvent
+	exportsDirty bool
 	// handover: topology changes in flight (see handover.go).
 	handover handover
 	// grReadded: sessions re-created once to restore the restart flag.
@@ -161,11 +169,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log = a.log.WithField("address", addr.String())
 	addr6 := a.ipv6NextHop(addr)
 
-	// Watches start before the first reads so that no change between the
-	// read and the watch is missed.
+	// The watches follow every change after rev, and the first reads come
+	// after rev was taken, so no change between a read and its watch is
+	// missed (see follow.go): a node that registers while this one starts
+	// is either in the first read of the nodes or signalled.
+	rev, err := storeRevision(ctx, a.d.Store, a.log)
+	if err != nil {
+		return nil // only when ctx ended
+	}
 	dirty := make(chan string, 8)
 	for _, prefix := range []string{datastore.NodesPrefix, datastore.BGPPrefix, ipam.PoolsPrefix, datastore.EndpointsPrefix + a.d.NodeName + "/"} {
-		go a.follow(ctx, prefix, dirty)
+		go a.follow(ctx, prefix, rev, dirty)
 	}
 
 	if err := a.startSpeaker(ctx, addr, addr6); err != nil {
@@ -266,7 +280,7 @@ func (p *pendingPass) markDirty(prefix string) {
 // datastore changes and speaker changes, and every ResyncInterval, until
 // ctx ends.
 func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) {
-	blockEvents := a.d.Blocks.WatchHostBlocks(ctx, a.d.NodeName)
+	a.blockEvents = a.d.Blocks.WatchHostBlocks(ctx, a.d.NodeName)
 	ticker := time.NewTicker(a.d.ResyncInterval)
 	defer ticker.Stop()
 	lastPass := time.Now()
@@ -274,7 +288,7 @@ func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) {
 		var pass pendingPass
 		onBlock := func(ev ipam.BlockEvent, ok bool) {
 			if !ok {
-				blockEvents = nil
+				a.blockEvents = nil
 				return
 			}
 			a.applyBlockEvent(ev)
@@ -283,7 +297,7 @@ func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) {
 		select {
 		case <-ctx.Done():
 			return
-		case ev, ok := <-blockEvents:
+		case ev, ok := <-a.blockEvents:
 			onBlock(ev, ok)
 		case prefix := <-dirty:
 			pass.markDirty(prefix)
@@ -295,7 +309,7 @@ func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) {
 		// Drain what else is queued so a burst costs one reconcile.
 		for drained := false; !drained; {
 			select {
-			case ev, ok := <-blockEvents:
+			case ev, ok := <-a.blockEvents:
 				onBlock(ev, ok)
 			case prefix := <-dirty:
 				pass.markDirty(prefix)
@@ -327,7 +341,8 @@ func (a *Agent) runPass(ctx context.Context, pass pendingPass) {
 		}
 		pass.exports = true
 	}
-	if pass.exports || pass.reloadNodes {
+	if pass.exports || pass.reloadNodes || a.exportsDirty {
+		a.exportsDirty = false
 		a.syncExports(ctx)
 	}
 	if pass.reloadNodes {
@@ -361,10 +376,10 @@ func (a *Agent) spacePasses(ctx context.Context, lastPass time.Time) {
 	}
 }
 
-// follow signals dirty with prefix for every change under it, re-watching
-// after a break (and signalling then, since changes may have been missed).
-func (a *Agent) follow(ctx context.Context, prefix string, dirty chan<- string) {
-	followPrefix(ctx, a.d.Store, prefix, dirty)
+// follow signals dirty with prefix for every change under it after
+// revision rev (see followPrefix).
+func (a *Agent) follow(ctx context.Context, prefix string, rev int64, dirty chan<- string) {
+	followPrefix(ctx, a.d.Store, prefix, rev, dirty)
 }
 
 // ipv6NextHop is the configured or detected IPv6 next hop; invalid when
@@ -755,8 +770,11 @@ func (a *Agent) syncRoutes(ctx context.Context) {
 	// the other way round, a session that synced in between counted as
 	// synced while its routes were missing from the paths, and the pass
 	// withdrew them from the kernel (to install them again the next pass).
-	states, statesErr := a.d.Speaker.Peers(ctx)
-	paths, err := a.d.Speaker.Paths(ctx)
+	read := a.readSpeaker(ctx)
+	states, statesErr, paths, err := read.states, read.statesErr, read.paths, read.pathsErr
+	if ctx.Err() != nil {
+		return // stopping
+	}
 	if err != nil {
 		a.log.WithError(err).Warn("reading the RIB")
 		return
@@ -809,6 +827,48 @@ func (a *Agent) syncRoutes(ctx context.Context) {
 		}
 	}
 	a.updateStatus(sel, states)
+}
+
+// speakerRead is what readSpeaker got.
+type speakerRead struct {
+	states    []PeerState
+	statesErr error
+	paths     []LearnedPath
+	pathsErr  error
+}
+
+// readSpeaker reads the sessions, then the RIB (in that order, see
+// syncRoutes). Both reads wait their turn on gobgp's server loop behind
+// every update queued there: on a route reflector while 64 nodes claim
+// blocks at once, 1-3 s. A block claimed on this node meanwhile waited for
+// the pass to end before it was advertised, and in the scale bench the
+// reflector's own block was the last route of the run, 2-4 s after its
+// claim. So the reads run aside, and while they wait this node's block
+// events are applied and exported at once.
+func (a *Agent) readSpeaker(ctx context.Context) speakerRead {
+	done := make(chan speakerRead, 1)
+	go func() {
+		var r speakerRead
+		r.states, r.statesErr = a.d.Speaker.Peers(ctx)
+		r.paths, r.pathsErr = a.d.Speaker.Paths(ctx)
+		done <- r
+	}()
+	for {
+		select {
+		case r := <-done:
+			return r
+		case <-ctx.Done():
+			return speakerRead{statesErr: ctx.Err(), pathsErr: ctx.Err()}
+		case ev, ok := <-a.blockEvents:
+			if !ok {
+				a.blockEvents = nil
+				continue
+			}
+			a.applyBlockEvent(ev)
+			a.syncExports(ctx)
+			a.exportsDirty = true // a failed advertisement is retried next pass
+		}
+	}
 }
 
 // allPeersSynced: every session is up and has sent its End-of-RIB.

@@ -90,9 +90,15 @@ func (m *VXLANManager) Owns(dst netip.Prefix) bool {
 
 // Run works until ctx ends.
 func (m *VXLANManager) Run(ctx context.Context) error {
+	// The watches follow every change after rev, and every read of the
+	// passes comes after rev was taken: none falls in between.
+	rev, err := storeRevision(ctx, m.d.Store, m.log)
+	if err != nil {
+		return nil // only when ctx ended
+	}
 	dirty := make(chan string, 8)
 	for _, prefix := range []string{datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix} {
-		go followPrefix(ctx, m.d.Store, prefix, dirty)
+		go followPrefix(ctx, m.d.Store, prefix, rev, dirty)
 	}
 	ticker := time.NewTicker(m.d.ResyncInterval)
 	defer ticker.Stop()
@@ -365,32 +371,4 @@ func listNodes(ctx context.Context, store Store) ([]datastore.Node, error) {
 		}
 	}
 	return out, nil
-}
-
-// followPrefix signals dirty with prefix for every change under it,
-// re-watching after a break (and signalling then, since changes may have
-// been missed).
-func followPrefix(ctx context.Context, store Store, prefix string, dirty chan<- string) {
-	for ctx.Err() == nil {
-		for ev := range store.Watch(ctx, prefix, 0) {
-			if ev.Err != nil {
-				break
-			}
-			select {
-			case dirty <- prefix:
-			case <-ctx.Done():
-				return
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Second):
-		}
-		select {
-		case dirty <- prefix:
-		case <-ctx.Done():
-			return
-		}
-	}
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -38,8 +39,11 @@ import (
 // gobgpd programs no kernel, so the baseline is if anything flattered).
 //
 // CNM_BGP_SCALE_NODES picks the sizes (default "8,16,32,64");
-// CNM_BGP_SCALE_REPORT names a markdown file for the table (make bench:
-// bench/scale.md).
+// CNM_BGP_SCALE_TOPOS the topologies (default "mesh,rr2");
+// CNM_BGP_SCALE_DAEMONS the implementations (default "calico-cnm,gobgpd";
+// a table row needs both); CNM_BGP_SCALE_REPORT names a markdown file for
+// the table (make bench: bench/scale.md); CNM_BGP_SCALE_DEBUG=DIR writes
+// what a slow run looked like into DIR (see scaleDebugDump).
 func BenchmarkBGPScale(b *testing.B) {
 	harness.RequirePrereqs(b)
 	harness.RequireFile(b, "/usr/bin/gobgpd", "package gobgpd")
@@ -59,20 +63,41 @@ func BenchmarkBGPScale(b *testing.B) {
 	defer func() { writeScaleReport(b, rows) }()
 	for _, n := range sizes {
 		for _, topo := range []scaleTopology{{"mesh", 0}, {"rr2", 2}} {
+			if !scaleSelected("CNM_BGP_SCALE_TOPOS", topo.name) {
+				continue
+			}
 			var cnm, base scaleResult
-			b.Run(fmt.Sprintf("nodes=%d/%s/calico-cnm", n, topo.name), func(b *testing.B) {
-				cnm = runScale(b, n, topo, &calicoScale{bin: bin})
-				cnm.report(b)
-			})
-			b.Run(fmt.Sprintf("nodes=%d/%s/gobgpd", n, topo.name), func(b *testing.B) {
-				base = runScale(b, n, topo, &gobgpdScale{})
-				base.report(b)
-			})
+			if scaleSelected("CNM_BGP_SCALE_DAEMONS", "calico-cnm") {
+				b.Run(fmt.Sprintf("nodes=%d/%s/calico-cnm", n, topo.name), func(b *testing.B) {
+					cnm = runScale(b, n, topo, &calicoScale{bin: bin})
+					cnm.report(b)
+				})
+			}
+			if scaleSelected("CNM_BGP_SCALE_DAEMONS", "gobgpd") {
+				b.Run(fmt.Sprintf("nodes=%d/%s/gobgpd", n, topo.name), func(b *testing.B) {
+					base = runScale(b, n, topo, &gobgpdScale{})
+					base.report(b)
+				})
+			}
 			if cnm.routes > 0 && base.routes > 0 {
 				rows = append(rows, scaleRow{n, topo, cnm, base})
 			}
 		}
 	}
+}
+
+// scaleSelected: name is in the comma-separated list in env (unset: all).
+func scaleSelected(env, name string) bool {
+	v := os.Getenv(env)
+	if v == "" {
+		return true
+	}
+	for _, f := range strings.Split(v, ",") {
+		if strings.TrimSpace(f) == name {
+			return true
+		}
+	}
+	return false
 }
 
 type scaleRow struct {
@@ -219,13 +244,22 @@ func runScale(b *testing.B, n int, topo scaleTopology, impl scaleImpl) scaleResu
 			b.Fatalf("claim on node %d: %v", i, err)
 		}
 	}
-	if dbg := os.Getenv("CNM_BGP_SCALE_DEBUG"); dbg != "" {
-		go scaleDebugDump(ctx, b, dbg, hosts, procs, func(i int) bool { return impl.routed(ctx, i, n) })
+	dbg := os.Getenv("CNM_BGP_SCALE_DEBUG")
+	if dbg != "" {
+		go scaleDebugDump(ctx, b, dbg, impl, hosts, procs, func(i int) bool { return impl.routed(ctx, i, n) })
 	}
 	if late := waitAll(ctx, n, func(i int) bool { return impl.routed(ctx, i, n) }); len(late) > 0 {
 		b.Fatalf("routes not complete within 2 minutes:\n%s", describeNodes(late, hosts, procs))
 	}
 	res.routes = time.Since(claims)
+	if dbg != "" && res.routes > scaleDebugAfter {
+		// The logs go with the hosts' temp dirs: keep them.
+		for i, h := range hosts {
+			if procs[i] != nil {
+				_ = os.WriteFile(filepath.Join(dbg, "log-"+h.Name+".log"), []byte(procs[i].Log()), 0o644)
+			}
+		}
+	}
 	for _, p := range procs {
 		rss, cpu := procUsage(p.Pid())
 		res.rssMiB += rss
@@ -354,7 +388,11 @@ func (c *calicoScale) setup(b *testing.B, f *harness.Fabric, hosts []*harness.Ho
 
 func (c *calicoScale) start(b *testing.B, i int, h *harness.Host) *harness.Process {
 	env := []string{"ETCD_ENDPOINTS=" + c.etcd}
-	args := append(h.ServeArgs(env), "--bgp", "--bgp-node-ipv6", "none", "--log-level", "info")
+	level := "info"
+	if os.Getenv("CNM_BGP_SCALE_DEBUG") != "" {
+		level = "debug" // gobgp's session events too
+	}
+	args := append(h.ServeArgs(env), "--bgp", "--bgp-node-ipv6", "none", "--log-level", level)
 	return h.StartPlugin(b, c.bin, env, args...)
 }
 
@@ -582,26 +620,68 @@ func originPathForTest(prefix, nextHop string) (*api.Path, error) {
 	return &api.Path{Family: &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}, Nlri: nlri, Pattrs: []*anypb.Any{origin, nh}}, nil
 }
 
-// scaleDebugDump (CNM_BGP_SCALE_DEBUG=DIR): 8 s after the claims, for the
-// first node whose routes are incomplete, writes `ss -tinmo` of every node
-// and the goroutines of that node's daemon (SIGQUIT) into DIR.
-func scaleDebugDump(ctx context.Context, b *testing.B, dir string, hosts []*harness.Host, procs []*harness.Process, routed func(i int) bool) {
+// scaleDebugAfter is when scaleDebugDump looks at a run whose routes are
+// still incomplete.
+const scaleDebugAfter = 5 * time.Second
+
+// scaleDebugger is an implementation that can describe a node's state.
+type scaleDebugger interface {
+	debugState(ctx context.Context, i int) string
+}
+
+// scaleDebugDump (CNM_BGP_SCALE_DEBUG=DIR): scaleDebugAfter after the
+// claims, when some node's routes are incomplete, writes `ss -tinmo` of
+// every node and the state of every incomplete node (for calico-cnm its
+// `node status` and kernel routes) into DIR; runScale adds every daemon's
+// log once the routes are complete. With CNM_BGP_SCALE_DEBUG_QUIT=1 the
+// first incomplete node's daemon is also sent SIGQUIT (its goroutines go
+// to its log; the daemon dies, so the run will not complete).
+func scaleDebugDump(ctx context.Context, b *testing.B, dir string, impl scaleImpl, hosts []*harness.Host, procs []*harness.Process, routed func(i int) bool) {
 	select {
 	case <-ctx.Done():
 		return
-	case <-time.After(8 * time.Second):
+	case <-time.After(scaleDebugAfter):
 	}
+	var late []int
 	for i := range hosts {
-		if routed(i) {
-			continue
+		if !routed(i) {
+			late = append(late, i)
 		}
-		for _, h := range hosts {
-			out, _ := h.Exec(b, "ss", "-tinmo")
-			_ = os.WriteFile(filepath.Join(dir, "ss-"+h.Name+".txt"), []byte(out), 0o644)
+	}
+	if len(late) == 0 {
+		return
+	}
+	stamp := time.Now().UTC().Format("15:04:05.000")
+	for _, h := range hosts {
+		out, _ := h.Exec(b, "ss", "-tinmo")
+		_ = os.WriteFile(filepath.Join(dir, "ss-"+h.Name+".txt"), []byte(stamp+"\n"+out), 0o644)
+	}
+	if d, ok := impl.(scaleDebugger); ok {
+		for _, i := range late {
+			_ = os.WriteFile(filepath.Join(dir, "state-"+hosts[i].Name+".txt"), []byte(stamp+"\n"+d.debugState(ctx, i)), 0o644)
 		}
+	}
+	if os.Getenv("CNM_BGP_SCALE_DEBUG_QUIT") != "" {
+		i := late[0]
 		_ = procs[i].Signal(syscall.SIGQUIT)
 		time.Sleep(2 * time.Second)
 		_ = os.WriteFile(filepath.Join(dir, "stuck-"+hosts[i].Name+".log"), []byte(procs[i].Log()), 0o644)
-		return
 	}
+}
+
+func (c *calicoScale) debugState(ctx context.Context, i int) string {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var sb strings.Builder
+	c.routes[i].mu.Lock()
+	fmt.Fprintf(&sb, "kernel routes (%d): %v\n", len(c.routes[i].dsts), c.routes[i].dsts)
+	c.routes[i].mu.Unlock()
+	st, err := routing.FetchStatus(ctx, filepath.Join(c.hosts[i].StateDir, routing.StatusSocketName))
+	if err != nil {
+		fmt.Fprintf(&sb, "status: %v\n", err)
+		return sb.String()
+	}
+	js, _ := json.MarshalIndent(st, "", "  ")
+	sb.Write(js)
+	return sb.String()
 }

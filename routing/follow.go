@@ -1,0 +1,83 @@
+package routing
+
+import (
+	"context"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/retry"
+)
+
+// Following the datastore. A watch from "now" (revision 0) is not live
+// when Watch returns: etcd registers it when the request reaches the
+// server, later. A change written between a first read and that moment
+// was in neither: 32 daemons starting together, one of them read the node
+// records before the last 7 nodes had registered, and its watch went live
+// after they had; it rejected their blocks (reflected with a next hop it
+// did not know as a node) until the 30 s resync. So the revision comes
+// first (storeRevision), the reads after it, and the watches replay every
+// change after it.
+
+// storeRevision is the datastore's current revision, retried until it is
+// read; an error only when ctx ends.
+func storeRevision(ctx context.Context, store Store, log logrus.FieldLogger) (int64, error) {
+	var rev int64
+	err := retry.Until(ctx, retry.Standard(), 0, func(ctx context.Context) error {
+		var err error
+		rev, err = currentRevision(ctx, store)
+		return err
+	}, func(err error, next time.Duration) {
+		log.WithError(err).Warnf("reading the datastore revision failed, retrying in %s", next.Round(time.Millisecond))
+	})
+	return rev, err
+}
+
+// currentRevision reads the datastore's revision (the header of a read;
+// the key read is small and always the same).
+func currentRevision(ctx context.Context, store Store) (int64, error) {
+	_, rev, err := store.ListWithRevision(ctx, datastore.BGPConfigKey)
+	return rev, err
+}
+
+// followPrefix signals dirty with prefix for every change under it after
+// revision fromRev: the caller takes fromRev before it first reads what
+// prefix holds, so every change its read may have missed is signalled.
+// After a break it takes a new revision, watches from there and signals
+// once (whatever changed during the break is in the next read).
+func followPrefix(ctx context.Context, store Store, prefix string, fromRev int64, dirty chan<- string) {
+	signal := func() bool {
+		select {
+		case dirty <- prefix:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	backoff := retry.New(retry.Standard())
+	rev := fromRev
+	for ctx.Err() == nil {
+		for ev := range store.Watch(ctx, prefix, rev) {
+			if ev.Err != nil {
+				break
+			}
+			backoff.Reset()
+			if !signal() {
+				return
+			}
+		}
+		for {
+			if !backoff.Wait(ctx) {
+				return
+			}
+			var err error
+			if rev, err = currentRevision(ctx, store); err == nil {
+				break
+			}
+		}
+		if !signal() {
+			return
+		}
+	}
+}
