@@ -206,6 +206,24 @@ func newAgentFixture(t *testing.T) (*datastore.Store, *ipam.Engine, context.Cont
 
 // runAgent starts an agent on deps until the test ends: cancel stops it and
 // the test waits for Run to return.
+// newAgentFixtureWithPeer is newAgentFixture with the pool 192.168.0.0/16
+// and a node b (returned: its address 10.0.0.2) recorded, as most agent
+// tests start.
+func newAgentFixtureWithPeer(t *testing.T) (*datastore.Store, *ipam.Engine, context.Context, context.CancelFunc, *logrus.Logger, netip.Addr) {
+	t.Helper()
+	store, eng, ctx, cancel, log := newAgentFixture(t)
+	if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: "192.168.0.0/16"}); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	b := addr("10.0.0.2")
+	if err := store.Txn(ctx, datastore.Put(datastore.NodeKey("b"), datastore.MustJSON(datastore.Node{Name: "b", IPv4: b.String()}))); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	return store, eng, ctx, cancel, log, b
+}
+
 func runAgent(t *testing.T, ctx context.Context, cancel context.CancelFunc, deps Deps) *Agent {
 	t.Helper()
 	agent, err := NewAgent(deps)
@@ -557,15 +575,8 @@ func TestAgentSeesNodesRegisteredBeforeItsWatchWasLive(t *testing.T) {
 // (on a busy reflector that read waited 1-3 s, and the reflector's own
 // block was the last route of the 64-node bench), not after it.
 func TestAgentAdvertisesWhileReadingTheRIB(t *testing.T) {
-	store, eng, ctx, cancel, log := newAgentFixture(t)
+	store, eng, ctx, cancel, log, b := newAgentFixtureWithPeer(t)
 	defer cancel()
-	if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: "192.168.0.0/16"}); err != nil {
-		t.Fatal(err)
-	}
-	b := addr("10.0.0.2")
-	if err := store.Txn(ctx, datastore.Put(datastore.NodeKey("b"), datastore.MustJSON(datastore.Node{Name: "b", IPv4: b.String()}))); err != nil {
-		t.Fatal(err)
-	}
 	sp := newFakeSpeaker()
 	runAgent(t, ctx, cancel, Deps{
 		Store: store, Blocks: eng, Speaker: sp, Routes: &syncTable{ft: fakeTable{learned: map[netip.Prefix][]netip.Addr{}}}, NodeName: "a", Log: log,

@@ -405,15 +405,8 @@ func TestGoBGPPokeNeverBlocks(t *testing.T) {
 // every peer within a moment) costs a reconcile pass per minPassInterval,
 // not one per event, and the last state still reaches the kernel.
 func TestAgentCoalescesSpeakerBursts(t *testing.T) {
-	store, eng, ctx, cancel, log := newAgentFixture(t)
+	store, eng, ctx, cancel, log, b := newAgentFixtureWithPeer(t)
 	defer cancel()
-	if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: "192.168.0.0/16"}); err != nil {
-		t.Fatal(err)
-	}
-	b := addr("10.0.0.2")
-	if err := store.Txn(ctx, datastore.Put(datastore.NodeKey("b"), datastore.MustJSON(datastore.Node{Name: "b", IPv4: b.String()}))); err != nil {
-		t.Fatal(err)
-	}
 	sp := newFakeSpeaker()
 	rt := &syncTable{ft: fakeTable{learned: map[netip.Prefix][]netip.Addr{}}}
 	runAgent(t, ctx, cancel, Deps{
@@ -522,15 +515,8 @@ func TestSessionEvent(t *testing.T) {
 // that pass, or the pass withdraws the routes it is about to bring (the
 // kernel route blinked on a reflector while its clients re-connected).
 func TestAgentReadsSessionsBeforeRIB(t *testing.T) {
-	store, eng, ctx, cancel, log := newAgentFixture(t)
+	store, eng, ctx, cancel, log, b := newAgentFixtureWithPeer(t)
 	defer cancel()
-	if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: "192.168.0.0/16"}); err != nil {
-		t.Fatal(err)
-	}
-	b := addr("10.0.0.2")
-	if err := store.Txn(ctx, datastore.Put(datastore.NodeKey("b"), datastore.MustJSON(datastore.Node{Name: "b", IPv4: b.String()}))); err != nil {
-		t.Fatal(err)
-	}
 	blkB := pfx("192.168.1.0/26")
 	// A restart: the kernel still has b's block from the previous run.
 	rt := &syncTable{ft: fakeTable{learned: map[netip.Prefix][]netip.Addr{blkB: {b}}}}
