@@ -75,10 +75,10 @@ type Syncer struct {
 
 	// policies caches decoded policy records by key (strict decoding is
 	// slow and runs at every pass); only the Run loop uses it.
-	policies map[string]decodedPolicy
+	policies decodeCache[api.GlobalNetworkPolicy]
 	// endpoints caches decoded endpoint records by key: a pass decodes
 	// only the records that changed, not every endpoint of the cluster.
-	endpoints map[string]decodedEndpoint
+	endpoints decodeCache[datastore.Endpoint]
 
 	// mu guards what WaitProgrammed and Health read.
 	mu sync.Mutex
@@ -451,31 +451,23 @@ func (s *Syncer) state(records map[string]map[string][]byte) (State, []string) {
 	})
 	st.Endpoints = make([]datastore.Endpoint, 0, len(records[datastore.EndpointsPrefix]))
 	decode(datastore.EndpointsPrefix, func(k string, v []byte) error {
-		e, err := s.decodeEndpoint(k, v)
+		e, err := s.endpoints.get(k, v, decodeEndpointRecord)
 		if err != nil {
 			return err
 		}
 		st.Endpoints = append(st.Endpoints, e)
 		return nil
 	})
-	for k := range s.endpoints {
-		if _, ok := records[datastore.EndpointsPrefix][k]; !ok {
-			delete(s.endpoints, k) // deleted endpoints leave the cache
-		}
-	}
+	s.endpoints.keepOnly(records[datastore.EndpointsPrefix])
 	decode(api.PoliciesPrefix, func(k string, v []byte) error {
-		p, err := s.decodePolicy(k, v)
+		p, err := s.policies.get(k, v, decodePolicyRecord)
 		if err != nil {
 			return err
 		}
 		st.Policies = append(st.Policies, p)
 		return nil
 	})
-	for k := range s.policies {
-		if _, ok := records[api.PoliciesPrefix][k]; !ok {
-			delete(s.policies, k) // deleted policies leave the cache
-		}
-	}
+	s.policies.keepOnly(records[api.PoliciesPrefix])
 	decode(datastore.NodesPrefix, func(_ string, v []byte) error {
 		var n datastore.Node
 		if err := json.Unmarshal(v, &n); err != nil {
@@ -628,63 +620,61 @@ func (s *Syncer) resolveOne(ctx context.Context, id string) bool {
 	return true
 }
 
-// decodedEndpoint is an endpoint record as last decoded.
-type decodedEndpoint struct {
+// decodeCache keeps each record's decoding by key and decodes a record
+// again only when its bytes change: a pass then decodes what changed, not
+// every record of the cluster. Only the Run loop uses it.
+type decodeCache[T any] map[string]decoded[T]
+
+type decoded[T any] struct {
 	raw []byte
-	ep  datastore.Endpoint
+	v   T
 	err error
 }
 
-// decodeEndpoint decodes an endpoint record, once per value. The key is
-// the truth about which node the endpoint is on.
-func (s *Syncer) decodeEndpoint(key string, v []byte) (datastore.Endpoint, error) {
-	if d, ok := s.endpoints[key]; ok && bytes.Equal(d.raw, v) {
-		return d.ep, d.err
+// get is key's decoding of raw, by decode when raw is new or changed.
+func (c *decodeCache[T]) get(key string, raw []byte, decode func(key string, raw []byte) (T, error)) (T, error) {
+	if d, ok := (*c)[key]; ok && bytes.Equal(d.raw, raw) {
+		return d.v, d.err
 	}
-	d := decodedEndpoint{raw: v}
+	v, err := decode(key, raw)
+	if *c == nil {
+		*c = decodeCache[T]{}
+	}
+	(*c)[key] = decoded[T]{raw: raw, v: v, err: err}
+	return v, err
+}
+
+// keepOnly drops the records live no longer holds (deleted ones).
+func (c decodeCache[T]) keepOnly(live map[string][]byte) {
+	maps.DeleteFunc(c, func(k string, _ decoded[T]) bool {
+		_, ok := live[k]
+		return !ok
+	})
+}
+
+// decodeEndpointRecord decodes an endpoint record. The key is the truth
+// about which node the endpoint is on.
+func decodeEndpointRecord(key string, v []byte) (datastore.Endpoint, error) {
+	var ep datastore.Endpoint
 	node, id, ok := datastore.EndpointNodeAndID(key)
-	if err := json.Unmarshal(v, &d.ep); err != nil {
-		d.err = err
-	} else if !ok {
-		d.err = errors.New("not an endpoints/<node>/<id> key")
-	} else {
-		d.ep.Node = node
-		if d.ep.ID == "" {
-			d.ep.ID = id
-		}
+	if err := json.Unmarshal(v, &ep); err != nil {
+		return datastore.Endpoint{}, err
 	}
-	if d.err != nil {
-		d.ep = datastore.Endpoint{}
+	if !ok {
+		return datastore.Endpoint{}, errors.New("not an endpoints/<node>/<id> key")
 	}
-	if s.endpoints == nil {
-		s.endpoints = map[string]decodedEndpoint{}
+	ep.Node = node
+	if ep.ID == "" {
+		ep.ID = id
 	}
-	s.endpoints[key] = d
-	return d.ep, d.err
+	return ep, nil
 }
 
-// decodedPolicy is a policy record as last decoded.
-type decodedPolicy struct {
-	raw string
-	p   api.GlobalNetworkPolicy
-	err error
-}
-
-// decodePolicy validates a policy record, once per value.
-func (s *Syncer) decodePolicy(key string, v []byte) (api.GlobalNetworkPolicy, error) {
-	if d, ok := s.policies[key]; ok && d.raw == string(v) {
-		return d.p, d.err
-	}
-	d := decodedPolicy{raw: string(v)}
+// decodePolicyRecord validates a policy record.
+func decodePolicyRecord(key string, v []byte) (api.GlobalNetworkPolicy, error) {
 	ps, errs := api.DecodeRecords([]datastore.KV{{Key: key, Value: v}})
 	if len(errs) > 0 {
-		d.err = errs[0]
-	} else {
-		d.p = ps[0]
+		return api.GlobalNetworkPolicy{}, errs[0]
 	}
-	if s.policies == nil {
-		s.policies = map[string]decodedPolicy{}
-	}
-	s.policies[key] = d
-	return d.p, d.err
+	return ps[0], nil
 }

@@ -395,7 +395,7 @@ func TestSyncerStateDecodesOnce(t *testing.T) {
 	}
 	// A cached decoding is used as long as the bytes are the same: mark it.
 	d := s.endpoints[k0]
-	d.ep.MAC = "cached"
+	d.v.MAC = "cached"
 	s.endpoints[k0] = d
 	st, _ = s.state(records)
 	if st.Endpoints[0].MAC != "cached" {
