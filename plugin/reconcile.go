@@ -45,6 +45,21 @@ type DockerView struct {
 	EngineID string
 }
 
+// Uses is every address Docker holds: its endpoints' and the networks'
+// --aux-address reservations.
+func (v *DockerView) Uses() map[netip.Addr]bool {
+	used := map[netip.Addr]bool{}
+	for _, de := range v.Endpoints {
+		for _, ip := range de.IPs {
+			used[ip.Unmap()] = true
+		}
+	}
+	for ip := range v.AuxAddresses {
+		used[ip.Unmap()] = true
+	}
+	return used
+}
+
 // StoredEndpoint is an endpoint record with the revision a delete must
 // compare against.
 type StoredEndpoint struct {

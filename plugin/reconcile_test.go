@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"reflect"
@@ -858,5 +859,19 @@ func TestReconcilerReleasesAbandonedAssignments(t *testing.T) {
 	}
 	if !held("cnm.task1") {
 		t.Error("the pass released the manager's live assignment cnm.task1")
+	}
+}
+
+// TestDockerViewUses: what Docker holds is its endpoints' addresses and the
+// networks' --aux-address reservations (ipam check judges leaks by it).
+func TestDockerViewUses(t *testing.T) {
+	v := &plugin.DockerView{
+		Endpoints:    map[string]plugin.DockerEndpoint{"e1": {ID: "e1", IPs: []netip.Addr{netip.MustParseAddr("10.0.0.1")}}},
+		AuxAddresses: map[netip.Addr]string{netip.MustParseAddr("10.0.0.2"): "macvlan1"},
+	}
+	got := v.Uses()
+	want := map[netip.Addr]bool{netip.MustParseAddr("10.0.0.1"): true, netip.MustParseAddr("10.0.0.2"): true}
+	if !maps.Equal(got, want) {
+		t.Errorf("Uses() = %v, want %v", got, want)
 	}
 }

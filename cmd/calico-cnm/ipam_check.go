@@ -99,15 +99,7 @@ func (a *app) leakRules(ctx context.Context, store *datastore.Store, minAge time
 	}
 	inDocker := map[netip.Addr]bool{}
 	if ev.docker != nil {
-		for _, de := range ev.docker.Endpoints {
-			for _, ip := range de.IPs {
-				inDocker[ip.Unmap()] = true
-			}
-		}
-		// --aux-address reservations of networks of other drivers.
-		for ip := range ev.docker.AuxAddresses {
-			inDocker[ip] = true
-		}
+		inDocker = ev.docker.Uses()
 	}
 	return &ipam.LeakRules{
 		Now:    time.Now(),
