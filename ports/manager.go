@@ -69,10 +69,11 @@ func (m *Manager) load(ctx context.Context) ([]record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the endpoints of %s: %w", m.node, err)
 	}
+	engine := m.engineID() // one view of it for the whole list
 	out := make([]record, 0, len(kvs))
 	for _, kv := range kvs {
 		var ep datastore.Endpoint
-		if json.Unmarshal(kv.Value, &ep) == nil && !ep.OfOtherEngine(m.engineID()) {
+		if json.Unmarshal(kv.Value, &ep) == nil && !ep.OfOtherEngine(engine) {
 			out = append(out, record{ep: ep, rev: kv.ModRevision})
 		}
 	}
