@@ -179,7 +179,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	dirty := make(chan string, 8)
 	for _, prefix := range []string{datastore.NodesPrefix, datastore.BGPPrefix, ipam.PoolsPrefix, datastore.EndpointsPrefix + a.d.NodeName + "/"} {
-		go a.follow(ctx, prefix, rev, dirty)
+		go followPrefix(ctx, a.d.Store, prefix, rev, dirty)
 	}
 
 	if err := a.startSpeaker(ctx, addr, addr6); err != nil {
@@ -374,12 +374,6 @@ func (a *Agent) spacePasses(ctx context.Context, lastPass time.Time) {
 	case <-a.d.Speaker.Changes():
 	default:
 	}
-}
-
-// follow signals dirty with prefix for every change under it after
-// revision rev (see followPrefix).
-func (a *Agent) follow(ctx context.Context, prefix string, rev int64, dirty chan<- string) {
-	followPrefix(ctx, a.d.Store, prefix, rev, dirty)
 }
 
 // ipv6NextHop is the configured or detected IPv6 next hop; invalid when
