@@ -65,6 +65,8 @@ type Deps struct {
 type Agent struct {
 	d   Deps
 	log logrus.FieldLogger
+	// routes is d.Routes behind what routing last listed and changed.
+	routes *knownRoutes
 
 	start time.Time
 	self  Self
@@ -125,6 +127,7 @@ func NewAgent(d Deps) (*Agent, error) {
 	return &Agent{
 		d:          d,
 		log:        d.Log.WithField("component", "bgp"),
+		routes:     newKnownRoutes(d.Routes),
 		blocks:     map[netip.Prefix]bool{},
 		sessions:   map[netip.Addr]PeerSpec{},
 		handover:   newHandover(),
@@ -250,7 +253,7 @@ func (a *Agent) announceInitialState(ctx context.Context) error {
 		return err
 	}
 	a.syncExports(ctx)
-	if kernel, err := a.d.Routes.ListLearned(ctx); err == nil && len(kernel) > 0 {
+	if kernel, err := a.routes.ListLearned(ctx); err == nil && len(kernel) > 0 {
 		a.restarted = true // routes learned by a previous run
 	}
 	a.syncPeers(ctx)
@@ -262,6 +265,9 @@ func (a *Agent) announceInitialState(ctx context.Context) error {
 // reload and resync.
 type pendingPass struct {
 	reloadNodes, reloadPools, reloadEndpoints, exports bool
+	// resync: the periodic pass, which also reads the kernel's routes
+	// again instead of trusting what routing last programmed.
+	resync bool
 }
 
 // markDirty notes a change under one of the followed datastore prefixes.
@@ -304,7 +310,7 @@ func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) {
 		case <-a.d.Speaker.Changes():
 			a.spacePasses(ctx, lastPass)
 		case <-ticker.C:
-			pass.reloadNodes, pass.reloadPools, pass.reloadEndpoints = true, true, true
+			pass.reloadNodes, pass.reloadPools, pass.reloadEndpoints, pass.resync = true, true, true, true
 		}
 		// Drain what else is queued so a burst costs one reconcile.
 		for drained := false; !drained; {
@@ -325,6 +331,9 @@ func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) {
 // runPass reloads what pass asks for and resyncs exports, peers and
 // routes; a failed reload is logged and the pass goes on with what it has.
 func (a *Agent) runPass(ctx context.Context, pass pendingPass) {
+	if pass.resync {
+		a.routes.forget()
+	}
 	if pass.reloadNodes {
 		if err := a.loadNodesAndPeers(ctx); err != nil {
 			a.log.WithError(err).Warn("reloading nodes and BGP peers")
@@ -801,14 +810,14 @@ func (a *Agent) syncRoutes(ctx context.Context) {
 		}
 	}
 	a.advanceHandover(ctx, paths, pol, states)
-	kernel, err := a.d.Routes.ListLearned(ctx)
+	kernel, err := a.routes.ListLearned(ctx)
 	if err != nil {
 		a.log.WithError(err).Warn("listing kernel routes")
 		a.setRouteError(err)
 		return
 	}
 	diff := DiffRoutes(sel.Routes, kernel, a.synced && a.handover.idle())
-	conflicts, err := ApplyDiff(ctx, a.d.Routes, diff, a.log)
+	conflicts, err := ApplyDiff(ctx, a.routes, diff, a.log)
 	if err != nil {
 		a.log.WithError(err).Warn("programming learned routes")
 	}

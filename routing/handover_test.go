@@ -7,10 +7,8 @@ import (
 	"testing"
 	"time"
 
-	api "github.com/osrg/gobgp/v3/api"
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
-	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
@@ -480,32 +478,6 @@ func TestGobgpLoggerQuietsHarmlessWarnings(t *testing.T) {
 		(&gobgpLogger{log: log}).Warn(tc.msg, nil)
 		if e := hook.LastEntry(); e == nil || e.Level != tc.want || e.Message != tc.msg {
 			t.Errorf("%q logged as %+v, want level %s", tc.msg, e, tc.want)
-		}
-	}
-}
-
-// TestSessionEvent: which gobgp events make the speaker list the sessions
-// again (state changes and End-of-RIB) and which do not (route updates).
-func TestSessionEvent(t *testing.T) {
-	nlri, err := anypb.New(&api.IPAddressPrefix{Prefix: "192.168.1.0", PrefixLen: 26})
-	if err != nil {
-		t.Fatal(err)
-	}
-	table := func(paths ...*api.Path) *api.WatchEventResponse {
-		return &api.WatchEventResponse{Event: &api.WatchEventResponse_Table{Table: &api.WatchEventResponse_TableEvent{Paths: paths}}}
-	}
-	for _, tc := range []struct {
-		name string
-		ev   *api.WatchEventResponse
-		want bool
-	}{
-		{"session state", &api.WatchEventResponse{Event: &api.WatchEventResponse_Peer{Peer: &api.WatchEventResponse_PeerEvent{}}}, true},
-		{"End-of-RIB", table(&api.Path{Family: ipv4Unicast}), true},
-		{"route update", table(&api.Path{Family: ipv4Unicast, Nlri: nlri}), false},
-		{"empty table event", table(), false},
-	} {
-		if got := sessionEvent(tc.ev); got != tc.want {
-			t.Errorf("%s: sessionEvent = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

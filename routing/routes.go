@@ -281,3 +281,63 @@ func ipNetFromPrefix(p netip.Prefix) net.IPNet {
 	}
 	return net.IPNet{IP: net.IP(p.Masked().Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), bits)}
 }
+
+// knownRoutes is a RouteTable that remembers the learned routes it listed
+// and changed. A pass diffs against that instead of dumping the kernel's
+// tables: at 64 nodes a burst of updates runs a pass every 50 ms on every
+// node, and the dumps were a large part of the CPU the burst took. The
+// kernel is listed again after forget (the agent's periodic resync, which
+// also repairs routes removed behind our back) and after any failed change.
+type knownRoutes struct {
+	RouteTable
+	known map[netip.Prefix][]netip.Addr // nil: list the kernel next time
+}
+
+func newKnownRoutes(rt RouteTable) *knownRoutes { return &knownRoutes{RouteTable: rt} }
+
+// forget makes the next ListLearned read the kernel.
+func (k *knownRoutes) forget() { k.known = nil }
+
+func (k *knownRoutes) ListLearned(ctx context.Context) ([]KernelRoute, error) {
+	if k.known == nil {
+		routes, err := k.RouteTable.ListLearned(ctx)
+		if err != nil {
+			return nil, err
+		}
+		k.known = make(map[netip.Prefix][]netip.Addr, len(routes))
+		for _, r := range routes {
+			k.known[r.Dst.Masked()] = slices.Clone(r.Gateways)
+		}
+	}
+	out := make([]KernelRoute, 0, len(k.known))
+	for dst, gws := range k.known {
+		out = append(out, KernelRoute{Dst: dst, Gateways: slices.Clone(gws)})
+	}
+	return out, nil
+}
+
+// changed records the outcome of a change: a conflict changed nothing of
+// ours, any other failure leaves the kernel's state unknown.
+func (k *knownRoutes) changed(dst netip.Prefix, gws []netip.Addr, deleted bool, err error) error {
+	switch {
+	case err == nil && k.known != nil && deleted:
+		delete(k.known, dst.Masked())
+	case err == nil && k.known != nil:
+		k.known[dst.Masked()] = slices.Clone(gws)
+	case err != nil && !errors.Is(err, ErrRouteConflict):
+		k.known = nil
+	}
+	return err
+}
+
+func (k *knownRoutes) Add(ctx context.Context, r KernelRoute) error {
+	return k.changed(r.Dst, r.Gateways, false, k.RouteTable.Add(ctx, r))
+}
+
+func (k *knownRoutes) Replace(ctx context.Context, r KernelRoute) error {
+	return k.changed(r.Dst, r.Gateways, false, k.RouteTable.Replace(ctx, r))
+}
+
+func (k *knownRoutes) Delete(ctx context.Context, dst netip.Prefix) error {
+	return k.changed(dst, nil, true, k.RouteTable.Delete(ctx, dst))
+}

@@ -111,18 +111,37 @@ func (m *VXLANManager) Run(ctx context.Context) error {
 		if err != nil {
 			m.log.WithError(err).Warn("VXLAN sync failed; retrying at the next change or resync")
 		}
+		if !m.waitForChange(ctx, dirty, ticker.C) {
+			return nil
+		}
+	}
+}
+
+// waitForChange waits for a change that can matter (false when ctx ended)
+// and drains what else is queued, so a burst costs one pass. Without a
+// VXLAN pool only pools and node records matter: block claims and
+// endpoints anywhere in the cluster are not worth a pass on every node
+// (at 64 nodes claiming at once, those passes' datastore reads slowed the
+// claims themselves).
+func (m *VXLANManager) waitForChange(ctx context.Context, dirty <-chan string, resync <-chan time.Time) bool {
+	matters := func(prefix string) bool {
+		return !m.clean || (prefix != ipam.AffinityWatchPrefix && prefix != datastore.EndpointsPrefix)
+	}
+	for changed := false; !changed; {
 		select {
 		case <-ctx.Done():
-			return nil
-		case <-dirty:
-		case <-ticker.C:
+			return false
+		case prefix := <-dirty:
+			changed = matters(prefix)
+		case <-resync:
+			changed = true
 		}
-		for drained := false; !drained; {
-			select {
-			case <-dirty:
-			default:
-				drained = true
-			}
+	}
+	for {
+		select {
+		case <-dirty:
+		default:
+			return true
 		}
 	}
 }
@@ -160,6 +179,9 @@ func (m *VXLANManager) Sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if len(vxlanPools(pools)) == 0 {
+		return m.syncWithoutVXLAN(ctx)
+	}
 	nodes, err := listNodes(ctx, m.d.Store)
 	if err != nil {
 		return err
@@ -168,22 +190,11 @@ func (m *VXLANManager) Sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	in := VXLANInput{Self: m.d.NodeName, BGP: m.d.Config.Enabled, Nodes: nodes, Pools: pools, Owners: owners}
-	if DesiredVXLAN(in).Needed {
-		if in.Endpoints, err = listEndpoints(ctx, m.d.Store); err != nil {
-			return err
-		}
-	}
-	if !DesiredVXLAN(in).Needed {
-		if m.clean {
-			m.publish(VXLANDesired{}, netip.Addr{})
-			return nil
-		}
-		err := errors.Join(m.syncRoutes(VXLANDesired{}, true), m.teardown(ctx))
-		m.clean = err == nil
-		m.publish(VXLANDesired{}, netip.Addr{})
+	endpoints, err := listEndpoints(ctx, m.d.Store)
+	if err != nil {
 		return err
 	}
+	in := VXLANInput{Self: m.d.NodeName, BGP: m.d.Config.Enabled, Nodes: nodes, Pools: pools, Owners: owners, Endpoints: endpoints}
 	m.clean = false
 	if err := m.locate(); err != nil {
 		return err
@@ -204,6 +215,18 @@ func (m *VXLANManager) Sync(ctx context.Context) error {
 	// Routes go before the entries they use, and come after them.
 	err = errors.Join(m.syncRoutes(want, true), m.syncNeighbors(want), m.syncFDB(want), m.syncRoutes(want, false))
 	m.publish(want, vtep)
+	return err
+}
+
+// syncWithoutVXLAN removes what VXLAN left once no pool uses it; later
+// passes stay read-only until one does again.
+func (m *VXLANManager) syncWithoutVXLAN(ctx context.Context) error {
+	var err error
+	if !m.clean {
+		err = errors.Join(m.syncRoutes(VXLANDesired{}, true), m.teardown(ctx))
+		m.clean = err == nil
+	}
+	m.publish(VXLANDesired{}, netip.Addr{})
 	return err
 }
 
