@@ -376,9 +376,11 @@ func (e *Engine) claimNewBlock(ctx context.Context, req assignReq, pools []poolE
 
 // claimAndAssign creates block cand affine to req.host with one address
 // taken (specific, or the first free one) in a single transaction with the
-// pending affinity and the handle. Create-if-absent on the block key is what
-// makes a block claimed at most once when hosts race. The affinity is then
-// confirmed, which is what routing watches for.
+// confirmed affinity (what routing watches for) and the handle.
+// Create-if-absent on the block key is what makes a block claimed at most
+// once when hosts race. One transaction, not a pending affinity confirmed
+// by a second one: the block and its affinity cannot exist one without the
+// other, and routing learns of the block a round trip sooner.
 func (e *Engine) claimAndAssign(ctx context.Context, req assignReq, cand netip.Prefix, pool poolEntry, specific netip.Addr) (netip.Addr, error) {
 	b := newBlock(cand, req.host)
 	var ord int
@@ -393,11 +395,10 @@ func (e *Engine) claimAndAssign(ctx context.Context, req assignReq, cand netip.P
 	}
 	affKey := affinityKey(req.host, cand)
 	log := req.log.WithField("block", cand.String())
-	addr, rev, err := e.commitAssign(ctx, req, b, 0, ord, pool,
-		datastore.Create(affKey, datastore.MustJSON(affinityRecord{State: statePending})))
+	addr, _, err := e.commitAssign(ctx, req, b, 0, ord, pool,
+		datastore.Create(affKey, datastore.MustJSON(affinityRecord{State: stateConfirmed})))
 	if err == nil {
 		log.Info("claimed block for host")
-		e.confirmAffinity(ctx, req.host, cand, rev)
 		return addr, nil
 	}
 	if !errors.Is(err, datastore.ErrConflict) {
@@ -426,16 +427,6 @@ func (e *Engine) claimAndAssign(ctx context.Context, req assignReq, cand netip.P
 	}
 	e.invalidatePools()
 	return netip.Addr{}, errRetry
-}
-
-// confirmAffinity moves the affinity written at rev from pending to
-// confirmed. A failure is not fatal: the block is ours (its record says
-// so), and the next reload of the host confirms it.
-func (e *Engine) confirmAffinity(ctx context.Context, host string, p netip.Prefix, rev int64) {
-	err := e.store.Txn(ctx, datastore.Update(affinityKey(host, p), datastore.MustJSON(affinityRecord{State: stateConfirmed}), rev))
-	if err != nil {
-		e.log.WithError(err).WithFields(logrus.Fields{"host": host, "block": p.String()}).Warn("could not confirm block affinity; will retry on the next claim")
-	}
 }
 
 // borrow takes a free address from a block affine to another host (or to
