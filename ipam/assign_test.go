@@ -438,3 +438,26 @@ func itoa(i int) string {
 	}
 	return itoa(i/10) + digits[i%10:i%10+1]
 }
+
+// A claim is one transaction: the block, its affinity already confirmed
+// (what routing acts on) and the handle, with no pending record confirmed
+// by a second write.
+func TestClaimIsOneTransaction(t *testing.T) {
+	v := newEnv(t, Options{})
+	v.pool("10.0.0.0/16", 0)
+	assign(t, v.e, "h0", "warm-up") // the pool and config reads are cached after this
+	before := v.m.Store.Stats()
+	assign(t, v.e, "h1", "c1")
+	after := v.m.Store.Stats()
+	if txns := after.Txns - before.Txns; txns != 1 {
+		t.Errorf("a first assignment on a host (a block claim) took %d transactions, want 1", txns)
+	}
+	blocks := hostBlocks(t, v.e, "h1")
+	var aff affinityRecord
+	if len(blocks) != 1 {
+		t.Fatalf("h1 blocks %v", blocks)
+	}
+	if _, err := v.m.Store.GetJSON(v.ctx, affinityKey("h1", blocks[0]), &aff); err != nil || aff.State != stateConfirmed {
+		t.Fatalf("affinity %+v, %v", aff, err)
+	}
+}

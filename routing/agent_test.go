@@ -629,3 +629,73 @@ func TestAgentAdvertisesWhileReadingTheRIB(t *testing.T) {
 		t.Errorf("advertised %v after the pass, want %s", adv, block)
 	}
 }
+
+// listCountingTable is syncTable counting the kernel listings.
+type listCountingTable struct {
+	syncTable
+	lists int
+}
+
+func (c *listCountingTable) ListLearned(ctx context.Context) ([]KernelRoute, error) {
+	c.mu.Lock()
+	c.lists++
+	c.mu.Unlock()
+	return c.syncTable.ListLearned(ctx)
+}
+
+func (c *listCountingTable) listCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lists
+}
+
+// TestAgentListsKernelRoutesOnlyAtResync: passes between resyncs diff
+// against what the agent programmed (no kernel listing per pass), and the
+// periodic resync lists the kernel again and restores a learned route
+// deleted behind the agent's back.
+func TestAgentListsKernelRoutesOnlyAtResync(t *testing.T) {
+	dst := netip.MustParsePrefix("192.168.1.0/26")
+	for _, tc := range []struct {
+		name   string
+		resync time.Duration
+	}{{"between resyncs", time.Hour}, {"at a resync", 200 * time.Millisecond}} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, eng, ctx, cancel, log, b := newAgentFixtureWithPeer(t)
+			defer cancel()
+			sp := newFakeSpeaker()
+			rt := &listCountingTable{syncTable: syncTable{ft: fakeTable{learned: map[netip.Prefix][]netip.Addr{}, foreign: map[netip.Prefix]bool{}}}}
+			runAgent(t, ctx, cancel, Deps{
+				Store: store, Blocks: eng, Speaker: sp, Routes: rt, NodeName: "a", Log: log,
+				Config: Config{Enabled: true, NodeIP: "10.0.0.1", SyncTimeout: time.Hour}, ResyncInterval: tc.resync,
+			})
+			eventually(t, "the session to b", func() error {
+				if got, _ := sp.snapshot(); len(got) != 1 {
+					return fmt.Errorf("peers %v", got)
+				}
+				return nil
+			})
+			sp.set([]LearnedPath{{Prefix: dst, NextHop: b, Peer: b}}, []PeerState{{Address: b, State: "Established", EORReceived: true}})
+			installed := func() error {
+				if gws := rt.routes()[dst]; !slices.Equal(gws, []netip.Addr{b}) {
+					return fmt.Errorf("route to %s via %v, want via %s", dst, gws, b)
+				}
+				return nil
+			}
+			eventually(t, "the learned route", installed)
+			if tc.resync == time.Hour {
+				before := rt.listCount()
+				for range 5 {
+					sp.afterPass(t, sp.poke)
+				}
+				if n := rt.listCount() - before; n != 0 {
+					t.Errorf("5 passes listed the kernel's routes %d times, want 0", n)
+				}
+				return
+			}
+			rt.mu.Lock()
+			delete(rt.ft.learned, dst) // an admin's `ip route del`
+			rt.mu.Unlock()
+			eventually(t, "the deleted route restored by a resync", installed)
+		})
+	}
+}

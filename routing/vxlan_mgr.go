@@ -111,37 +111,43 @@ func (m *VXLANManager) Run(ctx context.Context) error {
 		if err != nil {
 			m.log.WithError(err).Warn("VXLAN sync failed; retrying at the next change or resync")
 		}
-		if !m.waitForChange(ctx, dirty, ticker.C) {
+		cause, ok := m.waitForChange(ctx, dirty, ticker.C)
+		if !ok {
 			return nil
 		}
+		m.log.WithField("cause", cause).Debug("VXLAN pass")
 	}
 }
 
-// waitForChange waits for a change that can matter (false when ctx ended)
-// and drains what else is queued, so a burst costs one pass. Without a
+// waitForChange waits for a change that can matter, returning the prefix
+// it came under or "resync" (false when ctx ended), and drains what else
+// is queued, so a burst costs one pass. Without a
 // VXLAN pool only pools and node records matter: block claims and
 // endpoints anywhere in the cluster are not worth a pass on every node
 // (at 64 nodes claiming at once, those passes' datastore reads slowed the
 // claims themselves).
-func (m *VXLANManager) waitForChange(ctx context.Context, dirty <-chan string, resync <-chan time.Time) bool {
+func (m *VXLANManager) waitForChange(ctx context.Context, dirty <-chan string, resync <-chan time.Time) (string, bool) {
 	matters := func(prefix string) bool {
 		return !m.clean || (prefix != ipam.AffinityWatchPrefix && prefix != datastore.EndpointsPrefix)
 	}
-	for changed := false; !changed; {
+	cause := ""
+	for cause == "" {
 		select {
 		case <-ctx.Done():
-			return false
+			return "", false
 		case prefix := <-dirty:
-			changed = matters(prefix)
+			if matters(prefix) {
+				cause = prefix
+			}
 		case <-resync:
-			changed = true
+			cause = "resync"
 		}
 	}
 	for {
 		select {
 		case <-dirty:
 		default:
-			return true
+			return cause, true
 		}
 	}
 }

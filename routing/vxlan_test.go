@@ -328,3 +328,27 @@ func TestLeaveToVXLAN(t *testing.T) {
 		t.Fatal("a VXLAN status without a manager")
 	}
 }
+
+// TestVXLANManagerIgnoresChurnWithoutVXLAN: while no pool uses VXLAN (the
+// last pass cleaned up), block claims and endpoints anywhere in the
+// cluster do not start a pass; pool and node changes do. With a VXLAN pool
+// every change does.
+func TestVXLANManagerIgnoresChurnWithoutVXLAN(t *testing.T) {
+	for _, tc := range []struct {
+		clean bool
+		want  string
+	}{{true, datastore.NodesPrefix}, {false, ipam.AffinityWatchPrefix}} {
+		m := &VXLANManager{clean: tc.clean}
+		dirty := make(chan string, 3)
+		dirty <- ipam.AffinityWatchPrefix
+		dirty <- datastore.EndpointsPrefix
+		dirty <- datastore.NodesPrefix
+		cause, ok := m.waitForChange(context.Background(), dirty, nil)
+		if !ok || cause != tc.want {
+			t.Errorf("clean=%v: pass caused by %q (%v), want %q", tc.clean, cause, ok, tc.want)
+		}
+		if len(dirty) != 0 {
+			t.Errorf("clean=%v: %d changes left queued, want all drained into the one pass", tc.clean, len(dirty))
+		}
+	}
+}
