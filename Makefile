@@ -34,8 +34,9 @@ unit:
 # micro-benchmark runs first on its own; the multi-host benchmarks (BGP
 # convergence, throughput) next, their output kept for the report. The BGP
 # scale row (bench/scale.md: daemons in netns against gobgpd, mesh and 2
-# reflectors, at each of BENCH_SCALE_NODES nodes) comes last and adds about
-# 5 minutes; BENCH_SCALE_NODES=8,16 for a quick run.
+# reflectors, at each of BENCH_SCALE_NODES nodes; the rows with a target run
+# 3 times each) comes last and adds about 10 minutes; BENCH_SCALE_NODES=8,16
+# for a quick run.
 BENCH_TIMEOUT ?= 30m
 BENCH_MULTIHOST := bench/multihost-bench.txt
 BENCH_SCALE_NODES ?= 8,16,32,64
