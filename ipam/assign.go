@@ -57,8 +57,8 @@ var (
 //
 //  1. from a block already affine to the host (warm path: one transaction,
 //     no reads, against the cached block);
-//  2. else it claims a free block of an enabled pool for the host (affinity
-//     created pending together with the block, then confirmed), unless
+//  2. else it claims a free block of an enabled pool for the host (block
+//     and confirmed affinity in one transaction), unless
 //     autoAllocateBlocks is off or the host has maxBlocksPerHost blocks;
 //  3. else, unless strictAffinity, it borrows a free address from a block
 //     affine to another host (or to none).
@@ -223,8 +223,8 @@ func (e *Engine) refreshAfterConflict(ctx context.Context, handleID string, blk 
 // commitAssign gives ordinal ord of b (a private copy, at revision rev; 0:
 // b is new) to the request, in one transaction with the handle update and a
 // check that the pool is unchanged (not disabled or deleted meanwhile).
-// extra ops ride along (a claim's pending affinity). It returns the
-// revision the transaction committed at.
+// extra ops ride along (a claim's affinity). It returns the revision the
+// transaction committed at.
 func (e *Engine) commitAssign(ctx context.Context, req assignReq, b *block, rev int64, ord int, pool poolEntry, extra ...datastore.Op) (netip.Addr, int64, error) {
 	b.allocate(ord, req.handle, e.stamped(req.attrs))
 	h := e.handleOptimistic(req.handle)

@@ -51,19 +51,14 @@ func parseAffinityKey(key string) (string, netip.Prefix, bool) {
 	return host, p, ok
 }
 
-// Affinity states; watchers (routing) only act on "confirmed". Calico
-// writes "pending" first because its block and affinity are separate
-// writes; here a claim creates the block and its confirmed affinity in one
-// transaction, so a pending record only comes from an older version or
-// another writer (reloadHost confirms it when the block is the host's).
-// pendingDeletion is understood when read (Calico's three-step release) but
-// this package releases a block and its affinity in one transaction and
-// never writes it.
-const (
-	statePending         = "pending"
-	stateConfirmed       = "confirmed"
-	statePendingDeletion = "pendingDeletion"
-)
+// The affinity state routing acts on. Calico writes "pending" first and
+// "pendingDeletion" before a release because its block and affinity are
+// separate writes; here a claim creates the block and its confirmed
+// affinity in one transaction and a release deletes both in one, so any
+// other state is only ever read (from Calico or an older version):
+// watchers ignore it and reloadHost confirms it when the block is the
+// host's.
+const stateConfirmed = "confirmed"
 
 type affinityRecord struct {
 	State string `json:"state"`

@@ -361,12 +361,13 @@ func (a *Agent) runPass(ctx context.Context, pass pendingPass) {
 }
 
 // minPassInterval spaces the passes that speaker events start. A pass
-// reads the whole RIB and every session from gobgp (on its server
-// goroutine, the one that also handles updates) and the kernel's routes;
-// during a burst (a route from every one of 63 peers within a second) one
-// pass per update kept every daemon busy and delayed the updates
-// themselves. The first event after a quiet spell is handled at once; the
-// ones in a burst are coalesced into a pass every minPassInterval.
+// selects and diffs every learned path, and may list the sessions or the
+// RIB from gobgp (on its server goroutine, the one that also handles
+// updates); during a burst (a route from every one of 63 peers within a
+// second) one pass per update kept every daemon busy and delayed the
+// updates themselves. The first event after a quiet spell is handled at
+// once; the ones in a burst are coalesced into a pass every
+// minPassInterval.
 const minPassInterval = 50 * time.Millisecond
 
 func (a *Agent) spacePasses(ctx context.Context, lastPass time.Time) {
@@ -818,6 +819,12 @@ func (a *Agent) syncRoutes(ctx context.Context) {
 	}
 	diff := DiffRoutes(sel.Routes, kernel, a.synced && a.handover.idle())
 	conflicts, err := ApplyDiff(ctx, a.routes, diff, a.log)
+	if len(diff.Kept) > 0 {
+		// Routes kept while deletes wait may meanwhile be replaced by their
+		// other owners (a claimed block's blackhole, a workload, VXLAN):
+		// read the kernel until the deletes are allowed.
+		a.routes.forget()
+	}
 	if err != nil {
 		a.log.WithError(err).Warn("programming learned routes")
 	}
@@ -841,7 +848,8 @@ type speakerRead struct {
 }
 
 // readSpeaker reads the sessions, then the RIB (in that order, see
-// syncRoutes). Both reads wait their turn on gobgp's server loop behind
+// syncRoutes). When they list them (after a session event; see GoBGP.Peers
+// and ribMirror), both reads wait their turn on gobgp's server loop behind
 // every update queued there: on a route reflector while 64 nodes claim
 // blocks at once, 1-3 s. A block claimed on this node meanwhile waited for
 // the pass to end before it was advertised, and in the scale bench the

@@ -20,7 +20,8 @@ import (
 // A list and the events run concurrently: events applied while a list is
 // in flight are replayed on top of it, in order, so a path learned after
 // the list read the RIB is not lost with the older snapshot (and one
-// already in it is just applied again).
+// already in it is just applied again). One reader at a time (the agent's
+// pass): a second list in flight would take over the first one's replay.
 type ribMirror struct {
 	mu         sync.Mutex
 	paths      map[ribKey]LearnedPath

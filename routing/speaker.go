@@ -195,56 +195,64 @@ func (g *GoBGP) Start(ctx context.Context, spec GlobalSpec) error {
 // by a graceful restart and removed at its End-of-RIB or when the restart
 // timer expires, dropped with a deleted peer) comes without adj-in events
 // but always with a session event or an End-of-RIB: those make the next
-// Paths list the RIB. Best-path events are not watched: every change they
-// report follows one of those, and converting each was a tenth of the CPU
-// of a 64-node burst. Every event pokes the agent.
+// Paths list the RIB. One watch for all three, so they arrive in gobgp's
+// order: with two, a session's end could be handled before an update it
+// had sent, and the late update would put the dead session's path back.
+// Best-path events are not watched: every change they report follows one
+// of those, and converting each was a tenth of the CPU of a 64-node burst.
+// Every event pokes the agent.
 func (g *GoBGP) watch(ctx context.Context) error {
 	err := g.s.WatchEvent(ctx, &api.WatchEventRequest{
 		Peer: &api.WatchEventRequest_Peer{},
 		Table: &api.WatchEventRequest_Table{Filters: []*api.WatchEventRequest_Table_Filter{
+			{Type: api.WatchEventRequest_Table_Filter_ADJIN},
 			{Type: api.WatchEventRequest_Table_Filter_EOR},
 		}},
-	}, func(*api.WatchEventResponse) {
-		g.peersDirty.Store(true)
-		g.rib.invalidate()
-		g.poke()
-	})
-	if err != nil {
-		return fmt.Errorf("watching the BGP sessions: %w", err)
-	}
-	err = g.s.WatchEvent(ctx, &api.WatchEventRequest{
-		Table: &api.WatchEventRequest_Table{Filters: []*api.WatchEventRequest_Table_Filter{
-			{Type: api.WatchEventRequest_Table_Filter_ADJIN},
-		}},
 	}, func(ev *api.WatchEventResponse) {
-		g.rib.apply(g.ribEvents(ev.GetTable().GetPaths()))
+		if ev.GetPeer() != nil {
+			g.sessionsChanged()
+		} else if evs, ok := g.ribEvents(ev.GetTable().GetPaths()); ok {
+			g.rib.apply(evs)
+		} else {
+			g.sessionsChanged()
+		}
 		g.poke()
 	})
 	if err != nil {
-		return fmt.Errorf("watching the BGP RIB: %w", err)
+		return fmt.Errorf("watching the BGP RIB and sessions: %w", err)
 	}
 	return nil
 }
 
-// ribEvents converts adj-in paths; one that cannot be decoded makes the
-// next Paths list the RIB rather than leave the mirror behind.
-func (g *GoBGP) ribEvents(paths []*api.Path) []ribEvent {
+// sessionsChanged: the next Peers and Paths list gobgp's state again.
+func (g *GoBGP) sessionsChanged() {
+	g.peersDirty.Store(true)
+	g.rib.invalidate()
+}
+
+// ribEvents converts adj-in paths; ok is false for an End-of-RIB (a path
+// without NLRI) and for a path that cannot be decoded or has no next hop
+// (gobgp drops attributes it cannot marshal for the API): the RIB is
+// listed again rather than the mirror left behind.
+func (g *GoBGP) ribEvents(paths []*api.Path) ([]ribEvent, bool) {
 	out := make([]ribEvent, 0, len(paths))
 	for _, p := range paths {
 		if p.GetNlri() == nil && len(p.GetNlriBinary()) == 0 {
-			continue // End-of-RIB
+			return nil, false // End-of-RIB
 		}
 		lp, ok, err := learnedFromAPI(p)
+		if err == nil && ok && !p.IsWithdraw && !lp.NextHop.IsValid() {
+			err = fmt.Errorf("path for %s from %s has no next hop", lp.Prefix, lp.Peer)
+		}
 		if err != nil {
 			g.log.WithError(err).Debug("undecodable adj-in path: listing the RIB again")
-			g.rib.invalidate()
-			continue
+			return nil, false
 		}
 		if ok {
 			out = append(out, ribEvent{path: lp, withdraw: p.IsWithdraw})
 		}
 	}
-	return out
+	return out, true
 }
 
 func (g *GoBGP) poke() {
@@ -490,10 +498,38 @@ func (g *GoBGP) Peers(ctx context.Context) ([]PeerState, error) {
 		g.peersDirty.Store(true)
 		return nil, err
 	}
+	if !sameSessions(cached, out) {
+		// This list may be ahead of the events (it ran on gobgp's server
+		// goroutine; the adj-in events it already counted may still be
+		// queued to us): a session seen synced here must not be paired with
+		// a mirror that lacks its routes, so the next Paths lists the RIB.
+		g.rib.invalidate()
+	}
 	g.mu.Lock()
 	g.peers, g.peersAt = slices.Clone(out), time.Now()
 	g.mu.Unlock()
 	return out, nil
+}
+
+// sameSessions: the same sessions in the same state, End-of-RIB included.
+func sameSessions(a, b []PeerState) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	type key struct {
+		state string
+		eor   bool
+	}
+	byAddr := make(map[netip.Addr]key, len(a))
+	for _, s := range a {
+		byAddr[s.Address] = key{s.State, s.EORReceived}
+	}
+	for _, s := range b {
+		if k, ok := byAddr[s.Address]; !ok || k != (key{s.State, s.EORReceived}) {
+			return false
+		}
+	}
+	return true
 }
 
 // peersMaxAge bounds how long Peers reuses a list without session events.

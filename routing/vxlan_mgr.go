@@ -121,14 +121,14 @@ func (m *VXLANManager) Run(ctx context.Context) error {
 
 // waitForChange waits for a change that can matter, returning the prefix
 // it came under or "resync" (false when ctx ended), and drains what else
-// is queued, so a burst costs one pass. Without a
-// VXLAN pool only pools and node records matter: block claims and
-// endpoints anywhere in the cluster are not worth a pass on every node
-// (at 64 nodes claiming at once, those passes' datastore reads slowed the
-// claims themselves).
+// is queued, so a burst costs one pass. Without a VXLAN pool (once cleaned
+// up) a pass reads only the pools, so only a pool change starts one: block
+// claims, endpoints and nodes anywhere in the cluster are not worth a pass
+// on every node (at 64 nodes claiming at once, those passes' datastore
+// reads slowed the claims themselves).
 func (m *VXLANManager) waitForChange(ctx context.Context, dirty <-chan string, resync <-chan time.Time) (string, bool) {
 	matters := func(prefix string) bool {
-		return !m.clean || (prefix != ipam.AffinityWatchPrefix && prefix != datastore.EndpointsPrefix)
+		return !m.clean || prefix == ipam.PoolsPrefix
 	}
 	cause := ""
 	for cause == "" {
@@ -188,6 +188,7 @@ func (m *VXLANManager) Sync(ctx context.Context) error {
 	if len(vxlanPools(pools)) == 0 {
 		return m.syncWithoutVXLAN(ctx)
 	}
+	m.clean = false // every change matters again, even if this pass fails
 	nodes, err := listNodes(ctx, m.d.Store)
 	if err != nil {
 		return err
@@ -201,7 +202,6 @@ func (m *VXLANManager) Sync(ctx context.Context) error {
 		return err
 	}
 	in := VXLANInput{Self: m.d.NodeName, BGP: m.d.Config.Enabled, Nodes: nodes, Pools: pools, Owners: owners, Endpoints: endpoints}
-	m.clean = false
 	if err := m.locate(); err != nil {
 		return err
 	}

@@ -330,19 +330,20 @@ func TestLeaveToVXLAN(t *testing.T) {
 }
 
 // TestVXLANManagerIgnoresChurnWithoutVXLAN: while no pool uses VXLAN (the
-// last pass cleaned up), block claims and endpoints anywhere in the
-// cluster do not start a pass; pool and node changes do. With a VXLAN pool
-// every change does.
+// last pass cleaned up), block claims, endpoints and nodes anywhere in the
+// cluster do not start a pass; a pool change does. With a VXLAN pool every
+// change does. And a pass without a VXLAN pool reads only the pools.
 func TestVXLANManagerIgnoresChurnWithoutVXLAN(t *testing.T) {
 	for _, tc := range []struct {
 		clean bool
 		want  string
-	}{{true, datastore.NodesPrefix}, {false, ipam.AffinityWatchPrefix}} {
+	}{{true, ipam.PoolsPrefix}, {false, ipam.AffinityWatchPrefix}} {
 		m := &VXLANManager{clean: tc.clean}
-		dirty := make(chan string, 3)
+		dirty := make(chan string, 4)
 		dirty <- ipam.AffinityWatchPrefix
 		dirty <- datastore.EndpointsPrefix
 		dirty <- datastore.NodesPrefix
+		dirty <- ipam.PoolsPrefix
 		cause, ok := m.waitForChange(context.Background(), dirty, nil)
 		if !ok || cause != tc.want {
 			t.Errorf("clean=%v: pass caused by %q (%v), want %q", tc.clean, cause, ok, tc.want)
@@ -350,5 +351,51 @@ func TestVXLANManagerIgnoresChurnWithoutVXLAN(t *testing.T) {
 		if len(dirty) != 0 {
 			t.Errorf("clean=%v: %d changes left queued, want all drained into the one pass", tc.clean, len(dirty))
 		}
+	}
+}
+
+// ownersCounting counts the block-owner reads of a VXLAN manager.
+type ownersCounting struct {
+	VXLANBlocks
+	reads int
+}
+
+func (o *ownersCounting) BlockOwners(ctx context.Context) (map[netip.Prefix]string, error) {
+	o.reads++
+	return o.VXLANBlocks.BlockOwners(ctx)
+}
+
+// TestVXLANManagerPassWithoutVXLANReadsPools: without a VXLAN pool a pass
+// reads the pools and nothing else (no block owners), and the first pass
+// with one reads everything.
+func TestVXLANManagerPassWithoutVXLANReadsPools(t *testing.T) {
+	store, eng, ctx, cancel, log := newAgentFixture(t)
+	defer cancel()
+	k := newFakeVXLANKernel()
+	blocks := &ownersCounting{VXLANBlocks: eng}
+	m, err := NewVXLANManager(VXLANDeps{Store: store, Blocks: blocks, Kernel: k, NodeName: "a", Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.addr, m.uplink, m.uplinkMTU = netip.MustParseAddr("172.16.1.2"), k.uplink, k.uplink.MTU
+	if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: "10.0.0.0/16"}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := m.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if blocks.reads != 0 || !m.clean {
+		t.Fatalf("without a VXLAN pool: %d block-owner reads, clean %v; want 0 and clean", blocks.reads, m.clean)
+	}
+	if _, err := eng.SetPoolVXLANMode(ctx, "10.0.0.0/16", "Always"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if blocks.reads != 1 || m.clean {
+		t.Errorf("with a VXLAN pool: %d block-owner reads, clean %v; want 1 and not clean", blocks.reads, m.clean)
 	}
 }

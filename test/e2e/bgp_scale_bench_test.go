@@ -180,7 +180,7 @@ func writeScaleReport(b *testing.B, rows []scaleRow) {
 		return
 	}
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "# BGP at scale (make bench: BenchmarkBGPScale)\n\nMeasured %s: N calico-cnm daemons (`serve --bgp`, no dockerd), each in its own netns on one fabric, one etcd; then N gobgpd %s with the same timers and graceful restart on the same fabric (the baseline; its \"routes\" are its RIB, it programs no kernel). Every node claims one block at the same moment. The machine is shared: compare ratios. Where a cell lists several runs (by default the rows with a target: 3 runs of each, alternately), the row shows the median run.\n\n", time.Now().UTC().Format(time.RFC3339), gobgpdVersion())
+	fmt.Fprintf(&sb, "# BGP at scale (make bench: BenchmarkBGPScale)\n\nMeasured %s: N calico-cnm daemons (`serve --bgp`, no dockerd), each in its own netns on one fabric, one etcd; and, alternately, N gobgpd %s with the same timers and graceful restart on the same fabric (the baseline; its \"routes\" are its RIB, it programs no kernel). Every node claims one block at the same moment. The machine is shared: compare ratios. Where a cell lists several runs (by default the rows with a target: 3 runs of each, alternately), the row shows the median run.\n\n", time.Now().UTC().Format(time.RFC3339), gobgpdVersion())
 	sb.WriteString("| nodes | topology | sessions up: calico-cnm / gobgpd | claims done | routes complete: calico-cnm / gobgpd | ratio | RSS per node: calico-cnm / gobgpd | CPU s: calico-cnm / gobgpd | target |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		cnm, base := medianRun(r.cnm), medianRun(r.base)
@@ -551,19 +551,34 @@ type gobgpdScale struct {
 
 // bestPaths is the set of prefixes with a best path in one gobgpd's RIB.
 type bestPaths struct {
-	once sync.Once
-	mu   sync.Mutex
-	dsts map[string]bool
+	mu        sync.Mutex
+	following bool
+	dsts      map[string]bool
+	err       error // why the watch ended (the node then never counts as routed)
 }
 
 func (r *bestPaths) count() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.err != nil {
+		return -1
+	}
 	return len(r.dsts)
 }
 
+// start follows the node's RIB unless that is already done; false when the
+// watch could not start (tried again at the next call).
+func (r *bestPaths) start(ctx context.Context, client api.GobgpApiClient) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.following {
+		r.following = r.follow(ctx, client) == nil
+	}
+	return r.following
+}
+
 // follow keeps r up to date from client's best-path events (the current
-// ones first) until ctx ends.
+// ones first) until ctx ends; r.mu is held.
 func (r *bestPaths) follow(ctx context.Context, client api.GobgpApiClient) error {
 	stream, err := client.WatchEvent(ctx, &api.WatchEventRequest{Table: &api.WatchEventRequest_Table{
 		Filters: []*api.WatchEventRequest_Table_Filter{{Type: api.WatchEventRequest_Table_Filter_BEST, Init: true}},
@@ -575,6 +590,12 @@ func (r *bestPaths) follow(ctx context.Context, client api.GobgpApiClient) error
 		for {
 			ev, err := stream.Recv()
 			if err != nil {
+				if ctx.Err() == nil {
+					r.mu.Lock()
+					r.err = fmt.Errorf("best-path watch ended: %w", err)
+					r.mu.Unlock()
+					fmt.Printf("    gobgpd best-path watch ended: %v (the node will not count as routed)\n", err)
+				}
 				return
 			}
 			r.mu.Lock()
@@ -693,9 +714,7 @@ func (g *gobgpdScale) established(ctx context.Context, i int, want int) bool {
 	if up != want {
 		return false
 	}
-	var err2 error
-	g.ribs[i].once.Do(func() { err2 = g.ribs[i].follow(g.ctx, g.clients[i]) })
-	return err2 == nil
+	return g.ribs[i].start(g.ctx, g.clients[i])
 }
 
 // scaleBlock is node i's block in the gobgpd runs: /26s of the test pool.
