@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 )
@@ -489,13 +490,24 @@ func (e *Engine) borrow(ctx context.Context, req assignReq, pools []poolEntry, a
 // The block record is the source of truth for ownership; the affinity
 // records are what routing watches. It returns all blocks.
 func (e *Engine) reloadHost(ctx context.Context, host string) (map[netip.Prefix]cachedBlock, error) {
-	affs, err := e.store.List(ctx, hostAffinityPrefix(host))
-	if err != nil {
-		return nil, fmt.Errorf("listing affinities of host %s: %w", host, err)
-	}
-	kvs, err := e.store.List(ctx, blocksPrefix)
-	if err != nil {
-		return nil, fmt.Errorf("listing IPAM blocks: %w", err)
+	// Both lists at once: a cold claim waits for them, and when many hosts
+	// claim at the same moment etcd answers each round trip slowly.
+	var affs, kvs []datastore.KV
+	lists, lctx := errgroup.WithContext(ctx)
+	lists.Go(func() (err error) {
+		if affs, err = e.store.List(lctx, hostAffinityPrefix(host)); err != nil {
+			return fmt.Errorf("listing affinities of host %s: %w", host, err)
+		}
+		return nil
+	})
+	lists.Go(func() (err error) {
+		if kvs, err = e.store.List(lctx, blocksPrefix); err != nil {
+			return fmt.Errorf("listing IPAM blocks: %w", err)
+		}
+		return nil
+	})
+	if err := lists.Wait(); err != nil {
+		return nil, err
 	}
 	all := make(map[netip.Prefix]cachedBlock, len(kvs))
 	for _, kv := range kvs {
