@@ -264,7 +264,7 @@ func (e *Engine) stamped(attrs map[string]string) map[string]string {
 // claimOrBorrow runs steps 2 and 3 of AutoAssign on a fresh view of all
 // blocks.
 func (e *Engine) claimOrBorrow(ctx context.Context, req assignReq, all map[netip.Prefix]cachedBlock) (netip.Addr, error) {
-	cfg, err := e.GetConfig(ctx)
+	cfg, guard, cached, err := e.claimConfig(ctx, false)
 	if err != nil {
 		return netip.Addr{}, err
 	}
@@ -273,6 +273,12 @@ func (e *Engine) claimOrBorrow(ctx context.Context, req assignReq, all map[netip
 		return netip.Addr{}, err
 	}
 	owned := ownedInPools(all, req.host, pools)
+	if cached && !claimAllowed(cfg, owned) {
+		// Only a fresh read may forbid the claim (see claimConfig).
+		if cfg, guard, cached, err = e.claimConfig(ctx, true); err != nil {
+			return netip.Addr{}, err
+		}
+	}
 	why := ""
 	switch {
 	case !cfg.AutoAllocateBlocks:
@@ -284,11 +290,17 @@ func (e *Engine) claimOrBorrow(ctx context.Context, req assignReq, all map[netip
 			"no free address in %s for host %s: it already owns %d block(s) there, the maxBlocksPerHost limit, and they are full; raise the limit (`calico-cnm ipam configure --max-blocks-per-host N`) or release addresses on this host",
 			describePools(pools, req.within), req.host, owned)
 	default:
-		addr, err := e.claimNewBlock(ctx, req, pools, all)
+		addr, err := e.claimNewBlock(ctx, req, pools, all, guard)
 		if err == nil || !errors.Is(err, errNoFreeBlock) {
 			return addr, err
 		}
 		why = allClaimed(pools, req.within, owned)
+	}
+	if cached {
+		// Borrowing is decided on a fresh read too (strictAffinity).
+		if cfg, _, _, err = e.claimConfig(ctx, true); err != nil {
+			return netip.Addr{}, err
+		}
 	}
 	if cfg.StrictAffinity {
 		return netip.Addr{}, newError(ErrExhausted,
@@ -296,6 +308,12 @@ func (e *Engine) claimOrBorrow(ctx context.Context, req assignReq, all map[netip
 			describePools(pools, req.within), req.host, why)
 	}
 	return e.borrow(ctx, req, pools, all, why)
+}
+
+// claimAllowed: cfg lets a host owning owned blocks of the requested pools
+// claim another.
+func claimAllowed(cfg Config, owned int) bool {
+	return cfg.AutoAllocateBlocks && (cfg.MaxBlocksPerHost == 0 || owned < cfg.MaxBlocksPerHost)
 }
 
 // ownedInPools counts host's blocks in the pools a request draws from: as
@@ -353,7 +371,7 @@ var errNoFreeBlock = errors.New("no unclaimed block")
 // claimNewBlock walks each pool's blocks (host-hashed start, see blockWalk)
 // and claims the first one that does not exist yet. Losing the race for a
 // block just moves on to the next.
-func (e *Engine) claimNewBlock(ctx context.Context, req assignReq, pools []poolEntry, all map[netip.Prefix]cachedBlock) (netip.Addr, error) {
+func (e *Engine) claimNewBlock(ctx context.Context, req assignReq, pools []poolEntry, all map[netip.Prefix]cachedBlock, guard datastore.Op) (netip.Addr, error) {
 	tries := 0
 	for _, p := range pools {
 		walk := blockWalk(span(p, req.within), p.BlockSize, req.host)
@@ -364,7 +382,7 @@ func (e *Engine) claimNewBlock(ctx context.Context, req assignReq, pools []poolE
 			if tries++; tries > maxAttempts {
 				return netip.Addr{}, errRetry
 			}
-			addr, err := e.claimAndAssign(ctx, req, cand, p, netip.Addr{})
+			addr, err := e.claimAndAssign(ctx, req, cand, p, netip.Addr{}, guard)
 			if errors.Is(err, errBlockTaken) {
 				all[cand] = cachedBlock{}
 				continue
@@ -382,7 +400,7 @@ func (e *Engine) claimNewBlock(ctx context.Context, req assignReq, pools []poolE
 // once when hosts race. One transaction, not a pending affinity confirmed
 // by a second one: the block and its affinity cannot exist one without the
 // other, and routing learns of the block a round trip sooner.
-func (e *Engine) claimAndAssign(ctx context.Context, req assignReq, cand netip.Prefix, pool poolEntry, specific netip.Addr) (netip.Addr, error) {
+func (e *Engine) claimAndAssign(ctx context.Context, req assignReq, cand netip.Prefix, pool poolEntry, specific netip.Addr, guards ...datastore.Op) (netip.Addr, error) {
 	b := newBlock(cand, req.host)
 	var ord int
 	if specific.IsValid() {
@@ -397,7 +415,7 @@ func (e *Engine) claimAndAssign(ctx context.Context, req assignReq, cand netip.P
 	affKey := affinityKey(req.host, cand)
 	log := req.log.WithField("block", cand.String())
 	addr, _, err := e.commitAssign(ctx, req, b, 0, ord, pool,
-		datastore.Create(affKey, datastore.MustJSON(affinityRecord{State: stateConfirmed})))
+		append(guards, datastore.Create(affKey, datastore.MustJSON(affinityRecord{State: stateConfirmed})))...)
 	if err == nil {
 		log.Info("claimed block for host")
 		return addr, nil
@@ -422,11 +440,12 @@ func (e *Engine) claimAndAssign(ctx context.Context, req assignReq, cand netip.P
 	} else if !errors.Is(err, datastore.ErrNotFound) {
 		return netip.Addr{}, err
 	}
-	// Otherwise the handle or the pool changed.
+	// Otherwise the handle, the pool or the configuration changed.
 	if _, err := e.readHandle(ctx, req.handle); err != nil {
 		return netip.Addr{}, err
 	}
 	e.invalidatePools()
+	e.invalidateConfig()
 	return netip.Addr{}, errRetry
 }
 
@@ -490,23 +509,8 @@ func (e *Engine) borrow(ctx context.Context, req assignReq, pools []poolEntry, a
 // The block record is the source of truth for ownership; the affinity
 // records are what routing watches. It returns all blocks.
 func (e *Engine) reloadHost(ctx context.Context, host string) (map[netip.Prefix]cachedBlock, error) {
-	// Both lists at once: a cold claim waits for them, and when many hosts
-	// claim at the same moment etcd answers each round trip slowly.
-	var affs, kvs []datastore.KV
-	lists, lctx := errgroup.WithContext(ctx)
-	lists.Go(func() (err error) {
-		if affs, err = e.store.List(lctx, hostAffinityPrefix(host)); err != nil {
-			return fmt.Errorf("listing affinities of host %s: %w", host, err)
-		}
-		return nil
-	})
-	lists.Go(func() (err error) {
-		if kvs, err = e.store.List(lctx, blocksPrefix); err != nil {
-			return fmt.Errorf("listing IPAM blocks: %w", err)
-		}
-		return nil
-	})
-	if err := lists.Wait(); err != nil {
+	affs, kvs, err := e.listHostAndBlocks(ctx, host)
+	if err != nil {
 		return nil, err
 	}
 	all := make(map[netip.Prefix]cachedBlock, len(kvs))
@@ -577,6 +581,27 @@ func (e *Engine) reloadHost(ctx context.Context, host string) (map[netip.Prefix]
 		}
 	}
 	return all, nil
+}
+
+// listHostAndBlocks lists the host's affinities and all blocks at once: a
+// cold claim waits for both, and when many hosts claim at the same moment
+// etcd answers each round trip slowly.
+func (e *Engine) listHostAndBlocks(ctx context.Context, host string) (affs, blocks []datastore.KV, err error) {
+	lists, lctx := errgroup.WithContext(ctx)
+	lists.Go(func() (err error) {
+		if affs, err = e.store.List(lctx, hostAffinityPrefix(host)); err != nil {
+			return fmt.Errorf("listing affinities of host %s: %w", host, err)
+		}
+		return nil
+	})
+	lists.Go(func() (err error) {
+		if blocks, err = e.store.List(lctx, blocksPrefix); err != nil {
+			return fmt.Errorf("listing IPAM blocks: %w", err)
+		}
+		return nil
+	})
+	err = lists.Wait()
+	return affs, blocks, err
 }
 
 // AssignIP assigns one specific address. It must lie in a pool (enabled)

@@ -47,5 +47,6 @@ func (e *Engine) UpdateConfig(ctx context.Context, ch ConfigChange) (Config, err
 		out = c
 		return e.store.Txn(ctx, datastore.Write(configKey, datastore.MustJSON(c), rev))
 	})
+	e.invalidateConfig()
 	return out, err
 }

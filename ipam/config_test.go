@@ -131,3 +131,33 @@ func TestUpdateConfigConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimConfigChangedElsewhere: a claim decides on the configuration as
+// this engine last read it, and is still bound by a change another process
+// made since: the claim's transaction fails on the changed record and the
+// claim is decided again on a fresh read, both ways.
+func TestClaimConfigChangedElsewhere(t *testing.T) {
+	v := newEnv(t, Options{})
+	v.pool("10.0.0.0/16", 0)
+	other := v.engine(Options{})    // another process on the same datastore
+	assign(t, v.e, "h0", "warm-up") // v.e now holds the configuration
+	off, on := false, true
+	if _, err := other.UpdateConfig(v.ctx, ConfigChange{AutoAllocateBlocks: &off}); err != nil {
+		t.Fatal(err)
+	}
+	// h1 owns no block: with autoAllocateBlocks off it borrows from h0's.
+	ip := assign(t, v.e, "h1", "c1")
+	if blocks := hostBlocks(t, v.e, "h1"); len(blocks) != 0 {
+		t.Fatalf("h1 claimed %v although autoAllocateBlocks was turned off", blocks)
+	}
+	if h0 := hostBlocks(t, v.e, "h0"); len(h0) != 1 || !h0[0].Contains(ip) {
+		t.Fatalf("h1 got %s, want an address borrowed from h0's block %v", ip, h0)
+	}
+	if _, err := other.UpdateConfig(v.ctx, ConfigChange{AutoAllocateBlocks: &on}); err != nil {
+		t.Fatal(err)
+	}
+	assign(t, v.e, "h1", "c2") // the cached "off" is read again, not trusted
+	if blocks := hostBlocks(t, v.e, "h1"); len(blocks) != 1 {
+		t.Fatalf("h1 blocks %v after autoAllocateBlocks was turned on again", blocks)
+	}
+}

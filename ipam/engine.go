@@ -107,6 +107,9 @@ type Engine struct {
 	abandoned map[string]bool
 	// intents are ExpectRelease's expected holders, by address.
 	intents map[netip.Addr]releaseIntent
+	// config is the IPAM configuration as a claim last read it (nil: read
+	// it); see claimConfig.
+	config *cachedConfig
 
 	// lostClaims counts block claims lost to another host (tests, logs).
 	lostClaims atomic.Int64
@@ -367,15 +370,60 @@ func (e *Engine) uncacheHandle(id string) {
 
 // GetConfig returns the IPAM configuration, DefaultConfig when none was set.
 func (e *Engine) GetConfig(ctx context.Context) (Config, error) {
+	c, _, err := e.readConfig(ctx)
+	return c, err
+}
+
+// readConfig is GetConfig with the revision of the record (0: none).
+func (e *Engine) readConfig(ctx context.Context) (Config, int64, error) {
 	c := DefaultConfig()
-	_, err := e.store.GetJSON(ctx, configKey, &c)
+	rev, err := e.store.GetJSON(ctx, configKey, &c)
 	if errors.Is(err, datastore.ErrNotFound) {
-		return DefaultConfig(), nil
+		return DefaultConfig(), 0, nil
 	}
 	if err != nil {
-		return Config{}, fmt.Errorf("reading IPAM config: %w", err)
+		return Config{}, 0, fmt.Errorf("reading IPAM config: %w", err)
 	}
-	return c, nil
+	return c, rev, nil
+}
+
+// cachedConfig is the configuration at a revision (0: no record).
+type cachedConfig struct {
+	c   Config
+	rev int64
+}
+
+// claimConfig is the configuration a block claim decides on: the cached
+// copy unless fresh is asked for. A cached copy may be stale, so a claim it
+// allows carries guard, which fails the claim's transaction if the record
+// changed since (then the cache is dropped and the claim retried); cached
+// says the copy came from the cache, so that a claim it forbids is decided
+// again on a fresh read. A cold claim thereby saves a round trip, which
+// counts when many hosts claim at the same moment.
+func (e *Engine) claimConfig(ctx context.Context, fresh bool) (c Config, guard datastore.Op, cached bool, err error) {
+	e.mu.Lock()
+	cc := e.config
+	e.mu.Unlock()
+	if cc == nil || fresh {
+		cfg, rev, err := e.readConfig(ctx)
+		if err != nil {
+			return Config{}, datastore.Op{}, false, err
+		}
+		cc = &cachedConfig{c: cfg, rev: rev}
+		e.mu.Lock()
+		e.config = cc
+		e.mu.Unlock()
+	} else {
+		cached = true
+	}
+	return cc.c, datastore.Check(configKey, cc.rev), cached, nil
+}
+
+// invalidateConfig makes the next claim read the configuration.
+func (e *Engine) invalidateConfig() {
+	e.mu.Lock()
+	e.config = nil
+	e.mu.Unlock()
 }
 
 // SetConfig replaces the IPAM configuration. All fields are written, so
@@ -384,7 +432,7 @@ func (e *Engine) SetConfig(ctx context.Context, c Config) error {
 	if c.MaxBlocksPerHost < 0 {
 		return newError(ErrInvalidArgument, "maxBlocksPerHost must be 0 (unlimited) or positive, not %d", c.MaxBlocksPerHost)
 	}
-	return e.store.Retry(ctx, func(ctx context.Context) error {
+	err := e.store.Retry(ctx, func(ctx context.Context) error {
 		var old json.RawMessage
 		rev, err := e.store.GetJSON(ctx, configKey, &old)
 		if err != nil && !errors.Is(err, datastore.ErrNotFound) {
@@ -392,4 +440,6 @@ func (e *Engine) SetConfig(ctx context.Context, c Config) error {
 		}
 		return e.store.Txn(ctx, datastore.Write(configKey, datastore.MustJSON(c), rev))
 	})
+	e.invalidateConfig()
+	return err
 }
