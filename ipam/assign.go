@@ -283,7 +283,7 @@ func (e *Engine) claimOrBorrow(ctx context.Context, req assignReq, all map[netip
 	switch {
 	case !cfg.AutoAllocateBlocks:
 		why = "this host has no block with a free address and autoAllocateBlocks is off (`calico-cnm ipam configure --auto-allocate-blocks=true` turns it on)"
-	case cfg.MaxBlocksPerHost > 0 && owned >= cfg.MaxBlocksPerHost:
+	case atBlockLimit(cfg, owned):
 		// As in Calico, reaching the limit is an error, not a reason to
 		// borrow: the limit exists to bound what a host routes.
 		return netip.Addr{}, newError2(ErrMaxBlocks, ErrExhausted,
@@ -313,7 +313,12 @@ func (e *Engine) claimOrBorrow(ctx context.Context, req assignReq, all map[netip
 // claimAllowed: cfg lets a host owning owned blocks of the requested pools
 // claim another.
 func claimAllowed(cfg Config, owned int) bool {
-	return cfg.AutoAllocateBlocks && (cfg.MaxBlocksPerHost == 0 || owned < cfg.MaxBlocksPerHost)
+	return cfg.AutoAllocateBlocks && !atBlockLimit(cfg, owned)
+}
+
+// atBlockLimit: owned blocks reach cfg's maxBlocksPerHost (0: no limit).
+func atBlockLimit(cfg Config, owned int) bool {
+	return cfg.MaxBlocksPerHost > 0 && owned >= cfg.MaxBlocksPerHost
 }
 
 // ownedInPools counts host's blocks in the pools a request draws from: as

@@ -287,7 +287,8 @@ func ipNetFromPrefix(p netip.Prefix) net.IPNet {
 // tables: at 64 nodes a burst of updates runs a pass every 50 ms on every
 // node, and the dumps were a large part of the CPU the burst took. The
 // kernel is listed again after forget (the agent's periodic resync, which
-// also repairs routes removed behind our back) and after any failed change.
+// also repairs routes removed behind our back, and every pass while
+// deletes wait) and after any failed change.
 type knownRoutes struct {
 	RouteTable
 	known map[netip.Prefix][]netip.Addr // nil: list the kernel next time
