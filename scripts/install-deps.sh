@@ -20,7 +20,10 @@ export DEBIAN_FRONTEND=noninteractive
 # iptables (iptables-legacy): the daemon opens Docker's legacy FORWARD filter
 # with it on hosts whose Docker uses that backend; a test builds one.
 # util-linux (setpriv): a test checks an unprivileged user is kept out.
-pkgs="docker.io busybox-static iproute2 iputils-ping nftables iptables util-linux etcd-server etcd-client curl iperf3 wrk make git ca-certificates bird2 gobgpd"
+# docker-compose (v1) and docker-registry: the real clients of the compose
+# and registry-install tests; tcpdump: proves what crosses a router netns;
+# openssl: the cluster guide's certificates.
+pkgs="docker.io busybox-static iproute2 iputils-ping nftables iptables util-linux etcd-server etcd-client curl iperf3 wrk make git ca-certificates bird2 gobgpd docker-compose docker-registry tcpdump openssl"
 missing=""
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
