@@ -134,6 +134,14 @@ func startEmbedded(ctx context.Context, cfg Config, log logrus.FieldLogger) (*em
 		ec.AdvertisePeerUrls = []url.URL{{Scheme: "unix", Host: "localhost:0"}}
 	}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
+	// embed.NewConfig leaves the slow-request threshold at zero, which makes
+	// the member log every request as a "request stats" warning; etcd's
+	// own server uses this default.
+	ec.WarningUnaryRequestDuration = embed.DefaultWarningUnaryRequestDuration
+	// The member has no authentication (it listens on a root-only socket),
+	// so it needs no token provider: "" is etcd's none, where the default
+	// "simple" provider warns at start that its tokens are unsigned.
+	ec.AuthToken = ""
 	stopping := &atomic.Bool{}
 	zl, err := newEtcdLogger(log, cfg.EmbeddedLogLevel, stopping)
 	if err != nil {
