@@ -62,28 +62,15 @@ func newPolicy(cfg Config, store *datastore.Store, log logrus.FieldLogger) (*pol
 	return &policyRunner{syncer: syncer, labels: &dockerLabels{cli: names.cli, store: store}, nft: nft, names: names, node: cfg.NodeName, log: log}, nil
 }
 
-// start runs the syncer until ctx ends; the returned function waits for it
-// and releases the handles.
-func (p *policyRunner) start(ctx context.Context) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	relearnt := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := p.syncer.Run(ctx); err != nil {
-			p.log.WithError(err).Error("network policy stopped")
-		}
-	}()
-	go func() {
-		defer close(relearnt)
+// start runs the syncer and the label re-learner under sup; the returned
+// function releases the handles once sup has stopped.
+func (p *policyRunner) start(sup *supervisor) (release func()) {
+	sup.Service("network policy", p.syncer.Run)
+	sup.Service("container labels", func(ctx context.Context) error {
 		p.labels.relearn(ctx, p.node, p.log)
-	}()
-	return func() {
-		cancel()
-		<-done
-		<-relearnt
-		p.close()
-	}
+		return ctx.Err()
+	})
+	return p.close
 }
 
 func (p *policyRunner) close() {
