@@ -241,7 +241,9 @@ func (e *Engine) commitAssign(ctx context.Context, req assignReq, b *block, rev 
 	if err != nil {
 		return netip.Addr{}, 0, err
 	}
-	e.cacheBlock(b, newRev)
+	// b is the caller's private copy, which nobody changes after a
+	// successful write (every caller returns): the cache takes it.
+	e.cacheOwnedBlock(b, newRev)
 	h.rev = newRev
 	e.cacheHandle(h)
 	addr := nthAddr(b.prefix, ord)

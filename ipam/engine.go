@@ -206,6 +206,13 @@ func (h *hostState) unlock() { <-h.sem }
 // cacheBlock remembers b at rev if it is affine to a host this engine serves;
 // older revisions never replace newer ones.
 func (e *Engine) cacheBlock(b *block, rev int64) {
+	e.cacheOwnedBlock(b.clone(), rev)
+}
+
+// cacheOwnedBlock is cacheBlock of a block nobody else holds or changes
+// any more (the private copy an assignment just wrote): it is kept as it
+// is, not copied again.
+func (e *Engine) cacheOwnedBlock(b *block, rev int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if old, ok := e.blocks[b.prefix]; ok && old.rev > rev {
@@ -215,7 +222,7 @@ func (e *Engine) cacheBlock(b *block, rev int64) {
 		e.dropBlockLocked(b.prefix)
 		return
 	}
-	e.setBlockLocked(cachedBlock{b: b.clone(), rev: rev})
+	e.setBlockLocked(cachedBlock{b: b, rev: rev})
 }
 
 func (e *Engine) uncacheBlock(p netip.Prefix) {
