@@ -61,22 +61,21 @@ func (s *supervisor) outcome(name string, err error, mustRun bool) error {
 // Service runs a service that must run until the daemon stops: an error,
 // or returning at all before the stop, stops the daemon with that error.
 func (s *supervisor) Service(name string, run func(ctx context.Context) error) {
-	s.g.Go(func() error {
-		err := s.outcome(name, run(s.ctx), true)
-		if err != nil {
-			s.log.WithError(err).WithField("service", name).Error("service failed: stopping the daemon")
-		}
-		return err
-	})
+	s.goStopping(name, run, true)
 }
 
 // Task runs a job that may finish (learning Docker's engine ID): only its
 // error stops the daemon.
 func (s *supervisor) Task(name string, run func(ctx context.Context) error) {
+	s.goStopping(name, run, false)
+}
+
+// goStopping runs a service whose failure stops the daemon.
+func (s *supervisor) goStopping(name string, run func(ctx context.Context) error, mustRun bool) {
 	s.g.Go(func() error {
-		err := s.outcome(name, run(s.ctx), false)
+		err := s.outcome(name, run(s.ctx), mustRun)
 		if err != nil {
-			s.log.WithError(err).WithField("service", name).Error("task failed: stopping the daemon")
+			s.log.WithError(err).WithField("service", name).Error("service failed: stopping the daemon")
 		}
 		return err
 	})
