@@ -68,3 +68,23 @@ BenchmarkMultiHostPolicyUpdate-2   	1	1 ns/op	16.1 p50-ms	50 p50-target-ms	27.9 
 		t.Errorf("only %d pixels of missed (red) bars in the targets band", n)
 	}
 }
+
+// TestOwnedBlocksRow: the owned-blocks benchmark's output becomes a line of
+// allocations per assignment and a targets row of the 100 / 1 ratio.
+func TestOwnedBlocksRow(t *testing.T) {
+	out := `BenchmarkAutoAssignOwnedBlocks/blocks=1-2         	     300	   5653176 ns/op	       176.9 assign/s	         1.000 roundtrips/op	  108218 B/op	     789 allocs/op
+BenchmarkAutoAssignOwnedBlocks/blocks=20-2        	     300	   1353819 ns/op	       738.7 assign/s	         1.000 roundtrips/op	  105637 B/op	     781 allocs/op
+BenchmarkAutoAssignOwnedBlocks/blocks=100-2       	     300	   2670177 ns/op	       374.5 assign/s	         1.000 roundtrips/op	  233725 B/op	    7528 allocs/op
+`
+	var r Results
+	if err := addOwnedBlocks(&r, strings.NewReader(out)); err != nil {
+		t.Fatal(err)
+	}
+	goals := r.Goals()
+	if len(goals) != 1 || goals[0].Met() || goals[0].Value < 9.5 || goals[0].Value > 9.6 {
+		t.Fatalf("goals = %+v, want one missed row of 7528/789", goals)
+	}
+	if err := addOwnedBlocks(&r, strings.NewReader("PASS\n")); err == nil {
+		t.Error("output without the benchmark's lines read as fine")
+	}
+}
