@@ -24,12 +24,7 @@ func TestStartAndCleanStopLogNoWarning(t *testing.T) {
 	}
 	args[i+1] = "info"
 	p := h.StartPlugin(t, bin, nil, args...)
-	if err := p.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Wait(harness.StopTimeout); err != nil {
-		t.Fatalf("daemon did not exit cleanly on SIGTERM: %v\n%s", err, p.LogTail(40))
-	}
+	stopCleanly(t, p)
 	lines := 0
 	for _, line := range strings.Split(strings.TrimSpace(p.Log()), "\n") {
 		m := logrusLine.FindStringSubmatch(line)
@@ -44,5 +39,17 @@ func TestStartAndCleanStopLogNoWarning(t *testing.T) {
 	}
 	if lines == 0 {
 		t.Fatalf("the daemon logged nothing at info: is the log read?\n%s", p.LogTail(20))
+	}
+}
+
+// stopCleanly stops the daemon p with SIGTERM and fails unless it exits
+// cleanly within harness.StopTimeout.
+func stopCleanly(t *testing.T, p *harness.Process) {
+	t.Helper()
+	if err := p.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(harness.StopTimeout); err != nil {
+		t.Fatalf("daemon did not exit cleanly on SIGTERM: %v\n%s", err, p.LogTail(40))
 	}
 }
