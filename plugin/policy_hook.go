@@ -59,7 +59,7 @@ func newPolicy(cfg Config, store *datastore.Store, log logrus.FieldLogger) (*pol
 		names.cli.Close()
 		return nil, err
 	}
-	return &policyRunner{syncer: syncer, labels: &dockerLabels{cli: names.cli, store: store}, nft: nft, names: names, node: cfg.NodeName, log: log}, nil
+	return &policyRunner{syncer: syncer, labels: newDockerLabels(names.cli, store, cfg.NodeName, log), nft: nft, names: names, node: cfg.NodeName, log: log}, nil
 }
 
 // start runs the syncer until ctx ends; the returned function waits for it
@@ -76,7 +76,7 @@ func (p *policyRunner) start(ctx context.Context) (stop func()) {
 	}()
 	go func() {
 		defer close(relearnt)
-		p.labels.relearn(ctx, p.node, p.log)
+		p.labels.Run(ctx)
 	}()
 	return func() {
 		cancel()
