@@ -36,12 +36,14 @@ import (
 //   - Join's options carry the sandbox's port map and exposed ports;
 //   - the network connect event follows Join with the container's id.
 //
-// At Join: a single container starting on the network (once the ports are
-// compared) is the one; otherwise the network's endpoint list names it.
-// When Docker cannot say (an error), candidates whose labels are all the
-// same still give those labels (less the container's name), and the
-// network connect event completes them; else the endpoint fails closed
-// until that event.
+// At Join the network's endpoint list names the container: exact, also
+// for a running container being connected (a lone container starting on
+// the network would not be: a running one may be the one joining). When
+// Docker cannot say (an error), the candidates decide: the containers
+// starting on the network, narrowed by the sandbox's ports where known;
+// one candidate is taken; candidates whose labels are all the same give
+// those labels (less the container's name, which the network connect
+// event adds); otherwise the endpoint fails closed until that event.
 type dockerLabels struct {
 	cli   dockerAPI
 	store labelStore
@@ -100,15 +102,15 @@ func (d *dockerLabels) EndpointLabels(ctx context.Context, req driver.LabelReque
 	}
 	name := d.networkName(ctx, req.NetworkID)
 	log := d.log.WithFields(logrus.Fields{"network": shortID(req.NetworkID), "endpoint": shortID(req.EndpointID)})
-	cands, complete := candidates(d.cache.all(), req.NetworkID, name, joinPorts(req.Options))
-	if complete && len(cands) == 1 {
-		log.WithField("container", cands[0].Name).Debug("the only container starting on the network is joining")
-		return policy.WithDriverLabels(cands[0].labelsOn(name), req.DriverLabels), nil
-	}
 	c, err := d.identify(ctx, req.NetworkID, req.EndpointID)
 	if err == nil {
-		log.WithFields(logrus.Fields{"container": c.Name, "candidates": len(cands)}).Debug("the network's endpoint list names the joining container")
+		log.WithField("container", c.Name).Debug("the network's endpoint list names the joining container")
 		return policy.WithDriverLabels(c.labelsOn(name), req.DriverLabels), nil
+	}
+	cands, complete := candidates(d.cache.all(), req.NetworkID, name, joinPorts(req.Options))
+	if complete && len(cands) == 1 {
+		log.WithError(err).WithField("container", cands[0].Name).Info("joining container not named by Docker: the only container starting on the network is taken")
+		return policy.WithDriverLabels(cands[0].labelsOn(name), req.DriverLabels), nil
 	}
 	d.setPending(req.EndpointID, req.NetworkID)
 	if l, ok := commonLabels(cands, name); ok && complete {
