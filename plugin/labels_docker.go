@@ -18,6 +18,7 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/driver"
+	"github.com/calico-cnm/calico-cnm/internal/retry"
 	"github.com/calico-cnm/calico-cnm/policy"
 )
 
@@ -88,9 +89,6 @@ const (
 	// endpoint list waits for its container's create event (the event is
 	// sent before the start that joins, so it is normally in already).
 	createEventWait = time.Second
-	// Reopening a broken event stream backs off up to followBackoffMax.
-	followBackoffMin = 100 * time.Millisecond
-	followBackoffMax = 10 * time.Second
 )
 
 // EndpointLabels implements driver.Labeller.
@@ -225,22 +223,19 @@ func learnerEvents() filters.Args {
 // events; a broken stream is opened again (with backoff) and the listing
 // redone. Nothing is polled.
 func (d *dockerLabels) Run(ctx context.Context) {
-	backoff := followBackoffMin
+	backoff := retry.New(retry.Standard())
 	for {
 		listed, err := d.follow(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		if listed {
-			backoff = followBackoffMin
+			backoff.Reset()
 		}
-		d.log.WithError(err).WithField("retry", backoff).Info("following Docker's events: opening the stream again")
-		select {
-		case <-ctx.Done():
+		d.log.WithError(err).Info("following Docker's events: opening the stream again")
+		if !backoff.Wait(ctx) {
 			return
-		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, followBackoffMax)
 	}
 }
 

@@ -110,6 +110,16 @@ func (f *fakeDocker) create(t *testing.T, name string, labels map[string]string)
 	f.send(t, events.ContainerEventType, events.ActionCreate, s.ID, attrs)
 }
 
+// failInspect makes network inspect fail (Docker cannot name endpoints).
+func (f *fakeDocker) failInspect(fail bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.inspectErr = nil
+	if fail {
+		f.inspectErr = errors.New("injected: network inspect failed")
+	}
+}
+
 // waitCall waits for a call of the learner.
 func (f *fakeDocker) waitCall(t *testing.T, want string) {
 	t.Helper()
@@ -247,9 +257,7 @@ func TestLabelLearner(t *testing.T) {
 
 	// Docker cannot name it, one container is starting on net1 (the
 	// running one is not starting): that one.
-	fd.mu.Lock()
-	fd.inspectErr = errors.New("injected: network inspect failed")
-	fd.mu.Unlock()
+	fd.failInspect(true)
 	fd.create(t, "c1", role("web"))
 	e.described(t, "c1-id")
 	got, err := e.labels(t, "e1")
@@ -257,9 +265,7 @@ func TestLabelLearner(t *testing.T) {
 		t.Errorf("single candidate: %v %v", got, err)
 	}
 	fd.send(t, events.ContainerEventType, events.ActionStart, "c1-id", nil)
-	fd.mu.Lock()
-	fd.inspectErr = nil
-	fd.mu.Unlock()
+	fd.failInspect(false)
 
 	// Two with different labels, and a running container being
 	// connected while one of them waits: the network's endpoint list
@@ -282,9 +288,7 @@ func TestLabelLearner(t *testing.T) {
 
 	// Docker cannot name it, the candidates' labels are the same: those
 	// labels at once, the name with the connect event.
-	fd.mu.Lock()
-	fd.inspectErr = errors.New("injected: network inspect failed")
-	fd.mu.Unlock()
+	fd.failInspect(true)
 	fd.create(t, "c4", role("api"))
 	fd.create(t, "c5", role("api"))
 	e.described(t, "c5-id")
@@ -304,9 +308,7 @@ func TestLabelLearner(t *testing.T) {
 
 	// Different labels and Docker cannot name it: unknown (fail closed)
 	// until the connect event.
-	fd.mu.Lock()
-	fd.inspectErr = errors.New("injected: network inspect failed")
-	fd.mu.Unlock()
+	fd.failInspect(true)
 	fd.create(t, "c6", role("x"))
 	fd.create(t, "c7", role("y"))
 	e.described(t, "c7-id")
