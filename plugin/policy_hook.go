@@ -67,7 +67,7 @@ func newPolicy(cfg Config, store *datastore.Store, log logrus.FieldLogger) (*pol
 func (p *policyRunner) start(ctx context.Context) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	relearnt := make(chan struct{})
+	learnt := make(chan struct{})
 	go func() {
 		defer close(done)
 		if err := p.syncer.Run(ctx); err != nil {
@@ -75,13 +75,13 @@ func (p *policyRunner) start(ctx context.Context) (stop func()) {
 		}
 	}()
 	go func() {
-		defer close(relearnt)
+		defer close(learnt)
 		p.labels.Run(ctx)
 	}()
 	return func() {
 		cancel()
 		<-done
-		<-relearnt
+		<-learnt
 		p.close()
 	}
 }
