@@ -286,42 +286,39 @@ func TestLabelLearner(t *testing.T) {
 	fd.send(t, events.ContainerEventType, events.ActionStart, "c2-id", nil)
 	fd.send(t, events.ContainerEventType, events.ActionStart, "c3-id", nil)
 
-	// Docker cannot name it, the candidates' labels are the same: those
-	// labels at once, the name with the connect event.
-	fd.failInspect(true)
-	fd.create(t, "c4", role("api"))
-	fd.create(t, "c5", role("api"))
-	e.described(t, "c5-id")
-	got, err = e.labels(t, "e4")
-	if err != nil || !maps.Equal(got, wantLabels("api", "")) {
-		t.Errorf("identical candidates: %v %v", got, err)
+	// Docker cannot name it: candidates whose labels are the same give
+	// those labels at once, the name with the connect event; different
+	// ones leave it unknown (fail closed) until the connect event.
+	for _, tc := range []struct {
+		what       string
+		a, b       string // the joining container and the other candidate
+		roleA      string
+		roleB      string
+		atJoin     map[string]string // nil: unknown
+		afterEvent map[string]string
+	}{
+		{"identical candidates", "c4", "c5", "api", "api", wantLabels("api", ""), wantLabels("api", "c4")},
+		{"different candidates", "c6", "c7", "x", "y", nil, wantLabels("x", "c6")},
+	} {
+		fd.failInspect(true)
+		fd.create(t, tc.a, role(tc.roleA))
+		fd.create(t, tc.b, role(tc.roleB))
+		e.described(t, tc.b+"-id")
+		ep := "e-" + tc.a
+		got, err := e.labels(t, ep)
+		if tc.atJoin == nil && !errors.Is(err, ErrLabelsUnknown) || tc.atJoin != nil && (err != nil || !maps.Equal(got, tc.atJoin)) {
+			t.Errorf("%s: at Join %v %v, want %v", tc.what, got, err, tc.atJoin)
+		}
+		e.joined(t, ep, tc.atJoin)
+		fd.failInspect(false)
+		fd.mu.Lock()
+		fd.endpoints[tc.a+"-id"] = network.EndpointResource{Name: tc.a, EndpointID: ep}
+		fd.mu.Unlock()
+		fd.send(t, events.NetworkEventType, events.ActionConnect, testNetID, map[string]string{"name": "net1", "container": tc.a + "-id", "type": "calico"})
+		e.waitRecord(t, ep, tc.afterEvent)
+		fd.send(t, events.ContainerEventType, events.ActionStart, tc.a+"-id", nil)
 	}
-	e.joined(t, "e4", got)
-	fd.mu.Lock()
-	fd.inspectErr = nil
-	fd.endpoints["c4-id"] = network.EndpointResource{Name: "c4", EndpointID: "e4"}
-	fd.mu.Unlock()
-	fd.send(t, events.NetworkEventType, events.ActionConnect, testNetID, map[string]string{"name": "net1", "container": "c4-id", "type": "calico"})
-	e.waitRecord(t, "e4", wantLabels("api", "c4"))
-	fd.send(t, events.ContainerEventType, events.ActionStart, "c4-id", nil)
 	fd.send(t, events.ContainerEventType, events.ActionDestroy, "c5-id", nil)
-
-	// Different labels and Docker cannot name it: unknown (fail closed)
-	// until the connect event.
-	fd.failInspect(true)
-	fd.create(t, "c6", role("x"))
-	fd.create(t, "c7", role("y"))
-	e.described(t, "c7-id")
-	if got, err := e.labels(t, "e6"); !errors.Is(err, ErrLabelsUnknown) {
-		t.Errorf("different candidates, Docker silent: %v %v, want unknown", got, err)
-	}
-	e.joined(t, "e6", nil)
-	fd.mu.Lock()
-	fd.inspectErr = nil
-	fd.endpoints["c6-id"] = network.EndpointResource{Name: "c6", EndpointID: "e6"}
-	fd.mu.Unlock()
-	fd.send(t, events.NetworkEventType, events.ActionConnect, testNetID, map[string]string{"name": "net1", "container": "c6-id"})
-	e.waitRecord(t, "e6", wantLabels("x", "c6"))
 
 	// A rename is followed; a destroyed container is forgotten.
 	fd.send(t, events.ContainerEventType, events.ActionRename, "c7-id", map[string]string{"name": "c7b", "oldName": "/c7"})
