@@ -340,10 +340,12 @@ func (d *dockerLabels) describe(ctx context.Context, id string) {
 		}
 		got := fromSummary(s)
 		d.cache.update(id, func(c *knownContainer) bool {
+			// The events since are newer than this listing: it only
+			// fills in what they do not say.
 			if c.Name == "" {
-				c.Name, c.Labels = got.Name, got.Labels
+				c.Name, c.Labels, c.Running = got.Name, got.Labels, got.Running
 			}
-			c.Networks, c.Running = got.Networks, got.Running
+			c.Networks = got.Networks
 			if got.Ports != nil {
 				c.Ports = got.Ports
 			}
