@@ -56,10 +56,10 @@ func (h *clusterHost) ns(kind string) string {
 	return fmt.Sprintf("/proc/%d/ns/%s", h.main.Pid(), kind)
 }
 
-// shell runs script with sh -ex inside the host (netns, mount and UTS
+// shell runs script with sh -e inside the host (netns, mount and UTS
 // namespaces), in dir, with root's login environment.
 func (h *clusterHost) shell(ctx context.Context, dir, script string) (string, error) {
-	cmd := exec.CommandContext(ctx, "nsenter", "--net="+h.NetnsPath, "--mount="+h.ns("mnt"), "--uts="+h.ns("uts"), "--wd="+dir, "--", "sh", "-ex", "-c", script)
+	cmd := exec.CommandContext(ctx, "nsenter", "--net="+h.NetnsPath, "--mount="+h.ns("mnt"), "--uts="+h.ns("uts"), "--wd="+dir, "--", "sh", "-e", "-c", script)
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "USER=root", "LANG=C.UTF-8"}
 	cmd.WaitDelay = 5 * time.Second
 	var out bytes.Buffer
@@ -298,7 +298,8 @@ func (c *clusterDocTest) runScript(t *testing.T, h *clusterHost, dir, name, scri
 func (c *clusterDocTest) try(h *clusterHost, dir, script string, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	return h.shell(ctx, dir, c.envBlock+"\n"+script)
+	// The variables quietly, then the block with its commands echoed.
+	return h.shell(ctx, dir, c.envBlock+"\nset -x\n"+script)
 }
 
 // runAll runs a block on every host, one after the other.
