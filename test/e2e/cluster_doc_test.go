@@ -78,8 +78,9 @@ type clusterDocTest struct {
 }
 
 // newClusterDocTest checks the page's packages and starts the three hosts
-// with dockerd (dockerdArgs added); registry is the REGISTRY value, if any.
-func newClusterDocTest(t *testing.T, registryHost bool, dockerdArgs func(registry string) []string) (*clusterDocTest, string) {
+// with dockerd (dockerdArgs added: they get the registry's address, empty
+// without registryHost).
+func newClusterDocTest(t *testing.T, registryHost bool, dockerdArgs func(registry string) []string) *clusterDocTest {
 	t.Helper()
 	harness.RequirePrereqs(t)
 	for path, what := range map[string]string{
@@ -154,7 +155,7 @@ systemctl stop calico-cnm etcd 2>/dev/null; true`)
 		}
 	}
 	c.writeScp(t)
-	return c, registry
+	return c
 }
 
 // block is a marked ```sh block of the page.
@@ -541,7 +542,7 @@ func (c *clusterDocTest) probeIPs(t *testing.T) map[string]string {
 // the next host's every 0.2 s, with no loss; then route reflectors and VXLAN.
 func TestClusterDoc(t *testing.T) {
 	t.Parallel()
-	c, _ := newClusterDocTest(t, false, func(string) []string { return nil })
+	c := newClusterDocTest(t, false, func(string) []string { return nil })
 	c.setUpEtcd(t)
 	v1, v2 := "1.0-test-"+randHexE2E(3), "2.0-test-"+randHexE2E(3)
 	c.run(t, c.hosts[0], buildDir(t, v1), "cluster-copy")
@@ -648,7 +649,7 @@ func (c *clusterDocTest) publish(t *testing.T, version string) {
 // at a time while the probes ping each other every 0.2 s, with no loss.
 func TestClusterDocManaged(t *testing.T) {
 	t.Parallel()
-	c, _ := newClusterDocTest(t, true, func(registry string) []string { return []string{"--insecure-registry", registry} })
+	c := newClusterDocTest(t, true, func(registry string) []string { return []string{"--insecure-registry", registry} })
 	c.setUpEtcd(t)
 	c.publish(t, "1.0")
 	for _, out := range c.runAll(t, "cluster-managed") {
