@@ -303,12 +303,30 @@ func (c *clusterDocTest) try(h *clusterHost, dir, script string, timeout time.Du
 	return h.shell(ctx, dir, c.envBlock+"\nset -x\n"+script)
 }
 
-// runAll runs a block on every host, one after the other.
+// runAll runs a block on every host at once, as in three terminals (the
+// etcd block needs it: each member's start waits for a quorum).
 func (c *clusterDocTest) runAll(t *testing.T, name string) []string {
 	t.Helper()
-	var outs []string
-	for _, h := range c.hosts {
-		outs = append(outs, c.run(t, h, "/root", name))
+	var wg sync.WaitGroup
+	errs := make([]error, len(c.hosts))
+	outs := make([]string, len(c.hosts))
+	for i, h := range c.hosts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outs[i], errs[i] = c.try(h, "/root", c.block(t, name), 4*time.Minute)
+		}()
+	}
+	wg.Wait()
+	for i, h := range c.hosts {
+		t.Logf("%s: %s:\n%s", h.name, name, outs[i])
+		if errs[i] != nil {
+			t.Errorf("%s: block %s failed: %v\ncalico-cnm log:\n%s\netcd log:\n%s", h.name, name, errs[i],
+				harness.TailFile(h.root("/var/log/calico-cnm.service.log"), 20), harness.TailFile(h.root("/var/log/etcd.service.log"), 20))
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 	return outs
 }
@@ -335,24 +353,7 @@ func (c *clusterDocTest) setUpEtcd(t *testing.T) {
 	t.Helper()
 	c.runAll(t, "cluster-firewall")
 	c.run(t, c.hosts[0], "/root", "cluster-pki")
-	// Together, as the page says: each member's start waits for a quorum.
-	var wg sync.WaitGroup
-	errs := make([]error, len(c.hosts))
-	outs := make([]string, len(c.hosts))
-	for i, h := range c.hosts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			outs[i], errs[i] = c.try(h, "/root", c.block(t, "cluster-etcd"), 3*time.Minute)
-		}()
-	}
-	wg.Wait()
-	for i, h := range c.hosts {
-		t.Logf("%s: cluster-etcd:\n%s", h.name, outs[i])
-		if errs[i] != nil {
-			t.Fatalf("%s: cluster-etcd: %v\netcd log:\n%s", h.name, errs[i], harness.TailFile(h.root("/var/log/etcd.service.log"), 30))
-		}
-	}
+	c.runAll(t, "cluster-etcd")
 	out := c.runUntil(t, c.hosts[1], "cluster-etcd-check", time.Minute)
 	if n := strings.Count(out, "is healthy"); n != 3 {
 		t.Errorf("etcdctl endpoint health: %d healthy members, want 3", n)
