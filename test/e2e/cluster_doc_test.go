@@ -318,14 +318,16 @@ func (c *clusterDocTest) runAll(t *testing.T, name string) []string {
 		}()
 	}
 	wg.Wait()
+	failed := false
 	for i, h := range c.hosts {
 		t.Logf("%s: %s:\n%s", h.name, name, outs[i])
 		if errs[i] != nil {
+			failed = true
 			t.Errorf("%s: block %s failed: %v\ncalico-cnm log:\n%s\netcd log:\n%s", h.name, name, errs[i],
 				harness.TailFile(h.root("/var/log/calico-cnm.service.log"), 20), harness.TailFile(h.root("/var/log/etcd.service.log"), 20))
 		}
 	}
-	if t.Failed() {
+	if failed {
 		t.FailNow()
 	}
 	return outs
