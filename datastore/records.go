@@ -135,6 +135,13 @@ type Node struct {
 	// empty while no pool uses VXLAN.
 	VXLANTunnelAddr string `json:"vxlanTunnelAddr,omitempty"`
 	VXLANTunnelMAC  string `json:"vxlanTunnelMAC,omitempty"`
+	// WireGuardPublicKey (base64), WireGuardAddr and WireGuardPort are
+	// where and with which key the node's WireGuard device takes
+	// encrypted traffic; empty while WireGuard is off. The private key
+	// never leaves the node's state directory.
+	WireGuardPublicKey string `json:"wireguardPublicKey,omitempty"`
+	WireGuardAddr      string `json:"wireguardAddr,omitempty"`
+	WireGuardPort      int    `json:"wireguardPort,omitempty"`
 }
 
 // EndpointNodeAndID splits an endpoint key into node and endpoint id.
