@@ -257,6 +257,10 @@ func (m *Manager) Sync(ctx context.Context) error {
 	// Peers go before the routes that use them, and after them.
 	err = errors.Join(m.syncPeers(want, state, false), m.syncRoutes(want), m.syncPeers(want, state, true))
 	m.publish(cfg, mode, port)
+	// Counts handshakes and notes silent peers even when nobody asks.
+	m.mu.Lock()
+	m.peerStatesLocked()
+	m.mu.Unlock()
 	return err
 }
 
