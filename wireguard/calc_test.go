@@ -27,8 +27,8 @@ func TestCompute(t *testing.T) {
 	}
 	owners := map[netip.Prefix]string{
 		p("10.0.0.0/26"): "self", p("10.0.1.0/26"): "b", p("10.0.2.0/26"): "c", p("10.0.3.0/26"): "nokey",
-		p("fd00::/122"): "b", // IPv6: not encrypted (the tunnel is IPv4)
-		p("10.0.9.0/26"): "", // no host
+		p("fd00::/122"):  "b", // IPv6: not encrypted (the tunnel is IPv4)
+		p("10.0.9.0/26"): "",  // no host
 	}
 	endpoints := []datastore.Endpoint{
 		{Node: "c", IPv4: "10.0.1.5/32"},    // borrowed from b: /32 to c

@@ -177,7 +177,7 @@ func (f *managerFixture) logged(s string) bool {
 	return false
 }
 
-func on() *bool { b := true; return &b }
+func on() *bool  { b := true; return &b }
 func off() *bool { b := false; return &b }
 
 // TestManagerLifecycle: off does nothing; on makes the key (0600, only
