@@ -142,6 +142,10 @@ type Node struct {
 	WireGuardPublicKey string `json:"wireguardPublicKey,omitempty"`
 	WireGuardAddr      string `json:"wireguardAddr,omitempty"`
 	WireGuardPort      int    `json:"wireguardPort,omitempty"`
+	// WireGuardInterfaceAddr is the node's address on wireguard.cali (from
+	// one of its blocks): the source of its own packets to other nodes'
+	// workloads, so that they pass the peers' allowed IPs.
+	WireGuardInterfaceAddr string `json:"wireguardInterfaceAddr,omitempty"`
 }
 
 // EndpointNodeAndID splits an endpoint key into node and endpoint id.

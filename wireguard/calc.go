@@ -212,7 +212,14 @@ func destinations(in Input) map[string][]netip.Prefix {
 		}
 		out[owner] = append(out[owner], block.Masked())
 	}
-	for _, ep := range in.Endpoints {
+	// A node's device address is routed like a workload's.
+	eps := slices.Clone(in.Endpoints)
+	for _, n := range in.Nodes {
+		if n.WireGuardInterfaceAddr != "" {
+			eps = append(eps, datastore.Endpoint{Node: n.Name, IPv4: n.WireGuardInterfaceAddr + "/32"})
+		}
+	}
+	for _, ep := range eps {
 		p, err := netip.ParsePrefix(ep.IPv4)
 		if err != nil || !p.Addr().Is4() || ep.Node == "" {
 			continue

@@ -25,6 +25,7 @@ func TestCompute(t *testing.T) {
 	node := func(name string, key wgtypes.Key, addr string) datastore.Node {
 		return datastore.Node{Name: name, WireGuardPublicKey: key.String(), WireGuardAddr: addr, WireGuardPort: 51821}
 	}
+	withDeviceAddr := func(n datastore.Node, a string) datastore.Node { n.WireGuardInterfaceAddr = a; return n }
 	owners := map[netip.Prefix]string{
 		p("10.0.0.0/26"): "self", p("10.0.1.0/26"): "b", p("10.0.2.0/26"): "c", p("10.0.3.0/26"): "nokey",
 		p("fd00::/122"):  "b", // IPv6: not encrypted (the tunnel is IPv4)
@@ -59,6 +60,15 @@ func TestCompute(t *testing.T) {
 			// nokey publishes b's key with no address: refused as
 			// addressless before the key is compared.
 			unencrypted: map[string]string{"nokey": "publishes no WireGuard address"},
+		},
+		{
+			name:  "a device address borrowed from another node's block is routed by /32",
+			mode:  ModeRequired,
+			nodes: []datastore.Node{withDeviceAddr(node("b", kb, "172.16.0.2"), "10.0.1.1"), withDeviceAddr(node("c", kc, "172.16.1.3"), "10.0.1.2")},
+			peers: []Peer{peerB, {Node: "c", PublicKey: kc, Endpoint: peerC.Endpoint, AllowedIPs: []netip.Prefix{p("10.0.1.2/32"), p("10.0.1.5/32"), p("10.0.2.0/26")}}},
+			routes: []Route{tunnel("10.0.1.0/26"), tunnel("10.0.9.1/32"), tunnel("10.0.1.5/32"), tunnel("10.0.1.2/32"), tunnel("10.0.2.0/26"), throw,
+				unreachable("10.0.3.0/26")},
+			unencrypted: map[string]string{"nokey": "no node record"},
 		},
 		{
 			name:        "required: a node without a key is unreachable",

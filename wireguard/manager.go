@@ -19,11 +19,18 @@ import (
 	"github.com/calico-cnm/calico-cnm/routing"
 )
 
-// Blocks is the part of IPAM the manager reads (*ipam.Engine).
+// Blocks is the part of IPAM the manager uses (*ipam.Engine): the block
+// owners, and the device's own address.
 type Blocks interface {
 	BlockOwners(ctx context.Context) (map[netip.Prefix]string, error)
-	ListPools(ctx context.Context) ([]ipam.Pool, error)
+	IPsByHandle(ctx context.Context, handleID string) ([]net.IP, error)
+	AutoAssign(ctx context.Context, a ipam.AutoAssignArgs) (net.IPNet, error)
+	ReleaseByHandle(ctx context.Context, handleID string) error
 }
+
+// AttrTypeTunnel marks the device's address in IPAM (ipam.AttrType),
+// Calico's name.
+const AttrTypeTunnel = "wireguardTunnelAddress"
 
 // Deps wires a Manager; tests pass fakes for Blocks, Kernel and OpenLink.
 type Deps struct {
@@ -128,7 +135,7 @@ func (m *Manager) Run(ctx context.Context) error {
 		return nil // only when ctx ended
 	}
 	dirty := make(chan string, 8)
-	for _, prefix := range []string{datastore.ClusterConfigKey, datastore.NodesPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix} {
+	for _, prefix := range []string{datastore.ClusterConfigKey, datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix} {
 		go routing.FollowPrefix(ctx, m.d.Store, prefix, rev, dirty)
 	}
 	ticker := time.NewTicker(m.d.ResyncInterval)
@@ -232,11 +239,15 @@ func (m *Manager) Sync(ctx context.Context) error {
 	if err := m.prepare(port); err != nil {
 		return err
 	}
+	ifAddr, err := m.ensureInterfaceAddr(ctx)
+	if err != nil {
+		return err
+	}
 	nodes, err := routing.ListNodes(ctx, m.d.Store)
 	if err != nil {
 		return err
 	}
-	if err := m.register(ctx, nodes, port); err != nil {
+	if err := m.register(ctx, nodes, port, ifAddr); err != nil {
 		return err
 	}
 	owners, err := m.d.Blocks.BlockOwners(ctx)
@@ -331,7 +342,7 @@ func (m *Manager) nodeAddress() (netip.Addr, error) {
 // overwritten: something else wrote it (a clone of this host, an
 // operator), and fighting it would hide that; `node rotate-key` and a
 // restart publish again.
-func (m *Manager) register(ctx context.Context, nodes []datastore.Node, port int) error {
+func (m *Manager) register(ctx context.Context, nodes []datastore.Node, port int, ifAddr netip.Addr) error {
 	pub := m.key.PublicKey().String()
 	if m.published {
 		for _, n := range nodes {
@@ -348,6 +359,10 @@ func (m *Manager) register(ctx context.Context, nodes []datastore.Node, port int
 	_, changed, err := routing.UpdateNodeRecord(ctx, m.d.Store, m.d.NodeName, func(n *datastore.Node) {
 		n.Name = m.d.NodeName
 		n.WireGuardPublicKey, n.WireGuardAddr, n.WireGuardPort = pub, m.addr.String(), port
+		n.WireGuardInterfaceAddr = ""
+		if ifAddr.IsValid() {
+			n.WireGuardInterfaceAddr = ifAddr.String()
+		}
 	})
 	if err != nil {
 		return fmt.Errorf("publishing the WireGuard key: %w", err)
@@ -357,6 +372,45 @@ func (m *Manager) register(ctx context.Context, nodes []datastore.Node, port int
 		m.log.WithFields(logrus.Fields{"publicKey": pub, "port": port}).Info("WireGuard public key published")
 	}
 	return nil
+}
+
+// ensureInterfaceAddr gives wireguard.cali an address of this node (one
+// IPAM assignment under its own handle): the source the kernel picks for
+// this host's own packets to other nodes' workloads, which the peers'
+// allowed IPs accept. Without an IPv4 pool there is none yet (a pool
+// change starts a pass).
+func (m *Manager) ensureInterfaceAddr(ctx context.Context) (netip.Addr, error) {
+	handle := ipam.WireGuardTunnelHandle(m.d.NodeName)
+	held, err := m.d.Blocks.IPsByHandle(ctx, handle)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	var addr netip.Addr
+	if a, ok := netip.AddrFromSlice(held0(held)); ok && len(held) == 1 && a.Unmap().Is4() {
+		addr = a.Unmap()
+	} else {
+		if len(held) > 0 {
+			if err := m.d.Blocks.ReleaseByHandle(ctx, handle); err != nil {
+				return netip.Addr{}, err
+			}
+		}
+		n, err := m.d.Blocks.AutoAssign(ctx, ipam.AutoAssignArgs{Host: m.d.NodeName, HandleID: handle, Attrs: map[string]string{ipam.AttrType: AttrTypeTunnel}})
+		if err != nil {
+			m.log.WithError(err).Debug("no address for the WireGuard device yet")
+			return netip.Addr{}, m.d.Kernel.SetDeviceAddr(netip.Addr{})
+		}
+		a, _ := netip.AddrFromSlice(n.IP)
+		addr = a.Unmap()
+		m.log.WithField("ip", addr.String()).Info("WireGuard device address assigned")
+	}
+	return addr, m.d.Kernel.SetDeviceAddr(addr)
+}
+
+func held0(ips []net.IP) net.IP {
+	if len(ips) == 0 {
+		return nil
+	}
+	return ips[0]
 }
 
 // noteUnencrypted logs each node that has no peer, when that changes.
@@ -536,8 +590,9 @@ func (m *Manager) syncOff(ctx context.Context) error {
 		errs = append(errs, m.d.Kernel.RemoveDevice())
 	}
 	m.mu.Unlock()
+	errs = append(errs, m.d.Blocks.ReleaseByHandle(ctx, ipam.WireGuardTunnelHandle(m.d.NodeName)))
 	_, _, err := routing.UpdateNodeRecord(ctx, m.d.Store, m.d.NodeName, func(n *datastore.Node) {
-		n.WireGuardPublicKey, n.WireGuardAddr, n.WireGuardPort = "", "", 0
+		n.WireGuardPublicKey, n.WireGuardAddr, n.WireGuardPort, n.WireGuardInterfaceAddr = "", "", 0, ""
 	})
 	errs = append(errs, err)
 	m.published, m.foreign = false, ""

@@ -21,22 +21,40 @@ import (
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
+// fakeBlocks has the block owners and hands out 10.0.0.1, 10.0.0.2, ...
+// by handle.
 type fakeBlocks struct {
-	owners map[netip.Prefix]string
-	pools  []ipam.Pool
+	owners  map[netip.Prefix]string
+	handles map[string][]net.IP
+	next    byte
 }
 
 func (b *fakeBlocks) BlockOwners(context.Context) (map[netip.Prefix]string, error) {
 	return b.owners, nil
 }
-func (b *fakeBlocks) ListPools(context.Context) ([]ipam.Pool, error) { return b.pools, nil }
+func (b *fakeBlocks) IPsByHandle(_ context.Context, h string) ([]net.IP, error) {
+	return b.handles[h], nil
+}
+func (b *fakeBlocks) AutoAssign(_ context.Context, a ipam.AutoAssignArgs) (net.IPNet, error) {
+	b.next++
+	ip := net.IPv4(10, 0, 0, b.next).To4()
+	b.handles[a.HandleID] = append(b.handles[a.HandleID], ip)
+	return net.IPNet{IP: ip, Mask: net.CIDRMask(32, 32)}, nil
+}
+func (b *fakeBlocks) ReleaseByHandle(_ context.Context, h string) error {
+	delete(b.handles, h)
+	return nil
+}
 
 // fakeKernel is RouteTable, the rule and the uplink.
 type fakeKernel struct {
 	routes  map[netip.Prefix]Route
 	rule    bool
 	removed int
+	addr    netip.Addr
 }
+
+func (k *fakeKernel) SetDeviceAddr(a netip.Addr) error { k.addr = a; return nil }
 
 func (k *fakeKernel) UplinkMTU(netip.Addr) (int, error) { return 1500, nil }
 func (k *fakeKernel) Routes() (map[netip.Prefix]Route, error) {
@@ -117,7 +135,7 @@ func newManagerFixture(t *testing.T) *managerFixture {
 	t.Helper()
 	f := &managerFixture{
 		store:  etcdtest.Start(t).Client(t),
-		blocks: &fakeBlocks{owners: map[netip.Prefix]string{}},
+		blocks: &fakeBlocks{owners: map[netip.Prefix]string{}, handles: map[string][]net.IP{}},
 		kernel: &fakeKernel{routes: map[netip.Prefix]Route{}},
 		dir:    t.TempDir(),
 	}
@@ -218,8 +236,9 @@ func TestManagerLifecycle(t *testing.T) {
 		t.Fatalf("the device holds %v, the key file %v (%v)", f.link.priv, priv, err)
 	}
 	rec := f.node(t, "a")
-	if rec.WireGuardPublicKey != priv.PublicKey().String() || rec.WireGuardAddr != "172.16.0.1" || rec.WireGuardPort != DefaultPort {
-		t.Errorf("record %+v", rec)
+	if rec.WireGuardPublicKey != priv.PublicKey().String() || rec.WireGuardAddr != "172.16.0.1" || rec.WireGuardPort != DefaultPort ||
+		rec.WireGuardInterfaceAddr != "10.0.0.1" || f.kernel.addr.String() != "10.0.0.1" {
+		t.Errorf("record %+v, device address %s; want the key, 172.16.0.1:%d and device address 10.0.0.1", rec, f.kernel.addr, DefaultPort)
 	}
 	raw, _ := json.Marshal(rec)
 	if strings.Contains(string(raw), priv.String()) {
@@ -280,7 +299,10 @@ func TestManagerLifecycle(t *testing.T) {
 	f.set(t, Change{Enabled: off()})
 	f.sync(t)
 	rec = f.node(t, "a")
-	if !f.link.closed || f.kernel.rule || len(f.kernel.routes) != 0 || rec.WireGuardPublicKey != "" || rec.WireGuardAddr != "" || rec.WireGuardPort != 0 {
+	if _, held := f.blocks.handles[ipam.WireGuardTunnelHandle("a")]; held {
+		t.Error("off: the device address is still assigned")
+	}
+	if !f.link.closed || f.kernel.rule || len(f.kernel.routes) != 0 || rec.WireGuardPublicKey != "" || rec.WireGuardAddr != "" || rec.WireGuardPort != 0 || rec.WireGuardInterfaceAddr != "" {
 		t.Errorf("off: closed %v, rule %v, routes %v, record %+v", f.link.closed, f.kernel.rule, f.kernel.routes, rec)
 	}
 	if st := f.m.Status(); st.Enabled || st.Device != "" {

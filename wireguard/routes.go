@@ -30,6 +30,9 @@ type Kernel interface {
 	// RemoveDevice deletes wireguard.cali if it is there (left by an
 	// earlier run while WireGuard was turned off).
 	RemoveDevice() error
+	// SetDeviceAddr makes addr (a /32; invalid: none) the only address
+	// of wireguard.cali.
+	SetDeviceAddr(addr netip.Addr) error
 }
 
 // Netlink is Kernel on rtnetlink in the current network namespace.
@@ -69,6 +72,38 @@ func (k *Netlink) UplinkMTU(addr netip.Addr) (int, error) {
 
 // RemoveDevice deletes wireguard.cali if it is there.
 func (k *Netlink) RemoveDevice() error { return deleteLink() }
+
+// SetDeviceAddr makes addr the only IPv4 address of wireguard.cali.
+func (k *Netlink) SetDeviceAddr(addr netip.Addr) error {
+	l, err := k.h.LinkByName(Device)
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", Device, err)
+	}
+	have, err := k.h.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("listing the addresses of %s: %w", Device, err)
+	}
+	found := false
+	for _, a := range have {
+		ip, _ := netip.AddrFromSlice(a.IP)
+		ones, _ := a.Mask.Size()
+		if addr.IsValid() && ip.Unmap() == addr && ones == 32 {
+			found = true
+			continue
+		}
+		if err := k.h.AddrDel(l, &a); err != nil {
+			return fmt.Errorf("removing %s from %s: %w", a.IPNet, Device, err)
+		}
+	}
+	if found || !addr.IsValid() {
+		return nil
+	}
+	a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(32, 32)}}
+	if err := k.h.AddrAdd(l, a); err != nil {
+		return fmt.Errorf("adding %s to %s: %w", addr, Device, err)
+	}
+	return nil
+}
 
 // Routes lists RouteTable.
 func (k *Netlink) Routes() (map[netip.Prefix]Route, error) {
