@@ -243,6 +243,20 @@ func TestWireGuardAcrossRouter(t *testing.T) {
 			sendMarker(t, from, to, ips[to.Name], marker)
 		}
 	}
+	// The host itself, from its device address, to another host's container.
+	for i, from := range hosts {
+		to := hosts[(i+1)%len(hosts)]
+		if out := from.MustExec(t, "ip", "-4", "-o", "addr", "show", wireguard.Device); !strings.Contains(out, "inet 192.168.") {
+			t.Errorf("%s: %s has no address of the pool:\n%s", from.Name, wireguard.Device, out)
+		}
+		harness.Eventually(t, 10*time.Second, 200*time.Millisecond, from.Name+" (host) pings "+to.Name+"'s container", func() error {
+			out, err := from.Exec(t, "ping", "-c", "1", "-W", "1", ips[to.Name].String())
+			if err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			return nil
+		})
+	}
 	for i, from := range hosts {
 		to := hosts[(i+1)%len(hosts)]
 		out, err := from.Docker(t, "exec", "s"+from.Name, "iperf3", "-c", ips[to.Name].String(), "-t", "2", "-J")
@@ -312,9 +326,15 @@ func TestWireGuardAcrossRouter(t *testing.T) {
 	if after := nftCounters(t, r.Host, "cnme2e", "pre"); after["vxlan"] == before["vxlan"] {
 		t.Errorf("with WireGuard off no VXLAN packet crossed the router: %v -> %v", before, after)
 	}
-	out := c.mustCtl(t, "node", "list", "-o", "json")
-	if strings.Contains(out, "wireguardPublicKey") {
-		t.Errorf("node records still carry WireGuard keys with WireGuard off:\n%s", out)
+	store := c.openStore(t)
+	for _, h := range hosts {
+		var n datastore.Node
+		if _, err := store.GetJSON(context.Background(), datastore.NodeKey(h.Name), &n); err != nil {
+			t.Fatal(err)
+		}
+		if n.WireGuardPublicKey != "" || n.WireGuardAddr != "" || n.WireGuardInterfaceAddr != "" {
+			t.Errorf("%s's record still carries WireGuard fields with WireGuard off: %+v", h.Name, n)
+		}
 	}
 
 	c.mustCtl(t, "cluster", "set", "--wireguard", "on")
