@@ -105,14 +105,16 @@ func profileWireGuard(b *testing.B, ha, hb *bgpHost, srv string) {
 		b.Logf("perf report: %v", err)
 		return
 	}
-	// One line: go test keeps only the first lines of a benchmark's log.
 	var top []string
 	for _, l := range strings.Split(string(rep), "\n") {
 		if f := strings.Fields(l); len(f) >= 3 && strings.HasSuffix(f[0], "%") && len(top) < 10 {
 			top = append(top, f[0]+" "+f[len(f)-1])
 		}
 	}
-	b.Logf("receiving daemon's profile (wireguard-go), symbols over 2%%: %s", strings.Join(top, "; "))
+	// On stderr too: go test keeps only the first lines of a benchmark's log.
+	msg := "receiving daemon's profile (wireguard-go), symbols over 2%: " + strings.Join(top, "; ")
+	b.Log(msg)
+	fmt.Fprintln(os.Stderr, msg)
 }
 
 // machineCPU is the CPU time (s) the machine spent busy since boot.
