@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -11,7 +12,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
@@ -348,5 +352,47 @@ func TestConfigureRejects(t *testing.T) {
 		if _, err := Configure(context.Background(), store, c); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Configure(%+v) = %v, want an invalid-setting error", c, err)
 		}
+	}
+}
+
+// TestStatusAndMetrics: node status and /metrics show each peer's last
+// handshake and bytes, and count the handshakes seen.
+func TestStatusAndMetrics(t *testing.T) {
+	f := newManagerFixture(t)
+	kb := mustKey(t)
+	f.blocks.owners = map[netip.Prefix]string{netip.MustParsePrefix("10.0.1.0/26"): "b"}
+	f.putNode(t, datastore.Node{Name: "b", WireGuardPublicKey: kb.String(), WireGuardAddr: "172.16.0.2"})
+	f.set(t, Change{Enabled: on()})
+	f.sync(t)
+	hs := func(at time.Time, rx, tx int64) {
+		f.link.mu.Lock()
+		p := f.link.peers[kb]
+		p.LastHandshake, p.RxBytes, p.TxBytes = at, rx, tx
+		f.link.peers[kb] = p
+		f.link.mu.Unlock()
+	}
+	t0 := time.Unix(1_800_000_000, 0)
+	hs(t0, 100, 200)
+	f.m.Status()
+	hs(t0.Add(2*time.Minute), 1000, 2000)
+	st := f.m.Status()
+	if !st.Enabled || st.Device != Device || st.Implementation != ImplUserspace || st.MTU != 1440 || st.Address != "172.16.0.1:51820" || len(st.Peers) != 1 {
+		t.Fatalf("status %+v", st)
+	}
+	if p := st.Peers[0]; p.Node != "b" || p.Handshakes != 2 || !p.LastHandshake.Equal(t0.Add(2*time.Minute)) || p.RxBytes != 1000 || p.TxBytes != 2000 || p.AllowedIPs[0] != "10.0.1.0/26" {
+		t.Errorf("peer %+v", p)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(f.m.Collector())
+	want := fmt.Sprintf(`
+# HELP %[1]s WireGuard handshakes completed with a peer, as seen by this daemon.
+# TYPE %[1]s counter
+%[1]s{peer="b",public_key="%[3]s"} 2
+# HELP %[2]s Bytes received from a WireGuard peer.
+# TYPE %[2]s counter
+%[2]s{peer="b",public_key="%[3]s"} 1000
+`, MetricHandshakes, MetricRxBytes, kb)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), MetricHandshakes, MetricRxBytes); err != nil {
+		t.Error(err)
 	}
 }
