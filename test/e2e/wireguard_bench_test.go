@@ -107,8 +107,8 @@ func profileWireGuard(b *testing.B, ha, hb *bgpHost, srv string) {
 	}
 	var top []string
 	for _, l := range strings.Split(string(rep), "\n") {
-		if f := strings.Fields(l); len(f) >= 3 && strings.HasSuffix(f[0], "%") && len(top) < 10 {
-			top = append(top, f[0]+" "+f[len(f)-1])
+		if f := strings.Fields(l); len(f) >= 3 && strings.HasSuffix(f[0], "%") && strings.HasPrefix(f[1], "[") && len(top) < 10 {
+			top = append(top, f[0]+" "+f[2])
 		}
 	}
 	// On stderr too: go test keeps only the first lines of a benchmark's log.
