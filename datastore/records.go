@@ -139,6 +139,17 @@ type Node struct {
 	// empty while no pool uses VXLAN.
 	VXLANTunnelAddr string `json:"vxlanTunnelAddr,omitempty"`
 	VXLANTunnelMAC  string `json:"vxlanTunnelMAC,omitempty"`
+	// WireGuardPublicKey (base64), WireGuardAddr and WireGuardPort are
+	// where and with which key the node's WireGuard device takes
+	// encrypted traffic; empty while WireGuard is off. The private key
+	// never leaves the node's state directory.
+	WireGuardPublicKey string `json:"wireguardPublicKey,omitempty"`
+	WireGuardAddr      string `json:"wireguardAddr,omitempty"`
+	WireGuardPort      int    `json:"wireguardPort,omitempty"`
+	// WireGuardInterfaceAddr is the node's address on wireguard.cali (from
+	// one of its blocks): the source of its own packets to other nodes'
+	// workloads, so that they pass the peers' allowed IPs.
+	WireGuardInterfaceAddr string `json:"wireguardInterfaceAddr,omitempty"`
 }
 
 // EndpointNodeAndID splits an endpoint key into node and endpoint id.

@@ -75,6 +75,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	d.startLoops(ctx, socketPaths, alive, lease)
 
 	defer startVXLAN(ctx, cfg, d.vx, d.log)()
+	defer startWireGuard(ctx, cfg, d.wgd, d.log)()
 	stopRouting, err := startRouting(ctx, cfg, d.store, d.engine, d.vx.mgr, d.metrics.Routing, d.health, d.log)
 	if err != nil {
 		cancel()
@@ -101,6 +102,7 @@ type daemon struct {
 	dp     *dataplane.Linux
 
 	vx       *vxlanRunner
+	wgd      *wgRunner
 	pol      *policyRunner
 	portsMgr *ports.Manager
 	portsNFT *ports.NFT
@@ -156,6 +158,9 @@ func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
 	if d.vx, err = newVXLAN(d.cfg, d.store, d.engine, d.log); err != nil {
 		return nil, fmt.Errorf("starting VXLAN: %w", err)
 	}
+	if d.wgd, err = newWireGuard(d.cfg, d.store, d.engine, d.log); err != nil {
+		return nil, fmt.Errorf("starting WireGuard: %w", err)
+	}
 	if d.pol, err = newPolicy(d.cfg, d.store, d.log); err != nil {
 		return nil, fmt.Errorf("starting network policy: %w", err)
 	}
@@ -178,7 +183,7 @@ func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
 // metrics and health, the reconciler, and the metrics listener.
 func (d *daemon) prepareAPIs() error {
 	cfg := d.cfg
-	nd := driver.NewNetworkDriver(d.store, d.dp, cfg.NodeName, d.log, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: d.engine, Labels: d.pol.labels, Policy: d.pol.syncer, EngineID: d.ident.ID, WorkloadMTU: d.vx.mgr.WorkloadMTU, Ports: d.portsMgr})
+	nd := driver.NewNetworkDriver(d.store, d.dp, cfg.NodeName, d.log, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: d.engine, Labels: d.pol.labels, Policy: d.pol.syncer, EngineID: d.ident.ID, WorkloadMTU: d.wgd.mgr.WorkloadMTU(d.vx.mgr.WorkloadMTU), Ports: d.portsMgr})
 	id := driver.NewIPAMDriver(d.engine, cfg.NodeName, d.log)
 	d.srv = NewServer(nd, id, d.log)
 	d.metrics = NewMetrics(d.engine, d.log)
@@ -186,6 +191,8 @@ func (d *daemon) prepareAPIs() error {
 	d.health = NewHealth(d.store.Ping)
 	d.health.Require("network policy", d.pol.syncer.Health)
 	d.health.Require("VXLAN", d.vx.mgr.Health)
+	d.health.Require("WireGuard", d.wgd.mgr.Health)
+	d.metrics.Registry.MustRegister(d.wgd.mgr.Collector())
 	d.health.Require("published ports", d.portsMgr.Health)
 	var err error
 	if d.reconciler, err = newReconciler(cfg, d.store, d.engine, d.dp, d.metrics, d.log); err != nil {

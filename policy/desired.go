@@ -363,8 +363,14 @@ func hostAddrs(nodes []datastore.Node) (map[Family][]netip.Addr, []string) {
 // lies in a pool. They are a set of their own, apart from the hosts'
 // underlay addresses that the vxlan-input filter trusts: a container may
 // forge a pool address, so a VTEP address must never vouch for VXLAN.
+// The nodes' WireGuard device addresses are in the set for the same
+// reason: a host's own packets through wireguard.cali leave with that
+// source.
 func vtepAddrs(nodes []datastore.Node) (map[Family][]netip.Addr, []string) {
-	return nodeAddrs(nodes, "VXLAN tunnel address", func(n datastore.Node) string { return n.VXLANTunnelAddr })
+	out, warnings := nodeAddrs(nodes, "VXLAN tunnel address", func(n datastore.Node) string { return n.VXLANTunnelAddr })
+	wg, wgWarnings := nodeAddrs(nodes, "WireGuard device address", func(n datastore.Node) string { return n.WireGuardInterfaceAddr })
+	out[IPv4] = append(out[IPv4], wg[IPv4]...)
+	return out, append(warnings, wgWarnings...)
 }
 
 // nodeAddrs are the IPv4 addresses field gives of the node records, with a
