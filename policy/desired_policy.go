@@ -65,6 +65,9 @@ type compiledPolicy struct {
 	sel selector.Selector
 }
 
+// selectsWorkloads: pre-DNAT policy applies to host endpoints only.
+func (p compiledPolicy) selectsWorkloads() bool { return !p.Spec.PreDNAT }
+
 // compilePolicies parses the selectors; a policy whose selectors do not
 // parse (the record was validated, so only a newer or foreign writer) is
 // left out with a warning.
@@ -104,7 +107,7 @@ func SelectingPolicies(ps []api.GlobalNetworkPolicy, labels map[string]string, d
 	cps, _ := compilePolicies(ps)
 	var out []string
 	for _, p := range cps {
-		if p.AppliesTo(dir) && p.sel.Evaluate(labels) {
+		if p.selectsWorkloads() && p.AppliesTo(dir) && p.sel.Evaluate(labels) {
 			out = append(out, p.Metadata.Name)
 		}
 	}
@@ -122,13 +125,17 @@ type policyPlan struct {
 	// exist for a direction: that direction drops everything.
 	failClosed map[string]map[api.PolicyType]bool
 	// joined are the cluster's joined endpoints: rule selectors pick
-	// their addresses.
-	joined []datastore.Endpoint
+	// their addresses, and those of hostEndpoints (expectedIPs) and
+	// networkSets (nets).
+	joined        []datastore.Endpoint
+	hostEndpoints []api.HostEndpoint
+	networkSets   []api.GlobalNetworkSet
 }
 
 func planPolicies(st State, locals []localEndpoint) (policyPlan, []string) {
 	cps, warnings := compilePolicies(st.Policies)
-	plan := policyPlan{policies: cps, byEndpoint: map[string]map[api.PolicyType][]int{}, failClosed: map[string]map[api.PolicyType]bool{}}
+	plan := policyPlan{policies: cps, byEndpoint: map[string]map[api.PolicyType][]int{}, failClosed: map[string]map[api.PolicyType]bool{},
+		hostEndpoints: st.HostEndpoints, networkSets: st.NetworkSets}
 	if len(cps) == 0 {
 		return plan, warnings
 	}
@@ -143,7 +150,7 @@ func planPolicies(st State, locals []localEndpoint) (policyPlan, []string) {
 	for _, l := range locals {
 		if l.ep.LabelsUnknown {
 			for _, dir := range []api.PolicyType{api.Ingress, api.Egress} {
-				if slices.ContainsFunc(cps, func(p compiledPolicy) bool { return p.AppliesTo(dir) }) {
+				if slices.ContainsFunc(cps, func(p compiledPolicy) bool { return p.selectsWorkloads() && p.AppliesTo(dir) }) {
 					if plan.failClosed[l.ep.ID] == nil {
 						plan.failClosed[l.ep.ID] = map[api.PolicyType]bool{}
 					}
@@ -158,7 +165,7 @@ func planPolicies(st State, locals []localEndpoint) (policyPlan, []string) {
 			sel = map[api.PolicyType][]int{}
 			for i, p := range cps {
 				for _, dir := range []api.PolicyType{api.Ingress, api.Egress} {
-					if p.AppliesTo(dir) && p.sel.Evaluate(l.ep.Labels) {
+					if p.selectsWorkloads() && p.AppliesTo(dir) && p.sel.Evaluate(l.ep.Labels) {
 						sel[dir] = append(sel[dir], i)
 					}
 				}
@@ -384,7 +391,9 @@ func (pt *policyTable) netsSet(nets []string) (string, bool) {
 }
 
 // selectorSet holds the addresses of the cluster's joined endpoints the
-// selector picks. For a notSelector (exclude) it also holds those whose
+// selector picks, the expectedIPs of the host endpoints and the nets of
+// the network sets it picks: an interval set, as network sets hold
+// networks. For a notSelector (exclude) it also holds the endpoints whose
 // labels are unknown: they match no selector, not even a negated one.
 func (pt *policyTable) selectorSet(sel string, exclude bool) string {
 	s := selector.MustParse(sel) // checked by compilePolicies
@@ -396,18 +405,37 @@ func (pt *policyTable) selectorSet(sel string, exclude bool) string {
 	if _, done := pt.sets[name]; done {
 		return name
 	}
-	var addrs []netip.Addr
+	var nets []netip.Prefix
+	addAddr := func(a string) {
+		if addr, ok := endpointAddr(a); ok && familyOf(addr) == pt.f {
+			nets = append(nets, netip.PrefixFrom(addr, addr.BitLen()))
+		}
+	}
 	for _, ep := range pt.plan.joined {
 		if ep.LabelsUnknown && !exclude || !ep.LabelsUnknown && !s.Evaluate(ep.Labels) {
 			continue
 		}
-		for _, a := range []string{ep.IPv4, ep.IPv6} {
-			if addr, ok := endpointAddr(a); ok && familyOf(addr) == pt.f {
-				addrs = append(addrs, addr)
+		addAddr(ep.IPv4)
+		addAddr(ep.IPv6)
+	}
+	for _, h := range pt.plan.hostEndpoints {
+		if s.Evaluate(h.Metadata.Labels) {
+			for _, a := range h.Spec.ExpectedIPs {
+				addAddr(a)
 			}
 		}
 	}
-	pt.sets[name] = Set{Name: name, Type: SetAddr, Elements: addrElements(addrs), Comment: clipComment("selector " + s.String())}
+	for _, ns := range pt.plan.networkSets {
+		if !s.Evaluate(ns.Metadata.Labels) {
+			continue
+		}
+		for _, n := range ns.Spec.Nets {
+			if p, err := netip.ParsePrefix(n); err == nil && familyOf(p.Addr()) == pt.f {
+				nets = append(nets, p)
+			}
+		}
+	}
+	pt.sets[name] = Set{Name: name, Type: SetAddr, Interval: true, Elements: intervalElements(nets), Comment: clipComment("selector " + s.String())}
 	return name
 }
 

@@ -219,6 +219,10 @@ func hookNum(name string) (*nftables.ChainHook, error) {
 		return nftables.ChainHookPostrouting, nil
 	case "input":
 		return nftables.ChainHookInput, nil
+	case "prerouting":
+		return nftables.ChainHookPrerouting, nil
+	case "output":
+		return nftables.ChainHookOutput, nil
 	}
 	return nil, fmt.Errorf("unsupported hook %q", name)
 }
