@@ -45,6 +45,9 @@ type Config struct {
 	Names NameResolver
 	// IPv6 programs the ip6 table too.
 	IPv6 bool
+	// Failsafe are the ports host endpoint policy leaves open; nil:
+	// DefaultFailsafe.
+	Failsafe *Failsafe
 	// ResyncInterval is how often the kernel is compared with the records
 	// and repaired (somebody else changed our tables). The records
 	// themselves come from watches, re-listed whenever a watch breaks.
@@ -79,6 +82,10 @@ type Syncer struct {
 	// endpoints caches decoded endpoint records by key: a pass decodes
 	// only the records that changed, not every endpoint of the cluster.
 	endpoints decodeCache[datastore.Endpoint]
+	// hostEndpoints and networkSets likewise (a network set may hold
+	// thousands of networks).
+	hostEndpoints decodeCache[api.HostEndpoint]
+	networkSets   decodeCache[api.GlobalNetworkSet]
 
 	// mu guards what WaitProgrammed and Health read.
 	mu sync.Mutex
@@ -105,6 +112,10 @@ func NewSyncer(cfg Config) (*Syncer, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = logrus.StandardLogger()
+	}
+	if cfg.Failsafe == nil {
+		fs := DefaultFailsafe()
+		cfg.Failsafe = &fs
 	}
 	return &Syncer{cfg: cfg, log: cfg.Log.WithField("component", "policy"), advanced: make(chan struct{}), unhealthy: "the datastore has not been read yet"}, nil
 }
@@ -161,7 +172,8 @@ func (s *Syncer) setProgrammed(rev int64, why string) {
 	}
 }
 
-var followed = []string{ipam.PoolsPrefix, datastore.NetworksPrefix, datastore.EndpointsPrefix, datastore.NodesPrefix, api.PoliciesPrefix}
+var followed = []string{ipam.PoolsPrefix, datastore.NetworksPrefix, datastore.EndpointsPrefix, datastore.NodesPrefix, api.PoliciesPrefix,
+	api.HostEndpointsPrefix, api.NetworkSetsPrefix}
 
 // update is what a prefix follower tells the main loop: a full snapshot
 // (after a (re-)list) or one event.
@@ -415,7 +427,7 @@ func (s *Syncer) follow(ctx context.Context, prefix string, out chan<- update) {
 
 // state decodes the records; undecodable ones are skipped with a warning.
 func (s *Syncer) state(records map[string]map[string][]byte) (State, []string) {
-	st := State{Node: s.cfg.Node, IPv6: s.cfg.IPv6}
+	st := State{Node: s.cfg.Node, IPv6: s.cfg.IPv6, Failsafe: *s.cfg.Failsafe}
 	var bad []string
 	decode := func(prefix string, fn func(key string, v []byte) error) {
 		m := records[prefix]
@@ -468,6 +480,22 @@ func (s *Syncer) state(records map[string]map[string][]byte) (State, []string) {
 		return nil
 	})
 	s.policies.keepOnly(records[api.PoliciesPrefix])
+	decode(api.HostEndpointsPrefix, func(k string, v []byte) error {
+		h, err := s.hostEndpoints.get(k, v, api.DecodeHostEndpointRecord)
+		if err == nil {
+			st.HostEndpoints = append(st.HostEndpoints, h)
+		}
+		return err
+	})
+	s.hostEndpoints.keepOnly(records[api.HostEndpointsPrefix])
+	decode(api.NetworkSetsPrefix, func(k string, v []byte) error {
+		n, err := s.networkSets.get(k, v, api.DecodeNetworkSetRecord)
+		if err == nil {
+			st.NetworkSets = append(st.NetworkSets, n)
+		}
+		return err
+	})
+	s.networkSets.keepOnly(records[api.NetworkSetsPrefix])
 	decode(datastore.NodesPrefix, func(_ string, v []byte) error {
 		var n datastore.Node
 		if err := json.Unmarshal(v, &n); err != nil {
