@@ -281,8 +281,11 @@ func (pt *policyTable) hostRules(h api.HostEndpoint, k hostKind) []Rule {
 	undecided := Rule{Verdict: k.undecided, Comment: "no policy allowed it (default deny)"}
 	if k.undecided == Return {
 		undecided.ClearMark, undecided.Comment = markBits, "no pre-DNAT policy decided: go on"
+		c.Rules = append(c.Rules, allowed, Rule{Matches: []Match{{Kind: MatchMark, Mark: markDeny}}, Verdict: Drop, Comment: "denied by a pre-DNAT policy"})
+	} else {
+		c.Rules = append(c.Rules, allowed)
 	}
-	c.Rules = append(c.Rules, allowed, undecided)
+	c.Rules = append(c.Rules, undecided)
 	pt.chains[name] = c
 	return []Rule{{Matches: ms, Verdict: Jump, Target: name, Comment: what + ": policies"}}
 }

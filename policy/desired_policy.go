@@ -18,8 +18,20 @@ import (
 const (
 	markAccept uint32 = 0x00010000
 	markPass   uint32 = 0x00020000
-	markBits          = markAccept | markPass
+	// markDeny: a Deny rule matched. The endpoint's dispatch chain drops
+	// the packet in a rule of the endpoint's own, whose counter is the
+	// endpoint's denied packets (a drop in the shared policy chain could
+	// not tell whose they were).
+	markDeny uint32 = 0x00080000
+	markBits        = markAccept | markPass | markDeny
 )
+
+// DeniedComment is the comment of an endpoint's drop rule in a dispatch
+// chain: its counter is what policy denied the endpoint in that
+// direction (package plugin reads it for /metrics).
+func DeniedComment(dir api.PolicyType, endpointID string) string {
+	return "denied " + strings.ToLower(string(dir)) + " endpoint " + endpointID
+}
 
 // Chain and set name prefixes of the policy program.
 const (
@@ -232,9 +244,15 @@ func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile
 	if len(idx) == 0 {
 		return Rule{}, false
 	}
+	// The dispatch chain ends with one drop per endpoint using it (see
+	// markDeny), after its ordered rules.
+	denied := Rule{Matches: []Match{match}, Verdict: Drop, Comment: DeniedComment(dir, l.ep.ID)}
 	memoKey := fmt.Sprint(dir, profile, idx)
 	if target, done := pt.dispatch[memoKey]; done {
 		jump.Target = target
+		c := pt.chains[target]
+		c.Unordered = append(c.Unordered, denied)
+		pt.chains[target] = c
 		return jump, true
 	}
 	var names []string
@@ -258,7 +276,9 @@ func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile
 	if profile != "" {
 		pass.Verdict, pass.Target = Goto, profile
 	}
-	c.Rules = append(c.Rules, pass, Rule{Verdict: Drop, Comment: "no policy allowed it (default deny)"})
+	// No rule decided, or a Deny did: the endpoint's drop (Unordered).
+	c.Rules = append(c.Rules, pass)
+	c.Unordered = []Rule{denied}
 	pt.chains[jump.Target] = c
 	return jump, true
 }
@@ -321,7 +341,7 @@ func (pt *policyTable) rules(policy string, dir api.PolicyType, i int, r api.Rul
 	case api.Pass:
 		base.SetMark, base.Verdict = markPass, Return
 	case api.Deny:
-		base.Verdict = Drop
+		base.SetMark, base.Verdict = markDeny, Return
 	case api.Log:
 		base.LogPrefix, base.Verdict = clipLogPrefix(LogPrefix+policy+" "), Continue
 	}
