@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/policy/api"
@@ -425,10 +426,10 @@ func (pt *policyTable) selectorSet(sel string, exclude bool) string {
 	if _, done := pt.sets[name]; done {
 		return name
 	}
-	var nets []netip.Prefix
+	var ranges []addrRange
 	addAddr := func(a string) {
 		if addr, ok := endpointAddr(a); ok && familyOf(addr) == pt.f {
-			nets = append(nets, netip.PrefixFrom(addr, addr.BitLen()))
+			ranges = append(ranges, addrRange{from: addr, to: addr})
 		}
 	}
 	for _, ep := range pt.plan.joined {
@@ -445,19 +446,76 @@ func (pt *policyTable) selectorSet(sel string, exclude bool) string {
 			}
 		}
 	}
+	var sets []memoNets
 	for _, ns := range pt.plan.networkSets {
-		if !s.Evaluate(ns.Metadata.Labels) {
-			continue
-		}
-		for _, n := range ns.Spec.Nets {
-			if p, err := netip.ParsePrefix(n); err == nil && familyOf(p.Addr()) == pt.f {
-				nets = append(nets, p)
-			}
+		if s.Evaluate(ns.Metadata.Labels) {
+			sets = append(sets, networkSetRanges(ns.Spec.Nets, pt.f))
 		}
 	}
-	pt.sets[name] = Set{Name: name, Type: SetAddr, Interval: true, Elements: intervalElements(nets), Comment: clipComment("selector " + s.String())}
+	var elems []string
+	if len(ranges) == 0 && len(sets) == 1 {
+		elems = sets[0].elements // the usual deny or allow list: as it is
+	} else {
+		for _, m := range sets {
+			ranges = append(ranges, m.ranges...)
+		}
+		elems = rangesElements(mergeRanges(ranges))
+	}
+	pt.sets[name] = Set{Name: name, Type: SetAddr, Interval: true, Elements: elems, Comment: clipComment("selector " + s.String())}
 	return name
 }
+
+// memoNets is a network set's networks of one family, merged, and their
+// canonical set elements.
+type memoNets struct {
+	ranges   []addrRange
+	elements []string
+}
+
+// networkSetRanges are a network set's networks of family f as merged
+// ranges, remembered by the identity of the nets slice: the syncer decodes
+// a record again only when it changes, so an unchanged set of thousands of
+// networks is parsed and merged once, not at every pass.
+func networkSetRanges(nets []string, f Family) memoNets {
+	if len(nets) == 0 {
+		return memoNets{}
+	}
+	key := netsKey{first: &nets[0], n: len(nets), f: f}
+	netsMu.Lock()
+	m, ok := netsMemo[key]
+	netsMu.Unlock()
+	if ok {
+		return m
+	}
+	for _, n := range nets {
+		if p, err := netip.ParsePrefix(n); err == nil && familyOf(p.Addr()) == f {
+			p = p.Masked()
+			m.ranges = append(m.ranges, addrRange{from: p.Addr(), to: lastAddr(p)})
+		}
+	}
+	m.ranges = mergeRanges(m.ranges)
+	m.elements = rangesElements(m.ranges)
+	netsMu.Lock()
+	if len(netsMemo) >= maxNetsMemo {
+		clear(netsMemo)
+	}
+	netsMemo[key] = m
+	netsMu.Unlock()
+	return m
+}
+
+type netsKey struct {
+	first *string
+	n     int
+	f     Family
+}
+
+var (
+	netsMu   sync.Mutex
+	netsMemo = map[netsKey]memoNets{}
+)
+
+const maxNetsMemo = 256
 
 // mergePorts merges overlapping and adjacent ranges, so that a packet
 // matches at most one of the expanded rules (a Log rule logs once).
