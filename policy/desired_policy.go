@@ -418,11 +418,7 @@ func (pt *policyTable) netsSet(nets []string) (string, bool) {
 // labels are unknown: they match no selector, not even a negated one.
 func (pt *policyTable) selectorSet(sel string, exclude bool) string {
 	s := selector.MustParse(sel) // checked by compilePolicies
-	prefix := selSetPrefix
-	if exclude {
-		prefix = notSelSetPrefix
-	}
-	name := prefix + hashName(s.String())
+	name := RuleSelectorSetName(s, exclude)
 	if _, done := pt.sets[name]; done {
 		return name
 	}
@@ -516,6 +512,15 @@ var (
 )
 
 const maxNetsMemo = 256
+
+// RuleSelectorSetName is the set holding what a rule selector (exclude: a
+// notSelector) matches.
+func RuleSelectorSetName(s selector.Selector, exclude bool) string {
+	if exclude {
+		return notSelSetPrefix + hashName(s.String())
+	}
+	return selSetPrefix + hashName(s.String())
+}
 
 // mergePorts merges overlapping and adjacent ranges, so that a packet
 // matches at most one of the expanded rules (a Log rule logs once).

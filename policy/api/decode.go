@@ -43,7 +43,7 @@ func (e *ValidationError) Error() string {
 	for i, fe := range e.Errors {
 		lines[i] = fe.Error()
 	}
-	return "invalid policy: " + strings.Join(lines, "; ")
+	return "invalid resources: " + strings.Join(lines, "; ")
 }
 
 // ErrNoResources: the input held no document.

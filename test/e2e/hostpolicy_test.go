@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/calico-cnm/calico-cnm/policy"
 	"github.com/calico-cnm/calico-cnm/policy/api"
+	"github.com/calico-cnm/calico-cnm/policy/selector"
 	"github.com/calico-cnm/calico-cnm/test/e2e/harness"
 )
 
@@ -128,12 +130,13 @@ func TestHostEndpointPreDNAT(t *testing.T) {
 	}
 
 	res := readmeResources(t, "host-policy-file")
-	res.HostEndpoints[0].Metadata.Name = a.Name + "-eth0"
+	hep := strings.ToLower(a.Name) + "-eth0"
+	res.HostEndpoints[0].Metadata.Name = hep
 	res.HostEndpoints[0].Spec.Node = a.Name
 	res.HostEndpoints[0].Spec.ExpectedIPs = []string{a.IP.String()}
 	res.NetworkSets[0].Spec.Nets = []string{office.IP.String() + "/32"}
 	c.applyResources(t, res)
-	if out := c.mustCtl(t, "get", "hostendpoint"); !strings.Contains(out, a.Name+"-eth0") || !strings.Contains(out, "eth0") {
+	if out := c.mustCtl(t, "get", "hostendpoint"); !strings.Contains(out, hep) || !strings.Contains(out, "eth0") {
 		t.Errorf("get hostendpoint:\n%s", out)
 	}
 
@@ -231,17 +234,47 @@ func TestNetworkSetDenyList(t *testing.T) {
 	deniedBefore := metricSum(t, a.Host, "calico_cnm_policy_denied_packets_total", `endpoint="`+endpoint+`"`, `direction="ingress"`)
 	ruleBefore := metricSum(t, a.Host, "calico_cnm_policy_rule_packets_total", `policy="blocklist"`, `rule="ingress[0]"`, `action="Deny"`)
 
+	// While the clients keep connecting (each connection a fresh one):
+	// the listed address is in a's kernel set (measured), and refused.
+	stop := make(chan struct{})
+	traffic := make(chan [2]int, 1) // connections made, failed
+	go func() {
+		var n [2]int
+		for {
+			select {
+			case <-stop:
+				traffic <- n
+				return
+			default:
+			}
+			if b.fetch("kept", srvIP, 7000) == nil {
+				n[0]++
+			} else {
+				n[1]++
+			}
+		}
+	}()
+	set := policy.RuleSelectorSetName(selector.MustParse("list == 'blocked'"), false)
+	listed := regexp.MustCompile(`[\s{]` + regexp.QuoteMeta(blocked.String()) + `[,\s}]`)
 	res.NetworkSets[0].Spec.Nets = append(res.NetworkSets[0].Spec.Nets, blocked.String())
 	start := time.Now()
 	c.applyResources(t, api.Resources{NetworkSets: res.NetworkSets})
 	applied := time.Since(start)
-	harness.Eventually(t, 10*time.Second, 50*time.Millisecond, "the listed client is refused", func() error {
-		if err := b.fetch("blocked", srvIP, 7000); err == nil {
-			return fmt.Errorf("still connects")
+	harness.Eventually(t, 10*time.Second, 20*time.Millisecond, "the listed address in host a's set", func() error {
+		out, err := a.Exec(t, "nft", "list", "set", "ip", policy.TableName, set)
+		if err != nil || !listed.MatchString(out) {
+			return fmt.Errorf("not in %s yet (%v)", set, err)
 		}
 		return nil
 	})
-	t.Logf("listed address refused %s after apply returned (apply took %s)", (time.Since(start) - applied).Round(time.Millisecond), applied.Round(time.Millisecond))
+	t.Logf("listed address in host a's kernel set %s after apply returned (apply took %s)", (time.Since(start) - applied).Round(time.Millisecond), applied.Round(time.Millisecond))
+	b.expect(t, "blocked", srvIP, 7000, false, "the listed client, right after")
+	close(stop)
+	if n := <-traffic; n[0] == 0 || n[1] > 0 {
+		t.Errorf("the unlisted client, while the set changed: %d connections made, %d failed; want some and none", n[0], n[1])
+	} else {
+		t.Logf("the unlisted client made %d connections while the set changed, none failed", n[0])
+	}
 	b.expect(t, "kept", srvIP, 7000, true, "an unlisted client keeps connecting")
 	b.expect(t, "blocked", srvIP, 7000, false, "the listed client")
 
