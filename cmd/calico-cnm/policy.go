@@ -100,22 +100,12 @@ this host (read from its nftables tables: run as root on a calico-cnm host).`,
 			if err != nil {
 				return err
 			}
-			switch {
-			case out.format == formatYAML || out.format == formatJSON:
+			if out.structured() {
 				var v any = api.NewList(ps)
 				if len(args) == 1 {
 					v = ps[0]
 				}
-				enc := api.YAML
-				if out.format == formatJSON {
-					enc = api.JSON
-				}
-				b, err := enc(v)
-				if err != nil {
-					return err
-				}
-				_, err = a.stdout.Write(b)
-				return err
+				return a.printResource(out, v)
 			}
 			if err := printPolicyTable(a.stdout, ps); err != nil {
 				return err

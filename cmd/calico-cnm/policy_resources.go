@@ -102,16 +102,7 @@ func getResourceCmd[T any](a *app, k resourceKind[T]) *cobra.Command {
 				if len(args) == 1 {
 					v = items[0]
 				}
-				enc := api.YAML
-				if out.format == formatJSON {
-					enc = api.JSON
-				}
-				b, err := enc(v)
-				if err != nil {
-					return err
-				}
-				_, err = a.stdout.Write(b)
-				return err
+				return a.printResource(out, v)
 			}
 			return printList(a.stdout, out, items, k.cols)
 		})
@@ -137,6 +128,21 @@ func deleteResourceCmd[T any](a *app, k resourceKind[T]) *cobra.Command {
 			})
 		},
 	}
+}
+
+// printResource prints a resource or a List as apply -f reads it back
+// (-o yaml or -o json).
+func (a *app) printResource(out *output, v any) error {
+	enc := api.YAML
+	if out.format == formatJSON {
+		enc = api.JSON
+	}
+	b, err := enc(v)
+	if err != nil {
+		return err
+	}
+	_, err = a.stdout.Write(b)
+	return err
 }
 
 // appliedNoun is how apply names a resource of kind in its output.
