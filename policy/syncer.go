@@ -461,41 +461,10 @@ func (s *Syncer) state(records map[string]map[string][]byte) (State, []string) {
 		st.Networks = append(st.Networks, n)
 		return nil
 	})
-	st.Endpoints = make([]datastore.Endpoint, 0, len(records[datastore.EndpointsPrefix]))
-	decode(datastore.EndpointsPrefix, func(k string, v []byte) error {
-		e, err := s.endpoints.get(k, v, decodeEndpointRecord)
-		if err != nil {
-			return err
-		}
-		st.Endpoints = append(st.Endpoints, e)
-		return nil
-	})
-	s.endpoints.keepOnly(records[datastore.EndpointsPrefix])
-	decode(api.PoliciesPrefix, func(k string, v []byte) error {
-		p, err := s.policies.get(k, v, decodePolicyRecord)
-		if err != nil {
-			return err
-		}
-		st.Policies = append(st.Policies, p)
-		return nil
-	})
-	s.policies.keepOnly(records[api.PoliciesPrefix])
-	decode(api.HostEndpointsPrefix, func(k string, v []byte) error {
-		h, err := s.hostEndpoints.get(k, v, api.DecodeHostEndpointRecord)
-		if err == nil {
-			st.HostEndpoints = append(st.HostEndpoints, h)
-		}
-		return err
-	})
-	s.hostEndpoints.keepOnly(records[api.HostEndpointsPrefix])
-	decode(api.NetworkSetsPrefix, func(k string, v []byte) error {
-		n, err := s.networkSets.get(k, v, api.DecodeNetworkSetRecord)
-		if err == nil {
-			st.NetworkSets = append(st.NetworkSets, n)
-		}
-		return err
-	})
-	s.networkSets.keepOnly(records[api.NetworkSetsPrefix])
+	st.Endpoints = cachedRecords(&s.endpoints, records[datastore.EndpointsPrefix], decodeEndpointRecord, &bad)
+	st.Policies = cachedRecords(&s.policies, records[api.PoliciesPrefix], decodePolicyRecord, &bad)
+	st.HostEndpoints = cachedRecords(&s.hostEndpoints, records[api.HostEndpointsPrefix], api.DecodeHostEndpointRecord, &bad)
+	st.NetworkSets = cachedRecords(&s.networkSets, records[api.NetworkSetsPrefix], api.DecodeNetworkSetRecord, &bad)
 	decode(datastore.NodesPrefix, func(_ string, v []byte) error {
 		var n datastore.Node
 		if err := json.Unmarshal(v, &n); err != nil {
@@ -670,6 +639,28 @@ func (c *decodeCache[T]) get(key string, raw []byte, decode func(key string, raw
 	}
 	(*c)[key] = decoded[T]{raw: raw, v: v, err: err}
 	return v, err
+}
+
+// cachedRecords decodes a prefix's records through c, by key order; an
+// undecodable record is left out and noted in bad. c forgets the records
+// that are gone.
+func cachedRecords[T any](c *decodeCache[T], m map[string][]byte, decode func(key string, raw []byte) (T, error), bad *[]string) []T {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]T, 0, len(m))
+	for _, k := range keys {
+		v, err := c.get(k, m[k], decode)
+		if err != nil {
+			*bad = append(*bad, fmt.Sprintf("ignoring unreadable record %s: %v", k, err))
+			continue
+		}
+		out = append(out, v)
+	}
+	c.keepOnly(m)
+	return out
 }
 
 // keepOnly drops the records live no longer holds (deleted ones).
