@@ -181,3 +181,42 @@ func TestNFTHostProgram(t *testing.T) {
 		t.Errorf("the adjacent networks are not one range: %d elements", len(els))
 	}
 }
+
+// TestNFTCounters reads the policy counters back from the kernel: one per
+// rule of each policy, one denied counter per selected endpoint and
+// direction; what the chains counted is what Counters sums.
+func TestNFTCounters(t *testing.T) {
+	requireNetns(t)
+	ctx := context.Background()
+	ns := newNetns(t, "cnmctr-")
+	n, err := NewNFT("/var/run/netns/"+ns, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	st := policyState(t)
+	st.IPv6 = true
+	if _, err := n.Apply(ctx, mustDesired(t, st)); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := n.Counters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules []string
+	for _, r := range cs.Rules {
+		rules = append(rules, fmt.Sprintf("%s %s[%d] %s %d", r.Policy, r.Direction, r.Index, r.Action, r.Packets))
+	}
+	want := []string{"three-tier Ingress[0] Allow 0", "three-tier Ingress[1] Allow 0", "three-tier Ingress[2] Deny 0"}
+	if !slices.Equal(rules, want) {
+		t.Errorf("rule counters %v, want %v", rules, want)
+	}
+	// h1's local endpoints the policy selects (a, b): an ingress drop each.
+	var denied []string
+	for _, d := range cs.Denied {
+		denied = append(denied, d.Endpoint[:4]+" "+string(d.Direction))
+	}
+	if !slices.Equal(denied, []string{"aaaa Ingress", "bbbb Ingress"}) {
+		t.Errorf("denied counters %v", denied)
+	}
+}
