@@ -1,7 +1,6 @@
 package api
 
 import (
-	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -36,15 +35,7 @@ func TestDecodeResourceErrors(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := DecodeResources(strings.NewReader(tc.in))
-			var ve *ValidationError
-			if !errors.As(err, &ve) {
-				t.Fatalf("got %v, want a *ValidationError", err)
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not contain %q", err, w)
-				}
-			}
+			wantValidationError(t, err, tc.want)
 		})
 	}
 }
