@@ -187,6 +187,7 @@ func (d *daemon) prepareAPIs() error {
 	id := driver.NewIPAMDriver(d.engine, cfg.NodeName, d.log)
 	d.srv = NewServer(nd, id, d.log)
 	d.metrics = NewMetrics(d.engine, d.log)
+	d.metrics.Registry.MustRegister(newPolicyCollector(d.pol.nft.Counters, d.log))
 	d.srv.Observer = d.metrics.ObserveRequest
 	d.health = NewHealth(d.store.Ping)
 	d.health.Require("network policy", d.pol.syncer.Health)

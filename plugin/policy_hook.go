@@ -53,6 +53,7 @@ func newPolicy(cfg Config, store *datastore.Store, log logrus.FieldLogger) (*pol
 		IPv6:           ipv6Available(cfg.ProcSys),
 		ResyncInterval: cfg.ResyncInterval,
 		Log:            log,
+		Failsafe:       cfg.Failsafe,
 	})
 	if err != nil {
 		nft.Close()
