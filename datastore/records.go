@@ -87,6 +87,10 @@ type Endpoint struct {
 	// could not be learnt; the endpoint then matches no selector.
 	Labels        map[string]string `json:"labels,omitempty"`
 	LabelsUnknown bool              `json:"labelsUnknown,omitempty"`
+	// DriverLabels are the policy labels given as endpoint driver options
+	// (docker network connect --driver-opt org.projectcalico.label.k=v),
+	// recorded at CreateEndpoint; Join adds them to Labels.
+	DriverLabels map[string]string `json:"driverLabels,omitempty"`
 	// GatewayIndex numbers the endpoint's gateway among the calico
 	// interfaces of its container (set at Join): 1 is 169.254.1.1 and
 	// fe80::1, 2 is 169.254.1.2 and fe80::2, ... 0 (a record written
@@ -135,6 +139,17 @@ type Node struct {
 	// empty while no pool uses VXLAN.
 	VXLANTunnelAddr string `json:"vxlanTunnelAddr,omitempty"`
 	VXLANTunnelMAC  string `json:"vxlanTunnelMAC,omitempty"`
+	// WireGuardPublicKey (base64), WireGuardAddr and WireGuardPort are
+	// where and with which key the node's WireGuard device takes
+	// encrypted traffic; empty while WireGuard is off. The private key
+	// never leaves the node's state directory.
+	WireGuardPublicKey string `json:"wireguardPublicKey,omitempty"`
+	WireGuardAddr      string `json:"wireguardAddr,omitempty"`
+	WireGuardPort      int    `json:"wireguardPort,omitempty"`
+	// WireGuardInterfaceAddr is the node's address on wireguard.cali (from
+	// one of its blocks): the source of its own packets to other nodes'
+	// workloads, so that they pass the peers' allowed IPs.
+	WireGuardInterfaceAddr string `json:"wireguardInterfaceAddr,omitempty"`
 }
 
 // EndpointNodeAndID splits an endpoint key into node and endpoint id.

@@ -112,11 +112,21 @@ const VXLANTunnelHandlePrefix = "vxlan-tunnel-addr-"
 // VXLANTunnelHandle is the IPAM handle of node's VTEP address.
 func VXLANTunnelHandle(node string) string { return VXLANTunnelHandlePrefix + node }
 
-// TunnelHandleNode returns the node whose VTEP address the handle holds.
+// WireGuardTunnelHandlePrefix starts the handle of every node's address
+// on wireguard.cali (Calico's name): like a VTEP address, it belongs to
+// its node, not to a workload.
+const WireGuardTunnelHandlePrefix = "wireguard-tunnel-addr-"
+
+// WireGuardTunnelHandle is the IPAM handle of node's WireGuard address.
+func WireGuardTunnelHandle(node string) string { return WireGuardTunnelHandlePrefix + node }
+
+// TunnelHandleNode returns the node whose tunnel address (VTEP or
+// WireGuard) the handle holds.
 func TunnelHandleNode(handle string) (string, bool) {
-	n, ok := strings.CutPrefix(handle, VXLANTunnelHandlePrefix)
-	if !ok || n == "" {
-		return "", false
+	for _, prefix := range []string{VXLANTunnelHandlePrefix, WireGuardTunnelHandlePrefix} {
+		if n, ok := strings.CutPrefix(handle, prefix); ok && n != "" {
+			return n, true
+		}
 	}
-	return n, true
+	return "", false
 }

@@ -221,7 +221,8 @@ func TestTunnelHandle(t *testing.T) {
 		h    string
 		node string
 		ok   bool
-	}{{h, "host-a", true}, {"vxlan-tunnel-addr-", "", false}, {"ep-1234", "", false}} {
+	}{{h, "host-a", true}, {"vxlan-tunnel-addr-", "", false}, {"ep-1234", "", false},
+		{WireGuardTunnelHandle("host-b"), "host-b", true}, {"wireguard-tunnel-addr-", "", false}} {
 		if n, ok := TunnelHandleNode(c.h); n != c.node || ok != c.ok {
 			t.Errorf("TunnelHandleNode(%q) = %q, %v", c.h, n, ok)
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/policy"
 	"github.com/calico-cnm/calico-cnm/routing"
 )
 
@@ -56,6 +57,10 @@ type Config struct {
 	ReconcileGrace time.Duration
 
 	BGP routing.Config
+
+	// Failsafe are the ports host endpoint policy leaves open (nil:
+	// policy.DefaultFailsafe).
+	Failsafe *policy.Failsafe
 }
 
 // Env names, as the README documents them.

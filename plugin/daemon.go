@@ -71,7 +71,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	// The services start in this order under one supervisor: the plugin
 	// sockets, /metrics and /healthz, the reconciler (once the sockets
 	// answer), the blackhole routes, the liveness lease, Docker's engine
-	// ID, VXLAN, BGP routing, published ports, network policy. A failing
+	// ID, VXLAN, WireGuard, BGP routing, published ports, network policy. A failing
 	// one stops the daemon with its error (an optional one turns /healthz
 	// red). They stop together; what they used is released afterwards by
 	// the defers, the last made first.
@@ -82,6 +82,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	d.startLoops(socketPaths, alive, lease)
 
 	defer startVXLAN(d.sup, cfg, d.vx, d.log)()
+	defer startWireGuard(d.sup, cfg, d.wgd)()
 	closeRouting, err := startRouting(d.sup, cfg, d.store, d.engine, d.vx.mgr, d.metrics.Routing, d.health, d.log)
 	if err != nil {
 		_ = d.sup.Stop()
@@ -107,6 +108,7 @@ type daemon struct {
 	dp     *dataplane.Linux
 
 	vx       *vxlanRunner
+	wgd      *wgRunner
 	pol      *policyRunner
 	portsMgr *ports.Manager
 	portsNFT *ports.NFT
@@ -160,6 +162,9 @@ func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
 	if d.vx, err = newVXLAN(d.cfg, d.store, d.engine, d.log); err != nil {
 		return nil, fmt.Errorf("starting VXLAN: %w", err)
 	}
+	if d.wgd, err = newWireGuard(d.cfg, d.store, d.engine, d.log); err != nil {
+		return nil, fmt.Errorf("starting WireGuard: %w", err)
+	}
 	if d.pol, err = newPolicy(d.cfg, d.store, d.log); err != nil {
 		return nil, fmt.Errorf("starting network policy: %w", err)
 	}
@@ -182,14 +187,17 @@ func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
 // metrics and health, the reconciler, and the metrics listener.
 func (d *daemon) prepareAPIs() error {
 	cfg := d.cfg
-	nd := driver.NewNetworkDriver(d.store, d.dp, cfg.NodeName, d.log, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: d.engine, Labels: d.pol.labels, Policy: d.pol.syncer, EngineID: d.ident.ID, WorkloadMTU: d.vx.mgr.WorkloadMTU, Ports: d.portsMgr})
+	nd := driver.NewNetworkDriver(d.store, d.dp, cfg.NodeName, d.log, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: d.engine, Labels: d.pol.labels, Policy: d.pol.syncer, EngineID: d.ident.ID, WorkloadMTU: d.wgd.mgr.WorkloadMTU(d.vx.mgr.WorkloadMTU), Ports: d.portsMgr})
 	id := driver.NewIPAMDriver(d.engine, cfg.NodeName, d.log)
 	d.srv = NewServer(nd, id, d.log)
 	d.metrics = NewMetrics(d.engine, d.log)
+	d.metrics.Registry.MustRegister(newPolicyCollector(d.pol.nft.Counters, d.log))
 	d.srv.Observer = d.metrics.ObserveRequest
 	d.health = NewHealth(d.store.Ping)
 	d.health.Require("network policy", d.pol.syncer.Health)
 	d.health.Require("VXLAN", d.vx.mgr.Health)
+	d.health.Require("WireGuard", d.wgd.mgr.Health)
+	d.metrics.Registry.MustRegister(d.wgd.mgr.Collector())
 	d.health.Require("published ports", d.portsMgr.Health)
 	var err error
 	if d.reconciler, err = newReconciler(cfg, d.store, d.engine, d.dp, d.metrics, d.log); err != nil {

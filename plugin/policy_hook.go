@@ -53,21 +53,22 @@ func newPolicy(cfg Config, store *datastore.Store, log logrus.FieldLogger) (*pol
 		IPv6:           ipv6Available(cfg.ProcSys),
 		ResyncInterval: cfg.ResyncInterval,
 		Log:            log,
+		Failsafe:       cfg.Failsafe,
 	})
 	if err != nil {
 		nft.Close()
 		names.cli.Close()
 		return nil, err
 	}
-	return &policyRunner{syncer: syncer, labels: &dockerLabels{cli: names.cli, store: store}, nft: nft, names: names, node: cfg.NodeName, log: log}, nil
+	return &policyRunner{syncer: syncer, labels: newDockerLabels(names.cli, store, cfg.NodeName, log), nft: nft, names: names, node: cfg.NodeName, log: log}, nil
 }
 
-// start runs the syncer and the label re-learner under sup; the returned
+// start runs the syncer and the label learner under sup; the returned
 // function releases the handles once sup has stopped.
 func (p *policyRunner) start(sup *supervisor) (release func()) {
 	sup.Service("network policy", p.syncer.Run)
 	sup.Service("container labels", func(ctx context.Context) error {
-		p.labels.relearn(ctx, p.node, p.log)
+		p.labels.Run(ctx)
 		return ctx.Err()
 	})
 	return p.close

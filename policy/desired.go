@@ -73,6 +73,13 @@ type State struct {
 	Nodes     []datastore.Node
 	// Policies are the valid GlobalNetworkPolicy records.
 	Policies []api.GlobalNetworkPolicy
+	// HostEndpoints are the valid HostEndpoint records (every host's: rule
+	// selectors match their expectedIPs); NetworkSets the valid
+	// GlobalNetworkSet records.
+	HostEndpoints []api.HostEndpoint
+	NetworkSets   []api.GlobalNetworkSet
+	// Failsafe are the ports host endpoint policy leaves open.
+	Failsafe Failsafe
 	// IPv6 includes the ip6 table; false where the kernel has no IPv6.
 	IPv6 bool
 }
@@ -235,13 +242,16 @@ func Desired(st State) (Ruleset, []string) {
 
 	plan, pw := planPolicies(st, locals)
 	warnings = append(warnings, pw...)
+	heps, hw := localHostEndpoints(st)
+	warnings = append(warnings, hw...)
 	families := []Family{IPv4}
 	if st.IPv6 {
 		families = append(families, IPv6)
 	}
 	var rs Ruleset
 	for _, f := range families {
-		rs.Tables = append(rs.Tables, desiredTable(f, locals, members, pools[f], natPools[f], hosts[f], vteps[f], plan))
+		t := desiredTable(f, locals, members, pools[f], natPools[f], hosts[f], vteps[f], plan, heps, st.Failsafe)
+		rs.Tables = append(rs.Tables, t)
 	}
 	rs.Tables[0].Chains = append(rs.Tables[0].Chains, vxlanChains(st.Pools)...) // IPv4 only, as VXLAN
 	return rs, warnings
@@ -363,8 +373,14 @@ func hostAddrs(nodes []datastore.Node) (map[Family][]netip.Addr, []string) {
 // lies in a pool. They are a set of their own, apart from the hosts'
 // underlay addresses that the vxlan-input filter trusts: a container may
 // forge a pool address, so a VTEP address must never vouch for VXLAN.
+// The nodes' WireGuard device addresses are in the set for the same
+// reason: a host's own packets through wireguard.cali leave with that
+// source.
 func vtepAddrs(nodes []datastore.Node) (map[Family][]netip.Addr, []string) {
-	return nodeAddrs(nodes, "VXLAN tunnel address", func(n datastore.Node) string { return n.VXLANTunnelAddr })
+	out, warnings := nodeAddrs(nodes, "VXLAN tunnel address", func(n datastore.Node) string { return n.VXLANTunnelAddr })
+	wg, wgWarnings := nodeAddrs(nodes, "WireGuard device address", func(n datastore.Node) string { return n.WireGuardInterfaceAddr })
+	out[IPv4] = append(out[IPv4], wg[IPv4]...)
+	return out, append(warnings, wgWarnings...)
 }
 
 // nodeAddrs are the IPv4 addresses field gives of the node records, with a
@@ -394,7 +410,7 @@ func familyOf(a netip.Addr) Family {
 	return IPv6
 }
 
-func desiredTable(f Family, locals []localEndpoint, members map[string]map[Family][]netip.Addr, pools, natPools []netip.Prefix, hosts, vteps []netip.Addr, plan policyPlan) Table {
+func desiredTable(f Family, locals []localEndpoint, members map[string]map[Family][]netip.Addr, pools, natPools []netip.Prefix, hosts, vteps []netip.Addr, plan policyPlan, heps []api.HostEndpoint, fs Failsafe) Table {
 	pt := newPolicyTable(f, plan)
 	t := Table{Family: f, Sets: fixedSets(locals, pools, natPools, hosts, vteps), Chains: []Chain{natChain()}}
 	forward := forwardChain()
@@ -427,6 +443,7 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 			t.Chains = append(t.Chains, egressChain(EgressChainName(l.network.ID), set, name))
 		}
 	}
+	pt.hostChains(&t, &forward, heps, fs)
 	t.Chains = append(t.Chains, forward)
 	pt.finish(&t)
 	return t

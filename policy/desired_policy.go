@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/policy/api"
@@ -18,8 +19,20 @@ import (
 const (
 	markAccept uint32 = 0x00010000
 	markPass   uint32 = 0x00020000
-	markBits          = markAccept | markPass
+	// markDeny: a Deny rule matched. The endpoint's dispatch chain drops
+	// the packet in a rule of the endpoint's own, whose counter is the
+	// endpoint's denied packets (a drop in the shared policy chain could
+	// not tell whose they were).
+	markDeny uint32 = 0x00080000
+	markBits        = markAccept | markPass | markDeny
 )
+
+// DeniedComment is the comment of an endpoint's drop rule in a dispatch
+// chain: its counter is what policy denied the endpoint in that
+// direction (package plugin reads it for /metrics).
+func DeniedComment(dir api.PolicyType, endpointID string) string {
+	return "denied " + strings.ToLower(string(dir)) + " endpoint " + endpointID
+}
 
 // Chain and set name prefixes of the policy program.
 const (
@@ -65,6 +78,9 @@ type compiledPolicy struct {
 	sel selector.Selector
 }
 
+// selectsWorkloads: pre-DNAT policy applies to host endpoints only.
+func (p compiledPolicy) selectsWorkloads() bool { return !p.Spec.PreDNAT }
+
 // compilePolicies parses the selectors; a policy whose selectors do not
 // parse (the record was validated, so only a newer or foreign writer) is
 // left out with a warning.
@@ -104,7 +120,7 @@ func SelectingPolicies(ps []api.GlobalNetworkPolicy, labels map[string]string, d
 	cps, _ := compilePolicies(ps)
 	var out []string
 	for _, p := range cps {
-		if p.AppliesTo(dir) && p.sel.Evaluate(labels) {
+		if p.selectsWorkloads() && p.AppliesTo(dir) && p.sel.Evaluate(labels) {
 			out = append(out, p.Metadata.Name)
 		}
 	}
@@ -122,13 +138,17 @@ type policyPlan struct {
 	// exist for a direction: that direction drops everything.
 	failClosed map[string]map[api.PolicyType]bool
 	// joined are the cluster's joined endpoints: rule selectors pick
-	// their addresses.
-	joined []datastore.Endpoint
+	// their addresses, and those of hostEndpoints (expectedIPs) and
+	// networkSets (nets).
+	joined        []datastore.Endpoint
+	hostEndpoints []api.HostEndpoint
+	networkSets   []api.GlobalNetworkSet
 }
 
 func planPolicies(st State, locals []localEndpoint) (policyPlan, []string) {
 	cps, warnings := compilePolicies(st.Policies)
-	plan := policyPlan{policies: cps, byEndpoint: map[string]map[api.PolicyType][]int{}, failClosed: map[string]map[api.PolicyType]bool{}}
+	plan := policyPlan{policies: cps, byEndpoint: map[string]map[api.PolicyType][]int{}, failClosed: map[string]map[api.PolicyType]bool{},
+		hostEndpoints: st.HostEndpoints, networkSets: st.NetworkSets}
 	if len(cps) == 0 {
 		return plan, warnings
 	}
@@ -143,7 +163,7 @@ func planPolicies(st State, locals []localEndpoint) (policyPlan, []string) {
 	for _, l := range locals {
 		if l.ep.LabelsUnknown {
 			for _, dir := range []api.PolicyType{api.Ingress, api.Egress} {
-				if slices.ContainsFunc(cps, func(p compiledPolicy) bool { return p.AppliesTo(dir) }) {
+				if slices.ContainsFunc(cps, func(p compiledPolicy) bool { return p.selectsWorkloads() && p.AppliesTo(dir) }) {
 					if plan.failClosed[l.ep.ID] == nil {
 						plan.failClosed[l.ep.ID] = map[api.PolicyType]bool{}
 					}
@@ -158,7 +178,7 @@ func planPolicies(st State, locals []localEndpoint) (policyPlan, []string) {
 			sel = map[api.PolicyType][]int{}
 			for i, p := range cps {
 				for _, dir := range []api.PolicyType{api.Ingress, api.Egress} {
-					if p.AppliesTo(dir) && p.sel.Evaluate(l.ep.Labels) {
+					if p.selectsWorkloads() && p.AppliesTo(dir) && p.sel.Evaluate(l.ep.Labels) {
 						sel[dir] = append(sel[dir], i)
 					}
 				}
@@ -225,9 +245,15 @@ func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile
 	if len(idx) == 0 {
 		return Rule{}, false
 	}
+	// The dispatch chain ends with one drop per endpoint using it (see
+	// markDeny), after its ordered rules.
+	denied := Rule{Matches: []Match{match}, Verdict: Drop, Comment: DeniedComment(dir, l.ep.ID)}
 	memoKey := fmt.Sprint(dir, profile, idx)
 	if target, done := pt.dispatch[memoKey]; done {
 		jump.Target = target
+		c := pt.chains[target]
+		c.Unordered = append(c.Unordered, denied)
+		pt.chains[target] = c
 		return jump, true
 	}
 	var names []string
@@ -251,7 +277,9 @@ func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile
 	if profile != "" {
 		pass.Verdict, pass.Target = Goto, profile
 	}
-	c.Rules = append(c.Rules, pass, Rule{Verdict: Drop, Comment: "no policy allowed it (default deny)"})
+	// No rule decided, or a Deny did: the endpoint's drop (Unordered).
+	c.Rules = append(c.Rules, pass)
+	c.Unordered = []Rule{denied}
 	pt.chains[jump.Target] = c
 	return jump, true
 }
@@ -314,7 +342,7 @@ func (pt *policyTable) rules(policy string, dir api.PolicyType, i int, r api.Rul
 	case api.Pass:
 		base.SetMark, base.Verdict = markPass, Return
 	case api.Deny:
-		base.Verdict = Drop
+		base.SetMark, base.Verdict = markDeny, Return
 	case api.Log:
 		base.LogPrefix, base.Verdict = clipLogPrefix(LogPrefix+policy+" "), Continue
 	}
@@ -384,31 +412,114 @@ func (pt *policyTable) netsSet(nets []string) (string, bool) {
 }
 
 // selectorSet holds the addresses of the cluster's joined endpoints the
-// selector picks. For a notSelector (exclude) it also holds those whose
+// selector picks, the expectedIPs of the host endpoints and the nets of
+// the network sets it picks: an interval set, as network sets hold
+// networks. For a notSelector (exclude) it also holds the endpoints whose
 // labels are unknown: they match no selector, not even a negated one.
 func (pt *policyTable) selectorSet(sel string, exclude bool) string {
 	s := selector.MustParse(sel) // checked by compilePolicies
-	prefix := selSetPrefix
-	if exclude {
-		prefix = notSelSetPrefix
-	}
-	name := prefix + hashName(s.String())
+	name := RuleSelectorSetName(s, exclude)
 	if _, done := pt.sets[name]; done {
 		return name
 	}
-	var addrs []netip.Addr
+	var ranges []addrRange
+	addAddr := func(a string) {
+		if addr, ok := endpointAddr(a); ok && familyOf(addr) == pt.f {
+			ranges = append(ranges, addrRange{from: addr, to: addr})
+		}
+	}
 	for _, ep := range pt.plan.joined {
 		if ep.LabelsUnknown && !exclude || !ep.LabelsUnknown && !s.Evaluate(ep.Labels) {
 			continue
 		}
-		for _, a := range []string{ep.IPv4, ep.IPv6} {
-			if addr, ok := endpointAddr(a); ok && familyOf(addr) == pt.f {
-				addrs = append(addrs, addr)
+		addAddr(ep.IPv4)
+		addAddr(ep.IPv6)
+	}
+	for _, h := range pt.plan.hostEndpoints {
+		if s.Evaluate(h.Metadata.Labels) {
+			for _, a := range h.Spec.ExpectedIPs {
+				addAddr(a)
 			}
 		}
 	}
-	pt.sets[name] = Set{Name: name, Type: SetAddr, Elements: addrElements(addrs), Comment: clipComment("selector " + s.String())}
+	var sets []memoNets
+	for _, ns := range pt.plan.networkSets {
+		if s.Evaluate(ns.Metadata.Labels) {
+			sets = append(sets, networkSetRanges(ns.Spec.Nets, pt.f))
+		}
+	}
+	var elems []string
+	if len(ranges) == 0 && len(sets) == 1 {
+		elems = sets[0].elements // the usual deny or allow list: as it is
+	} else {
+		for _, m := range sets {
+			ranges = append(ranges, m.ranges...)
+		}
+		elems = rangesElements(mergeRanges(ranges))
+	}
+	pt.sets[name] = Set{Name: name, Type: SetAddr, Interval: true, Elements: elems, Comment: clipComment("selector " + s.String())}
 	return name
+}
+
+// memoNets is a network set's networks of one family, merged, and their
+// canonical set elements.
+type memoNets struct {
+	ranges   []addrRange
+	elements []string
+}
+
+// networkSetRanges are a network set's networks of family f as merged
+// ranges, remembered by the identity of the nets slice: the syncer decodes
+// a record again only when it changes, so an unchanged set of thousands of
+// networks is parsed and merged once, not at every pass.
+func networkSetRanges(nets []string, f Family) memoNets {
+	if len(nets) == 0 {
+		return memoNets{}
+	}
+	key := netsKey{first: &nets[0], n: len(nets), f: f}
+	netsMu.Lock()
+	m, ok := netsMemo[key]
+	netsMu.Unlock()
+	if ok {
+		return m
+	}
+	for _, n := range nets {
+		if p, err := netip.ParsePrefix(n); err == nil && familyOf(p.Addr()) == f {
+			p = p.Masked()
+			m.ranges = append(m.ranges, addrRange{from: p.Addr(), to: lastAddr(p)})
+		}
+	}
+	m.ranges = mergeRanges(m.ranges)
+	m.elements = rangesElements(m.ranges)
+	netsMu.Lock()
+	if len(netsMemo) >= maxNetsMemo {
+		clear(netsMemo)
+	}
+	netsMemo[key] = m
+	netsMu.Unlock()
+	return m
+}
+
+type netsKey struct {
+	first *string
+	n     int
+	f     Family
+}
+
+var (
+	netsMu   sync.Mutex
+	netsMemo = map[netsKey]memoNets{}
+)
+
+const maxNetsMemo = 256
+
+// RuleSelectorSetName is the set holding what a rule selector (exclude: a
+// notSelector) matches.
+func RuleSelectorSetName(s selector.Selector, exclude bool) string {
+	if exclude {
+		return notSelSetPrefix + hashName(s.String())
+	}
+	return selSetPrefix + hashName(s.String())
 }
 
 // mergePorts merges overlapping and adjacent ranges, so that a packet

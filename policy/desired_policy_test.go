@@ -59,10 +59,10 @@ func TestDesiredPolicyThreeTier(t *testing.T) {
 	selAny := selSetPrefix + hashName(`has(role)`)
 	// Rule selectors hold the cluster's matching addresses, both hosts.
 	for set, want := range map[string][]string{
-		selFront: {"192.168.0.1", "192.168.1.2"},
-		selBack:  {"192.168.0.2"},
-		selDB:    {"192.168.1.1"},
-		selAny:   {"192.168.0.1", "192.168.0.2", "192.168.1.1", "192.168.1.2"},
+		selFront: {"192.168.0.1/32", "192.168.1.2/32"},
+		selBack:  {"192.168.0.2/32"},
+		selDB:    {"192.168.1.1/32"},
+		selAny:   {"192.168.0.1/32", "192.168.0.2/32", "192.168.1.1/32", "192.168.1.2/32"},
 	} {
 		if got := setElems(t, tb, set); !slices.Equal(got, want) {
 			t.Errorf("set %s = %v, want %v", set, got, want)
@@ -71,7 +71,7 @@ func TestDesiredPolicyThreeTier(t *testing.T) {
 	wantPolicy := []string{
 		"meta l4proto 6 ip saddr @" + selFront + " ip daddr @" + selBack + " th dport 8080 counter meta mark set mark & 0xfffeffff | 0x00010000 return comment \"three-tier ingress rule 0: Allow\"",
 		"meta l4proto 6 ip saddr @" + selBack + " ip daddr @" + selDB + " th dport 5432 counter meta mark set mark & 0xfffeffff | 0x00010000 return comment \"three-tier ingress rule 1: Allow\"",
-		"ip saddr @" + selAny + " counter drop comment \"three-tier ingress rule 2: Deny\"",
+		"ip saddr @" + selAny + " counter meta mark set mark & 0xfff7ffff | 0x00080000 return comment \"three-tier ingress rule 2: Deny\"",
 	}
 	if got := rulesOf(t, tb, pi); !slices.Equal(got, wantPolicy) {
 		t.Errorf("policy chain:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(wantPolicy, "\n"))
@@ -90,11 +90,14 @@ func TestDesiredPolicyThreeTier(t *testing.T) {
 		t.Errorf("endpoints with the same policies use different chains %s and %s", to, other)
 	}
 	wantEP := []string{
-		`counter meta mark set mark & 0xfffcffff | 0x00000000 comment "policies three-tier"`,
+		`counter meta mark set mark & 0xfff4ffff | 0x00000000 comment "policies three-tier"`,
 		`counter jump ` + pi + ` comment "policy three-tier"`,
-		`meta mark & 0x00010000 != 0 counter meta mark set mark & 0xfffcffff | 0x00000000 return comment "allowed by a policy"`,
-		`meta mark & 0x00020000 != 0 counter meta mark set mark & 0xfffcffff | 0x00000000 goto ` + IngressChainName(net1ID) + ` comment "pass: the network's rules"`,
-		`counter drop comment "no policy allowed it (default deny)"`,
+		`meta mark & 0x00010000 != 0 counter meta mark set mark & 0xfff4ffff | 0x00000000 return comment "allowed by a policy"`,
+		`meta mark & 0x00020000 != 0 counter meta mark set mark & 0xfff4ffff | 0x00000000 goto ` + IngressChainName(net1ID) + ` comment "pass: the network's rules"`,
+		// No policy decided, or one denied: dropped in the endpoint's own
+		// rule, whose counter is its denied packets.
+		`oifname "caliaaaaaaaaaaa" counter drop comment "` + DeniedComment(api.Ingress, strings.Repeat("a", 64)) + `"`,
+		`oifname "calibbbbbbbbbbb" counter drop comment "` + DeniedComment(api.Ingress, strings.Repeat("b", 64)) + `"`,
 	}
 	if got := rulesOf(t, tb, to); !slices.Equal(got, wantEP) {
 		t.Errorf("endpoint chain:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(wantEP, "\n"))
@@ -113,8 +116,10 @@ func TestDesiredPolicyThreeTier(t *testing.T) {
 	if tb2.RuleCount() != before {
 		t.Errorf("50 remote endpoints changed the rule count %d -> %d", before, tb2.RuleCount())
 	}
-	if n := len(setElems(t, tb2, selFront)); n != 52 {
-		t.Errorf("frontend set has %d elements, want 52", n)
+	// An interval set: 192.168.2.1-50 are 6 prefixes.
+	if got := setElems(t, tb2, selFront); !slices.Equal(got, []string{"192.168.0.1/32", "192.168.1.2/32", "192.168.2.1/32", "192.168.2.2/31",
+		"192.168.2.4/30", "192.168.2.8/29", "192.168.2.16/28", "192.168.2.32/28", "192.168.2.48/31", "192.168.2.50/32"}) {
+		t.Errorf("frontend set %v", got)
 	}
 }
 
@@ -160,13 +165,13 @@ spec:
 		`meta l4proto 17 th dport != 55 th dport 50-60 counter meta mark set mark & 0xfffdffff | 0x00020000 return comment "acts egress rule 1: Pass"`,
 		`meta l4proto 17 th dport != 55 th dport 100 counter meta mark set mark & 0xfffdffff | 0x00020000 return comment "acts egress rule 1: Pass"`,
 		`meta l4proto 1 icmp type 8 icmp code 0 ip daddr @` + nets + ` ip daddr != @` + notNets + ` counter meta mark set mark & 0xfffeffff | 0x00010000 return comment "acts egress rule 3: Allow"`,
-		`meta l4proto != 6 ip daddr != @` + nsel + ` counter drop comment "acts egress rule 4: Deny"`,
+		`meta l4proto != 6 ip daddr != @` + nsel + ` counter meta mark set mark & 0xfff7ffff | 0x00080000 return comment "acts egress rule 4: Deny"`,
 	}
 	if got := rulesOf(t, tb, po); !slices.Equal(got, want) {
 		t.Errorf("policy chain:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	// The excluded set holds the db and the endpoint of unknown labels.
-	if got := setElems(t, tb, nsel); !slices.Equal(got, []string{"192.168.0.3", "192.168.1.1"}) {
+	if got := setElems(t, tb, nsel); !slices.Equal(got, []string{"192.168.0.3/32", "192.168.1.1/32"}) {
 		t.Errorf("notSelector set %v", got)
 	}
 	// IPv6: the ipVersion 6 rule is there, the ICMP (v4) one is not.

@@ -444,6 +444,14 @@ func TestDesiredVXLANHosts(t *testing.T) {
 		t.Errorf("ingress host lets the VTEPs in: %q", in)
 	}
 
+	// A WireGuard device address is a host's tunnel address too.
+	st = baseState()
+	st.Nodes[1].WireGuardInterfaceAddr = "10.66.0.9"
+	rs, _ = Desired(st)
+	if got := setElems(t, mustTable(t, rs, IPv4), setVTEPs); len(got) != 1 || got[0] != "10.66.0.9" {
+		t.Errorf("vteps set with a WireGuard device address = %q, want [10.66.0.9]", got)
+	}
+
 	st = baseState()
 	rs, _ = Desired(st)
 	if in := rulesOf(t, mustTable(t, rs, IPv4), IngressChainName(net1ID)); strings.Contains(strings.Join(in, "\n"), "@vteps") {

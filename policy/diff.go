@@ -176,17 +176,16 @@ func diffTable(cur, want Table) []Op {
 			continue
 		}
 		ref := Set{Name: w.Name, Type: w.Type, Interval: w.Interval}
+		var gone, added []string
 		if w.Interval {
-			// Interval elements are ranges: deleting one of several merged
-			// prefixes is not expressible; rewrite the (small) pool sets.
-			elems = append(elems, Op{Kind: OpFlushSet, Family: f, Set: ref})
-			if len(w.Elements) > 0 {
-				ref.Elements = w.Elements
-				elems = append(elems, Op{Kind: OpAddElements, Family: f, Set: ref})
+			var ok bool
+			if gone, added, ok = rangeChanges(c.Elements, w.Elements); !ok {
+				elems = append(elems, Op{Kind: OpFlushSet, Family: f, Set: ref})
+				gone, added = nil, w.Elements
 			}
-			continue
+		} else {
+			gone, added = setChanges(c.Elements, w.Elements)
 		}
-		gone, added := setChanges(c.Elements, w.Elements)
 		if len(gone) > 0 {
 			r := ref
 			r.Elements = gone
@@ -356,4 +355,39 @@ func chainDepth(name string) int {
 		return 0
 	}
 	return 1
+}
+
+// rangeChanges is the change of an interval set as whole ranges: the
+// kernel holds one element per merged range, so a range that is not
+// exactly in both is deleted or added as a whole (a one-address change
+// in a set of thousands of networks costs an element or three, not a
+// rewrite). Ranges of the wanted set never touch (they are merged), so
+// an added range never touches a kept one. ok is false when an element
+// does not parse (the set is rewritten).
+func rangeChanges(cur, want []string) (gone, added []string, ok bool) {
+	cr, err1 := parseIntervalElements(cur)
+	wr, err2 := parseIntervalElements(want)
+	if err1 != nil || err2 != nil {
+		return nil, nil, false
+	}
+	in := func(rs []addrRange) map[addrRange]bool {
+		m := make(map[addrRange]bool, len(rs))
+		for _, r := range rs {
+			m[r] = true
+		}
+		return m
+	}
+	cm, wm := in(cr), in(wr)
+	var g, a []addrRange
+	for _, r := range cr {
+		if !wm[r] {
+			g = append(g, r)
+		}
+	}
+	for _, r := range wr {
+		if !cm[r] {
+			a = append(a, r)
+		}
+	}
+	return rangesElements(g), rangesElements(a), true
 }

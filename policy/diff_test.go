@@ -160,14 +160,15 @@ func TestDiffJoinAndLeave(t *testing.T) {
 	}
 }
 
-func TestDiffPoolsRewriteIntervalSet(t *testing.T) {
+// An interval set changes by whole ranges: the new pool's range is added,
+// the kept one is not written again.
+func TestDiffIntervalSetByRanges(t *testing.T) {
 	before := baseState()
 	after := baseState()
 	after.Pools[1].NATOutgoing = true
 	plan := opStrings(Diff(asDumped(desired(t, before)), desired(t, after)))
 	want := []string{
-		"flush set ip calico-cnm nat-pools",
-		"add element ip calico-cnm nat-pools { 10.66.0.0/16, 192.168.0.0/16 }",
+		"add element ip calico-cnm nat-pools { 10.66.0.0/16 }",
 	}
 	if !slices.Equal(plan, want) {
 		t.Errorf("plan %q, want %q", plan, want)
@@ -316,5 +317,33 @@ func TestIntervalRoundTrip(t *testing.T) {
 	}
 	if _, err := setElements(IPv4, Set{Name: "w", Type: SetIfname, Elements: []string{"cali0123456789abcdef"}}); err == nil {
 		t.Error("an over-long interface name was accepted")
+	}
+}
+
+func TestRangeChanges(t *testing.T) {
+	tests := []struct {
+		name        string
+		cur, want   []string
+		gone, added []string
+	}{
+		{"same", []string{"10.0.0.0/24"}, []string{"10.0.0.0/24"}, nil, nil},
+		{"one added apart", []string{"10.0.0.0/24"}, []string{"10.0.0.0/24", "10.0.5.0/24"}, nil, []string{"10.0.5.0/24"}},
+		{"one removed", []string{"10.0.0.0/24", "10.0.5.0/24"}, []string{"10.0.5.0/24"}, []string{"10.0.0.0/24"}, nil},
+		// A network touching a kept range merges with it: the old range
+		// goes, the merged one comes.
+		{"adjacent merges", []string{"10.0.0.0/24"}, []string{"10.0.0.0/23"}, []string{"10.0.0.0/24"}, []string{"10.0.0.0/23"}},
+		{"split", []string{"10.0.0.0/23"}, []string{"10.0.1.0/24"}, []string{"10.0.0.0/23"}, []string{"10.0.1.0/24"}},
+		{"to empty", []string{"10.0.0.1/32"}, nil, []string{"10.0.0.1/32"}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			gone, added, ok := rangeChanges(tc.cur, tc.want)
+			if !ok || !slices.Equal(gone, tc.gone) || !slices.Equal(added, tc.added) {
+				t.Errorf("gone %v added %v ok %v; want %v %v", gone, added, ok, tc.gone, tc.added)
+			}
+		})
+	}
+	if _, _, ok := rangeChanges([]string{"nope"}, nil); ok {
+		t.Errorf("an unparsable element did not ask for a rewrite")
 	}
 }

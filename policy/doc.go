@@ -28,9 +28,12 @@
 //
 // Chains only drop or return, so a packet between two local containers
 // passes both the receiver's ingress and the sender's egress checks. The
-// host itself is never filtered: its own traffic to and from containers
-// (health checks, docker-proxy for published ports, the container's
-// gateway 169.254.1.1) does not cross the forward hook.
+// host's own traffic to and from its containers is never filtered (health
+// checks, published ports reached from the host, the container's gateway
+// 169.254.1.1): it does not cross the forward hook, and the host endpoint
+// chains (desired_host.go) let it pass, as Felix does. Host endpoints put
+// the host's own interfaces under policy: pre-DNAT, normal and
+// applyOnForward policies, with failsafe ports (see desired_host.go).
 //
 // Docker sets the iptables FORWARD policy to DROP, and the dataplane puts
 // `iifname/oifname cali* accept` into Docker's DOCKER-USER chain for that.
@@ -52,10 +55,14 @@
 // each policy's chain (pi-<h>/po-<h>, one per policy and direction, shared
 // by all endpoints) while neither bit is set, then returns when a rule
 // allowed the packet (markAccept), goes to the network's chain on Pass
-// (markPass), and drops otherwise (default deny). Deny rules drop in the
-// policy chain; Log rules log with the prefix LogPrefix+name and go on.
-// Rule selectors and nets are named sets (sel-, nsel-, nets-) holding the
-// addresses of the cluster's joined endpoints that match: rules grow with
+// (markPass), and drops otherwise (default deny). Log rules log with the
+// prefix LogPrefix+name and go on.
+// A Deny rule marks the packet (markDeny) and the dispatch chain drops it
+// in a rule of the endpoint's own, whose counter is the endpoint's denied
+// packets. Rule selectors and nets are named interval sets (sel-, nsel-,
+// nets-) holding the addresses of the cluster's joined endpoints that
+// match, the expectedIPs of matching host endpoints and the networks of
+// matching GlobalNetworkSets; they change by whole ranges: rules grow with
 // the local endpoints and the policies, never with the cluster; a label
 // change anywhere changes set elements only. An endpoint whose labels are
 // unknown matches no selector (it is in every notSelector's exclusion

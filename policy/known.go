@@ -105,9 +105,25 @@ func changedSet(op Op, s Set) (Set, bool) {
 		gone[e] = true
 	}
 	if s.Interval {
-		// Diff never deletes single interval elements (it flushes and
-		// adds); a range's pieces cannot be told apart here.
-		return s, false
+		// Diff deletes whole ranges (rangeChanges); anything else cannot
+		// be told here.
+		cur, err1 := parseIntervalElements(s.Elements)
+		del, err2 := parseIntervalElements(op.Set.Elements)
+		if err1 != nil || err2 != nil {
+			return s, false
+		}
+		for _, d := range del {
+			n := len(cur)
+			cur = slices.DeleteFunc(cur, func(r addrRange) bool { return r == d })
+			if len(cur) == n {
+				return s, false
+			}
+		}
+		s.Elements = rangesElements(cur)
+		if len(s.Elements) == 0 {
+			s.Elements = nil
+		}
+		return s, true
 	}
 	s.Elements = slices.DeleteFunc(slices.Clone(s.Elements), func(e string) bool { return gone[e] })
 	return s, true

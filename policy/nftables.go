@@ -128,7 +128,9 @@ func (n *NFT) Dump(ctx context.Context, families ...Family) (Ruleset, error) {
 	if err := ctx.Err(); err != nil {
 		return rs, err
 	}
-	c, err := n.conn(0)
+	// Large buffers: a set of thousands of networks comes back in many
+	// messages, and a receive buffer that overflows loses some silently.
+	c, err := n.conn(batchBuffer(0))
 	if err != nil {
 		return rs, err
 	}
@@ -219,6 +221,10 @@ func hookNum(name string) (*nftables.ChainHook, error) {
 		return nftables.ChainHookPostrouting, nil
 	case "input":
 		return nftables.ChainHookInput, nil
+	case "prerouting":
+		return nftables.ChainHookPrerouting, nil
+	case "output":
+		return nftables.ChainHookOutput, nil
 	}
 	return nil, fmt.Errorf("unsupported hook %q", name)
 }
@@ -1010,11 +1016,38 @@ func (b *nftBatch) addSet(op Op) error {
 	if err != nil {
 		return err
 	}
-	if err := b.c.AddSet(ns, elems); err != nil {
+	chunks := elementChunks(elems)
+	if err := b.c.AddSet(ns, chunks[0]); err != nil {
 		return fmt.Errorf("adding set %s: %w", op.Set.Name, err)
+	}
+	for _, more := range chunks[1:] {
+		if err := b.c.SetAddElements(ns, more); err != nil {
+			return fmt.Errorf("adding elements to set %s: %w", op.Set.Name, err)
+		}
 	}
 	b.setIDs[string(op.Family)+"/"+op.Set.Name] = ns.ID
 	return nil
+}
+
+// maxElementsPerMessage keeps a set element message's element list under
+// netlink's 64 KiB attribute length (an IPv6 interval element with its
+// attributes takes about 40 bytes); a longer list would be cut short by
+// the length wrapping around, and the kernel take part of it.
+const maxElementsPerMessage = 1024
+
+// elementChunks splits elements into lists a message can carry, never
+// between a range's start and its end. There is always a first chunk.
+func elementChunks(elems []nftables.SetElement) [][]nftables.SetElement {
+	var out [][]nftables.SetElement
+	for len(elems) > maxElementsPerMessage {
+		cut := maxElementsPerMessage
+		for cut < len(elems) && elems[cut].IntervalEnd {
+			cut++
+		}
+		out = append(out, elems[:cut])
+		elems = elems[cut:]
+	}
+	return append(out, elems)
 }
 
 // changeElements adds or deletes elements of a set.
@@ -1025,13 +1058,15 @@ func (b *nftBatch) changeElements(op Op) error {
 	if err != nil {
 		return err
 	}
-	if op.Kind == OpAddElements {
-		err = b.c.SetAddElements(ns, elems)
-	} else {
-		err = b.c.SetDeleteElements(ns, elems)
-	}
-	if err != nil {
-		return fmt.Errorf("changing elements of set %s: %w", op.Set.Name, err)
+	for _, chunk := range elementChunks(elems) {
+		if op.Kind == OpAddElements {
+			err = b.c.SetAddElements(ns, chunk)
+		} else {
+			err = b.c.SetDeleteElements(ns, chunk)
+		}
+		if err != nil {
+			return fmt.Errorf("changing elements of set %s: %w", op.Set.Name, err)
+		}
 	}
 	return nil
 }

@@ -45,6 +45,9 @@ type Config struct {
 	Names NameResolver
 	// IPv6 programs the ip6 table too.
 	IPv6 bool
+	// Failsafe are the ports host endpoint policy leaves open; nil:
+	// DefaultFailsafe.
+	Failsafe *Failsafe
 	// ResyncInterval is how often the kernel is compared with the records
 	// and repaired (somebody else changed our tables). The records
 	// themselves come from watches, re-listed whenever a watch breaks.
@@ -79,6 +82,10 @@ type Syncer struct {
 	// endpoints caches decoded endpoint records by key: a pass decodes
 	// only the records that changed, not every endpoint of the cluster.
 	endpoints decodeCache[datastore.Endpoint]
+	// hostEndpoints and networkSets likewise (a network set may hold
+	// thousands of networks).
+	hostEndpoints decodeCache[api.HostEndpoint]
+	networkSets   decodeCache[api.GlobalNetworkSet]
 
 	// mu guards what WaitProgrammed and Health read.
 	mu sync.Mutex
@@ -105,6 +112,10 @@ func NewSyncer(cfg Config) (*Syncer, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = logrus.StandardLogger()
+	}
+	if cfg.Failsafe == nil {
+		fs := DefaultFailsafe()
+		cfg.Failsafe = &fs
 	}
 	return &Syncer{cfg: cfg, log: cfg.Log.WithField("component", "policy"), advanced: make(chan struct{}), unhealthy: "the datastore has not been read yet"}, nil
 }
@@ -161,7 +172,8 @@ func (s *Syncer) setProgrammed(rev int64, why string) {
 	}
 }
 
-var followed = []string{ipam.PoolsPrefix, datastore.NetworksPrefix, datastore.EndpointsPrefix, datastore.NodesPrefix, api.PoliciesPrefix}
+var followed = []string{ipam.PoolsPrefix, datastore.NetworksPrefix, datastore.EndpointsPrefix, datastore.NodesPrefix, api.PoliciesPrefix,
+	api.HostEndpointsPrefix, api.NetworkSetsPrefix}
 
 // update is what a prefix follower tells the main loop: a full snapshot
 // (after a (re-)list) or one event.
@@ -415,7 +427,7 @@ func (s *Syncer) follow(ctx context.Context, prefix string, out chan<- update) {
 
 // state decodes the records; undecodable ones are skipped with a warning.
 func (s *Syncer) state(records map[string]map[string][]byte) (State, []string) {
-	st := State{Node: s.cfg.Node, IPv6: s.cfg.IPv6}
+	st := State{Node: s.cfg.Node, IPv6: s.cfg.IPv6, Failsafe: *s.cfg.Failsafe}
 	var bad []string
 	decode := func(prefix string, fn func(key string, v []byte) error) {
 		m := records[prefix]
@@ -449,25 +461,10 @@ func (s *Syncer) state(records map[string]map[string][]byte) (State, []string) {
 		st.Networks = append(st.Networks, n)
 		return nil
 	})
-	st.Endpoints = make([]datastore.Endpoint, 0, len(records[datastore.EndpointsPrefix]))
-	decode(datastore.EndpointsPrefix, func(k string, v []byte) error {
-		e, err := s.endpoints.get(k, v, decodeEndpointRecord)
-		if err != nil {
-			return err
-		}
-		st.Endpoints = append(st.Endpoints, e)
-		return nil
-	})
-	s.endpoints.keepOnly(records[datastore.EndpointsPrefix])
-	decode(api.PoliciesPrefix, func(k string, v []byte) error {
-		p, err := s.policies.get(k, v, decodePolicyRecord)
-		if err != nil {
-			return err
-		}
-		st.Policies = append(st.Policies, p)
-		return nil
-	})
-	s.policies.keepOnly(records[api.PoliciesPrefix])
+	st.Endpoints = cachedRecords(&s.endpoints, records[datastore.EndpointsPrefix], decodeEndpointRecord, &bad)
+	st.Policies = cachedRecords(&s.policies, records[api.PoliciesPrefix], decodePolicyRecord, &bad)
+	st.HostEndpoints = cachedRecords(&s.hostEndpoints, records[api.HostEndpointsPrefix], api.DecodeHostEndpointRecord, &bad)
+	st.NetworkSets = cachedRecords(&s.networkSets, records[api.NetworkSetsPrefix], api.DecodeNetworkSetRecord, &bad)
 	decode(datastore.NodesPrefix, func(_ string, v []byte) error {
 		var n datastore.Node
 		if err := json.Unmarshal(v, &n); err != nil {
@@ -642,6 +639,28 @@ func (c *decodeCache[T]) get(key string, raw []byte, decode func(key string, raw
 	}
 	(*c)[key] = decoded[T]{raw: raw, v: v, err: err}
 	return v, err
+}
+
+// cachedRecords decodes a prefix's records through c, by key order; an
+// undecodable record is left out and noted in bad. c forgets the records
+// that are gone.
+func cachedRecords[T any](c *decodeCache[T], m map[string][]byte, decode func(key string, raw []byte) (T, error), bad *[]string) []T {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]T, 0, len(m))
+	for _, k := range keys {
+		v, err := c.get(k, m[k], decode)
+		if err != nil {
+			*bad = append(*bad, fmt.Sprintf("ignoring unreadable record %s: %v", k, err))
+			continue
+		}
+		out = append(out, v)
+	}
+	c.keepOnly(m)
+	return out
 }
 
 // keepOnly drops the records live no longer holds (deleted ones).

@@ -191,7 +191,7 @@ func TestCLIUsage(t *testing.T) {
 		{"network without subcommand", []string{"network"}, exitUsage, "", "network needs a subcommand: list"},
 		{"network unknown subcommand", []string{"network", "rm", "x"}, exitUsage, "", `unknown network subcommand "rm": use list`},
 		{"network list with argument", []string{"network", "list", "net1"}, exitUsage, "", "network list takes no arguments"},
-		{"node without subcommand", []string{"node"}, exitUsage, "", "node needs a subcommand: delete, list or status"},
+		{"node without subcommand", []string{"node"}, exitUsage, "", "node needs a subcommand: delete, list, rotate-key or status"},
 		{"unknown node subcommand", []string{"node", "remove", "h1"}, exitUsage, "", `unknown node subcommand "remove"`},
 		{"node delete without name", []string{"node", "delete"}, exitUsage, "", "node delete needs exactly one node name"},
 		{"node delete two names", []string{"node", "delete", "h1", "h2"}, exitUsage, "", "node delete needs exactly one node name"},

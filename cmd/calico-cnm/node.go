@@ -23,8 +23,9 @@ func (a *app) nodeCmd() *cobra.Command {
 	return group("node", "Inspect this host's daemon, list and remove nodes",
 		`  calico-cnm node status
   calico-cnm node list
-  calico-cnm node delete host3`,
-		a.nodeStatusCmd(), a.nodeListCmd(), a.nodeDeleteCmd())
+  calico-cnm node delete host3
+  calico-cnm node rotate-key`,
+		a.nodeStatusCmd(), a.nodeListCmd(), a.nodeDeleteCmd(), a.nodeRotateKeyCmd())
 }
 
 // nodeList shows every node the datastore knows, with whether its daemon
@@ -139,7 +140,13 @@ and routes. --timeout bounds the wait.`,
 		if err != nil {
 			return err
 		}
-		return out.print(a.stdout, st, func(w io.Writer) error { return writeNodeStatus(w, st) })
+		full := a.withWireGuardStatus(c.Context(), st, stateDir)
+		return out.print(a.stdout, full, func(w io.Writer) error {
+			if err := writeNodeStatus(w, st); err != nil {
+				return err
+			}
+			return writeWireGuardStatus(w, full.WireGuard)
+		})
 	}
 	return c
 }

@@ -24,11 +24,12 @@ import (
 func (a *app) applyCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "apply -f FILE|-",
-		Short: "Create or replace GlobalNetworkPolicy resources from YAML or JSON",
-		Long: `apply reads one or more GlobalNetworkPolicy resources (YAML documents
-separated by ---, a List, or JSON), validates all of them and writes them in
-one datastore transaction: either every policy is applied or none is. Every
-host enforces the change within about a second.`,
+		Short: "Create or replace GlobalNetworkPolicy, HostEndpoint and GlobalNetworkSet resources from YAML or JSON",
+		Long: `apply reads one or more GlobalNetworkPolicy, HostEndpoint and GlobalNetworkSet
+resources (YAML documents separated by ---, Lists, or JSON; kinds may be
+mixed), validates all of them and writes them in one datastore transaction:
+either every resource is applied or none is. Every host enforces the change
+within about a second.`,
 		Example: "  calico-cnm apply -f policy.yaml\n  cat policy.yaml | calico-cnm apply -f -",
 		Args:    noArgs,
 	}
@@ -47,12 +48,12 @@ host enforces the change within about a second.`,
 			defer f.Close()
 			in = f
 		}
-		ps, err := api.Decode(in)
+		rs, err := api.DecodeResources(in)
 		if err != nil {
 			return err
 		}
 		return a.withStore(c.Context(), func(store *datastore.Store, _ *ipam.Engine) error {
-			res, err := api.Apply(c.Context(), store, ps)
+			res, err := api.ApplyResources(c.Context(), store, rs)
 			if err != nil {
 				return err
 			}
@@ -61,7 +62,7 @@ host enforces the change within about a second.`,
 				if r.Created {
 					verb = "created"
 				}
-				fmt.Fprintf(a.stdout, "globalnetworkpolicy %q %s\n", r.Name, verb)
+				fmt.Fprintf(a.stdout, "%s %q %s\n", appliedNoun(r.Kind), r.Name, verb)
 			}
 			return nil
 		})
@@ -70,13 +71,15 @@ host enforces the change within about a second.`,
 }
 
 func (a *app) getCmd() *cobra.Command {
-	return group("get", "Show policies and endpoints",
-		"  calico-cnm get policy\n  calico-cnm get policy three-tier -o yaml\n  calico-cnm get endpoints -o wide",
-		a.getPolicyCmd(), a.getEndpointsCmd())
+	return group("get", "Show policies, host endpoints, network sets and endpoints",
+		"  calico-cnm get policy\n  calico-cnm get policy three-tier -o yaml\n  calico-cnm get hostendpoint\n  calico-cnm get globalnetworkset -o wide\n  calico-cnm get endpoints -o wide",
+		a.getPolicyCmd(), getResourceCmd(a, hostEndpointKind), getResourceCmd(a, networkSetKind), a.getEndpointsCmd())
 }
 
 func (a *app) deleteCmd() *cobra.Command {
-	return group("delete", "Delete a policy", "  calico-cnm delete policy three-tier", a.deletePolicyCmd())
+	return group("delete", "Delete a policy, host endpoint or network set",
+		"  calico-cnm delete policy three-tier\n  calico-cnm delete hostendpoint host1-eth0\n  calico-cnm delete globalnetworkset blocklist",
+		a.deletePolicyCmd(), deleteResourceCmd(a, hostEndpointKind), deleteResourceCmd(a, networkSetKind))
 }
 
 func (a *app) getPolicyCmd() *cobra.Command {
@@ -97,22 +100,12 @@ this host (read from its nftables tables: run as root on a calico-cnm host).`,
 			if err != nil {
 				return err
 			}
-			switch {
-			case out.format == formatYAML || out.format == formatJSON:
+			if out.structured() {
 				var v any = api.NewList(ps)
 				if len(args) == 1 {
 					v = ps[0]
 				}
-				enc := api.YAML
-				if out.format == formatJSON {
-					enc = api.JSON
-				}
-				b, err := enc(v)
-				if err != nil {
-					return err
-				}
-				_, err = a.stdout.Write(b)
-				return err
+				return a.printResource(out, v)
 			}
 			if err := printPolicyTable(a.stdout, ps); err != nil {
 				return err

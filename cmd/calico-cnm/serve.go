@@ -8,6 +8,7 @@ import (
 
 func (a *app) serveCmd() *cobra.Command {
 	cfg := plugin.DefaultConfig(a.getenv)
+	var failsafeEnv func() error
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the plugin daemon (network driver calico, IPAM driver calico-ipam)",
@@ -20,6 +21,9 @@ variable (see the README's Configuration table).`,
   ETCD_ENDPOINTS=http://10.0.0.10:2379 NODENAME=host1 calico-cnm serve --log-level debug`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
+			if err := failsafeEnv(); err != nil {
+				return err
+			}
 			g := a.global
 			cfg.Datastore.Endpoints = plugin.SplitEndpoints(g.endpoints)
 			cfg.Datastore.CACertFile, cfg.Datastore.CertFile, cfg.Datastore.KeyFile = g.ds.CACertFile, g.ds.CertFile, g.ds.KeyFile
@@ -47,5 +51,6 @@ variable (see the README's Configuration table).`,
 	fs.StringVar(&cfg.DockerHost, "docker-host", cfg.DockerHost, "Docker API that reconcile asks which endpoints exist (env DOCKER_HOST; default unix:///var/run/docker.sock)")
 	fs.DurationVar(&cfg.ReconcileGrace, "reconcile-grace", cfg.ReconcileGrace, "how long an endpoint or address must look stale (unknown to Docker) before reconcile removes it")
 	addBGPFlags(fs, &cfg.BGP, a.getenv)
+	failsafeEnv = addFailsafeFlags(fs, &cfg, a.getenv)
 	return c
 }

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -43,7 +44,7 @@ func (e *ValidationError) Error() string {
 	for i, fe := range e.Errors {
 		lines[i] = fe.Error()
 	}
-	return "invalid policy: " + strings.Join(lines, "; ")
+	return "invalid resources: " + strings.Join(lines, "; ")
 }
 
 // ErrNoResources: the input held no document.
@@ -53,16 +54,31 @@ var ErrNoResources = errors.New("no resources in the input")
 // document a GlobalNetworkPolicy or a List (kind List or
 // GlobalNetworkPolicyList) of them. Every policy is validated and
 // defaulted; any problem anywhere fails the whole input with a
-// *ValidationError naming each bad field.
+// *ValidationError naming each bad field. Input holding other kinds is
+// refused: DecodeResources reads those.
 func Decode(r io.Reader) ([]GlobalNetworkPolicy, error) {
-	data, err := io.ReadAll(r)
+	res, err := DecodeResources(r)
 	if err != nil {
 		return nil, err
 	}
+	if len(res.HostEndpoints)+len(res.NetworkSets) > 0 {
+		return nil, fmt.Errorf("only %s resources are read here, not %s or %s", KindPolicy, KindHostEndpoint, KindNetworkSet)
+	}
+	return res.Policies, nil
+}
+
+// DecodeResources is Decode for every kind apply takes:
+// GlobalNetworkPolicy, HostEndpoint and GlobalNetworkSet, alone or in
+// Lists (kind List holds any of them), in any mix.
+func DecodeResources(r io.Reader) (Resources, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return Resources{}, err
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var out []GlobalNetworkPolicy
+	var out Resources
 	var errs []FieldError
-	names := map[string]string{}
+	names := map[string]string{} // kind/name -> where it was given
 	for doc := 1; ; doc++ {
 		var v any
 		err := dec.Decode(&v)
@@ -77,22 +93,39 @@ func Decode(r io.Reader) ([]GlobalNetworkPolicy, error) {
 			continue // an empty document (a trailing ---)
 		}
 		d := &decoder{doc: doc}
-		for _, p := range d.document(v) {
-			where := fmt.Sprintf("document %d", doc)
-			if prev, dup := names[p.Metadata.Name]; dup {
-				d.fail("metadata.name", fmt.Sprintf("policy %q is given twice (also in %s)", p.Metadata.Name, prev))
-				continue
+		var got Resources
+		d.document(v, &got)
+		where := fmt.Sprintf("document %d", doc)
+		unique := func(kind, name string) bool {
+			if prev, dup := names[kind+"/"+name]; dup {
+				d.fail("metadata.name", fmt.Sprintf("%s %q is given twice (also in %s)", nouns[kind], name, prev))
+				return false
 			}
-			names[p.Metadata.Name] = where
-			out = append(out, p)
+			names[kind+"/"+name] = where
+			return true
+		}
+		for _, p := range got.Policies {
+			if unique(KindPolicy, p.Metadata.Name) {
+				out.Policies = append(out.Policies, p)
+			}
+		}
+		for _, h := range got.HostEndpoints {
+			if unique(KindHostEndpoint, h.Metadata.Name) {
+				out.HostEndpoints = append(out.HostEndpoints, h)
+			}
+		}
+		for _, n := range got.NetworkSets {
+			if unique(KindNetworkSet, n.Metadata.Name) {
+				out.NetworkSets = append(out.NetworkSets, n)
+			}
 		}
 		errs = append(errs, d.errs...)
 	}
 	if len(errs) > 0 {
-		return nil, &ValidationError{Errors: errs}
+		return Resources{}, &ValidationError{Errors: errs}
 	}
-	if len(out) == 0 {
-		return nil, ErrNoResources
+	if out.Len() == 0 {
+		return Resources{}, ErrNoResources
 	}
 	return out, nil
 }
@@ -100,20 +133,40 @@ func Decode(r io.Reader) ([]GlobalNetworkPolicy, error) {
 // DecodeStored reads one policy record from the datastore and validates it
 // again: a record written by something other than this CLI is checked too.
 func DecodeStored(data []byte) (GlobalNetworkPolicy, error) {
+	return decodeStored(data, (*decoder).policy)
+}
+
+// DecodeStoredHostEndpoint is DecodeStored for a host endpoint record.
+func DecodeStoredHostEndpoint(data []byte) (HostEndpoint, error) {
+	return decodeStored(data, (*decoder).hostEndpoint)
+}
+
+// DecodeStoredNetworkSet is DecodeStored for a network set record.
+func DecodeStoredNetworkSet(data []byte) (GlobalNetworkSet, error) {
+	return decodeStored(data, (*decoder).networkSet)
+}
+
+func decodeStored[T any](data []byte, decode func(d *decoder, path string, m map[string]any) T) (T, error) {
+	var zero T
 	var v any
-	if err := yaml.Unmarshal(data, &v); err != nil {
-		return GlobalNetworkPolicy{}, fmt.Errorf("not valid JSON: %w", err)
+	// Records are JSON: encoding/json reads them several times faster
+	// than the YAML parser (a network set may hold thousands of networks);
+	// YAML, a superset, reads what another writer may have stored.
+	if json.Unmarshal(data, &v) != nil {
+		if err := yaml.Unmarshal(data, &v); err != nil {
+			return zero, fmt.Errorf("not valid JSON: %w", err)
+		}
 	}
 	d := &decoder{doc: 1}
 	m, ok := d.object("", v)
 	if !ok {
-		return GlobalNetworkPolicy{}, &ValidationError{Errors: d.errs}
+		return zero, &ValidationError{Errors: d.errs}
 	}
-	p := d.policy("", m)
+	r := decode(d, "", m)
 	if len(d.errs) > 0 {
-		return GlobalNetworkPolicy{}, &ValidationError{Errors: d.errs}
+		return zero, &ValidationError{Errors: d.errs}
 	}
-	return p, nil
+	return r, nil
 }
 
 type decoder struct {
@@ -228,30 +281,57 @@ func (d *decoder) number(path string, v any) (float64, bool) {
 	return 0, false
 }
 
-func (d *decoder) document(v any) []GlobalNetworkPolicy {
+// nouns name the kinds in messages.
+var nouns = map[string]string{KindPolicy: "policy", KindHostEndpoint: "host endpoint", KindNetworkSet: "network set"}
+
+// listKinds are the list kinds and the one kind each holds ("": any).
+var listKinds = map[string]string{KindList: "", KindPolicyList: KindPolicy, KindHostEndpointList: KindHostEndpoint, KindNetworkSetList: KindNetworkSet}
+
+func (d *decoder) document(v any, out *Resources) {
 	m, ok := d.object("", v)
 	if !ok {
-		return nil
+		return
 	}
 	kind, _ := m["kind"].(string)
-	if kind == KindList || kind == KindPolicyList {
-		d.fields("", m, "apiVersion", "kind", "items", "metadata")
-		d.apiVersion("", m, kind == KindPolicyList)
-		var out []GlobalNetworkPolicy
-		items, present := m["items"]
-		if !present {
-			d.fail("items", "is required in a "+kind)
-			return nil
-		}
-		for i, it := range d.list("items", items) {
-			p := index("items", i)
-			if im, ok := d.object(p, it); ok {
-				out = append(out, d.policy(p, im))
-			}
-		}
-		return out
+	itemKind, isList := listKinds[kind]
+	if !isList {
+		d.resource("", m, "", out)
+		return
 	}
-	return []GlobalNetworkPolicy{d.policy("", m)}
+	d.fields("", m, "apiVersion", "kind", "items", "metadata")
+	d.apiVersion("", m, kind != KindList)
+	items, present := m["items"]
+	if !present {
+		d.fail("items", "is required in a "+kind)
+		return
+	}
+	for i, it := range d.list("items", items) {
+		p := index("items", i)
+		if im, ok := d.object(p, it); ok {
+			d.resource(p, im, itemKind, out)
+		}
+	}
+}
+
+// resource decodes one resource by its kind; want, when set, is the only
+// kind allowed (the items of a typed list, which may leave kind out).
+func (d *decoder) resource(path string, m map[string]any, want string, out *Resources) {
+	kind, _ := m["kind"].(string)
+	if kind == "" {
+		kind = want
+	}
+	if want != "" && kind != want {
+		d.fail(join(path, "kind"), fmt.Sprintf("%q in a %sList: use %s", kind, want, want))
+		return
+	}
+	switch kind {
+	case KindHostEndpoint:
+		out.HostEndpoints = append(out.HostEndpoints, d.hostEndpoint(path, m))
+	case KindNetworkSet:
+		out.NetworkSets = append(out.NetworkSets, d.networkSet(path, m))
+	default:
+		out.Policies = append(out.Policies, d.policy(path, m))
+	}
 }
 
 func (d *decoder) apiVersion(path string, m map[string]any, required bool) {
@@ -274,12 +354,12 @@ func (d *decoder) policy(path string, m map[string]any) GlobalNetworkPolicy {
 	if k, present := m["kind"]; !present {
 		d.fail(join(path, "kind"), "is required: "+KindPolicy)
 	} else if s, ok := d.str(join(path, "kind"), k); ok && s != KindPolicy {
-		d.fail(join(path, "kind"), fmt.Sprintf("%q is not supported: use %s (or a List of them)", s, KindPolicy))
+		d.fail(join(path, "kind"), fmt.Sprintf("%q is not supported: use %s, %s or %s (or a List of them)", s, KindPolicy, KindHostEndpoint, KindNetworkSet))
 	}
 	if md, present := m["metadata"]; !present {
 		d.fail(join(path, "metadata"), "is required (metadata.name names the policy)")
 	} else if mm, ok := d.object(join(path, "metadata"), md); ok {
-		p.Metadata = d.metadata(join(path, "metadata"), mm)
+		p.Metadata = d.metadata(join(path, "metadata"), mm, false)
 	}
 	if sp, present := m["spec"]; present && sp != nil {
 		if sm, ok := d.object(join(path, "spec"), sp); ok {
@@ -309,9 +389,16 @@ func ValidName(s string) error {
 	return nil
 }
 
-func (d *decoder) metadata(path string, m map[string]any) Metadata {
+func (d *decoder) metadata(path string, m map[string]any, labels bool) Metadata {
 	var md Metadata
-	d.fields(path, m, "name")
+	if labels {
+		d.fields(path, m, "name", "labels")
+		if lv, present := m["labels"]; present && lv != nil {
+			md.Labels = d.labels(join(path, "labels"), lv)
+		}
+	} else {
+		d.fields(path, m, "name")
+	}
 	v, present := m["name"]
 	if !present {
 		d.fail(join(path, "name"), "is required")
@@ -344,7 +431,9 @@ func (d *decoder) selectorField(path string, v any) string {
 
 func (d *decoder) spec(path string, m map[string]any) PolicySpec {
 	var s PolicySpec
-	d.fields(path, m, "order", "selector", "types", "ingress", "egress")
+	d.fields(path, m, "order", "selector", "types", "ingress", "egress", "preDNAT", "applyOnForward")
+	s.PreDNAT = d.boolean(join(path, "preDNAT"), m["preDNAT"])
+	s.ApplyOnForward = d.boolean(join(path, "applyOnForward"), m["applyOnForward"])
 	if v, present := m["order"]; present && v != nil {
 		if f, ok := d.number(join(path, "order"), v); ok {
 			s.Order = &f
@@ -395,7 +484,180 @@ func (d *decoder) spec(path string, m map[string]any) PolicySpec {
 			d.fail(join(path, "egress"), "egress rules are given but spec.types does not include Egress")
 		}
 	}
+	d.preDNAT(path, s)
 	return s
+}
+
+// preDNAT checks Calico's conditions on pre-DNAT policy: it is evaluated
+// on traffic arriving at the host, before DNAT, for every destination
+// (so it needs applyOnForward), and conntrack lets the replies of what it
+// allows back, so it has no egress.
+func (d *decoder) preDNAT(path string, s PolicySpec) {
+	if !s.PreDNAT {
+		return
+	}
+	if !s.ApplyOnForward {
+		d.fail(join(path, "applyOnForward"), "must be true when preDNAT is true (pre-DNAT policy applies to forwarded traffic too)")
+	}
+	if len(s.Egress) > 0 {
+		d.fail(join(path, "egress"), "pre-DNAT policy has ingress rules only")
+	}
+	if slices.Contains(s.Types, Egress) {
+		d.fail(join(path, "types"), "pre-DNAT policy has type Ingress only")
+	}
+}
+
+// boolean reads an optional true/false (absent or null: false).
+func (d *decoder) boolean(path string, v any) bool {
+	if v == nil {
+		return false
+	}
+	b, ok := v.(bool)
+	if !ok {
+		d.fail(path, "must be true or false, not "+describe(v))
+	}
+	return b
+}
+
+// labelKeyRE and labelValueRE are Kubernetes' (and Calico's) label syntax:
+// an optional DNS prefix and "/", then a name; values may be empty.
+var (
+	labelKeyRE   = regexp.MustCompile(`^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
+	labelValueRE = regexp.MustCompile(`^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$`)
+)
+
+func (d *decoder) labels(path string, v any) map[string]string {
+	m, ok := d.object(path, v)
+	if !ok {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for _, k := range sortedMapKeys(m) {
+		val, ok := d.str(join(path, k), m[k])
+		if !ok {
+			continue
+		}
+		if !labelKeyRE.MatchString(k) {
+			d.fail(join(path, k), fmt.Sprintf("%q is not a valid label key", k))
+			continue
+		}
+		if !labelValueRE.MatchString(val) {
+			d.fail(join(path, k), fmt.Sprintf("%q is not a valid label value (at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit)", val))
+			continue
+		}
+		out[k] = val
+	}
+	return out
+}
+
+func sortedMapKeys(m map[string]any) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// header checks apiVersion, kind and metadata, common to every resource,
+// and returns the metadata.
+func (d *decoder) header(path string, m map[string]any, kind string, labels bool) Metadata {
+	d.apiVersion(path, m, true)
+	if k, present := m["kind"]; !present {
+		d.fail(join(path, "kind"), "is required: "+kind)
+	} else if s, ok := d.str(join(path, "kind"), k); ok && s != kind {
+		d.fail(join(path, "kind"), fmt.Sprintf("%q: this record is a %s", s, kind))
+	}
+	md, present := m["metadata"]
+	if !present {
+		d.fail(join(path, "metadata"), "is required (metadata.name names the resource)")
+		return Metadata{}
+	}
+	mm, ok := d.object(join(path, "metadata"), md)
+	if !ok {
+		return Metadata{}
+	}
+	return d.metadata(join(path, "metadata"), mm, labels)
+}
+
+// spec is the resource's spec object (nil when absent).
+func (d *decoder) specObject(path string, m map[string]any, fields ...string) map[string]any {
+	sp, present := m["spec"]
+	if !present || sp == nil {
+		return nil
+	}
+	sm, ok := d.object(join(path, "spec"), sp)
+	if !ok {
+		return nil
+	}
+	d.fields(join(path, "spec"), sm, fields...)
+	return sm
+}
+
+func (d *decoder) hostEndpoint(path string, m map[string]any) HostEndpoint {
+	h := HostEndpoint{APIVersion: APIVersion, Kind: KindHostEndpoint}
+	d.fields(path, m, "apiVersion", "kind", "metadata", "spec")
+	h.Metadata = d.header(path, m, KindHostEndpoint, true)
+	sp := join(path, "spec")
+	sm := d.specObject(path, m, "node", "interfaceName", "expectedIPs")
+	if v, present := sm["node"]; !present {
+		d.fail(join(sp, "node"), "is required: the node name of the host the interface is on")
+	} else if s, ok := d.str(join(sp, "node"), v); ok {
+		if s == "" {
+			d.fail(join(sp, "node"), "must not be empty")
+		}
+		h.Spec.Node = s
+	}
+	if v, present := sm["interfaceName"]; present && v != nil {
+		if s, ok := d.str(join(sp, "interfaceName"), v); ok {
+			if s != AllInterfaces && (s == "" || len(s) > 15 || strings.ContainsAny(s, "/ \t\n*")) {
+				d.fail(join(sp, "interfaceName"), fmt.Sprintf("%q: give an interface name (1 to 15 characters) or \"*\" for all the host's interfaces", s))
+			}
+			h.Spec.InterfaceName = s
+		}
+	}
+	if v, present := sm["expectedIPs"]; present && v != nil {
+		ep := join(sp, "expectedIPs")
+		for i, a := range d.list(ep, v) {
+			s, ok := d.str(index(ep, i), a)
+			if !ok {
+				continue
+			}
+			addr, err := netip.ParseAddr(s)
+			if err != nil || addr.Zone() != "" {
+				d.fail(index(ep, i), fmt.Sprintf("%q is not an IP address", s))
+				continue
+			}
+			h.Spec.ExpectedIPs = append(h.Spec.ExpectedIPs, addr.Unmap().String())
+		}
+	}
+	if h.Spec.InterfaceName == "" && len(h.Spec.ExpectedIPs) == 0 && sm != nil {
+		d.fail(sp, "give interfaceName, expectedIPs or both")
+	}
+	return h
+}
+
+func (d *decoder) networkSet(path string, m map[string]any) GlobalNetworkSet {
+	n := GlobalNetworkSet{APIVersion: APIVersion, Kind: KindNetworkSet}
+	d.fields(path, m, "apiVersion", "kind", "metadata", "spec")
+	n.Metadata = d.header(path, m, KindNetworkSet, true)
+	sm := d.specObject(path, m, "nets")
+	if v, present := sm["nets"]; present && v != nil {
+		np := join(join(path, "spec"), "nets")
+		for i, e := range d.list(np, v) {
+			s, ok := d.str(index(np, i), e)
+			if !ok {
+				continue
+			}
+			pfx, err := ParseNet(s)
+			if err != nil {
+				d.fail(index(np, i), err.Error())
+				continue
+			}
+			n.Spec.Nets = append(n.Spec.Nets, pfx.String())
+		}
+	}
+	return n
 }
 
 func typesStrings(ts []PolicyType) []string {

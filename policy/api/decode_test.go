@@ -172,16 +172,22 @@ func TestDecodeErrors(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := decodeString(t, tc.in)
-			var ve *ValidationError
-			if !errors.As(err, &ve) {
-				t.Fatalf("got %v, want a *ValidationError", err)
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not contain %q", err, w)
-				}
-			}
+			wantValidationError(t, err, tc.want)
 		})
+	}
+}
+
+// wantValidationError: err is a *ValidationError containing every want.
+func wantValidationError(t *testing.T, err error, want []string) {
+	t.Helper()
+	var ve *ValidationError
+	if !errors.As(err, &ve) {
+		t.Fatalf("got %v, want a *ValidationError", err)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not contain %q", err, w)
+		}
 	}
 }
 

@@ -54,3 +54,27 @@ func YAML(v any) ([]byte, error) {
 	}
 	return buf.Bytes(), nil
 }
+
+// ListOf is how several host endpoints or network sets are printed.
+type ListOf[T any] struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Items      []T    `json:"items"`
+}
+
+// NewHostEndpointList wraps host endpoints for printing.
+func NewHostEndpointList(hs []HostEndpoint) ListOf[HostEndpoint] {
+	return ListOf[HostEndpoint]{APIVersion: APIVersion, Kind: KindHostEndpointList, Items: nonNil(hs)}
+}
+
+// NewNetworkSetList wraps network sets for printing.
+func NewNetworkSetList(ns []GlobalNetworkSet) ListOf[GlobalNetworkSet] {
+	return ListOf[GlobalNetworkSet]{APIVersion: APIVersion, Kind: KindNetworkSetList, Items: nonNil(ns)}
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}

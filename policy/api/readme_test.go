@@ -31,3 +31,34 @@ func TestREADMEPolicyFile(t *testing.T) {
 		t.Errorf("README's policy does not apply: %v", err)
 	}
 }
+
+// The README's host endpoint and network set files decode, every kind in
+// one input (the e2e tests apply them).
+func TestREADMEResourceFiles(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		block                  string
+		policies, heps, gnsets int
+	}{
+		{"host-policy-file", 2, 1, 1},
+		{"networkset-file", 1, 0, 1},
+	} {
+		s := string(readme)
+		open := "<!-- " + tc.block + ":begin -->\n```yaml\n"
+		begin := strings.Index(s, open)
+		end := strings.Index(s, "```\n<!-- "+tc.block+":end -->")
+		if begin < 0 || end < begin {
+			t.Fatalf("README.md has no %s block", tc.block)
+		}
+		res, err := DecodeResources(strings.NewReader(s[begin+len(open) : end]))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.block, err)
+		}
+		if len(res.Policies) != tc.policies || len(res.HostEndpoints) != tc.heps || len(res.NetworkSets) != tc.gnsets {
+			t.Errorf("%s: %d policies, %d host endpoints, %d network sets", tc.block, len(res.Policies), len(res.HostEndpoints), len(res.NetworkSets))
+		}
+	}
+}

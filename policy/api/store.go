@@ -13,41 +13,63 @@ import (
 // by default (--max-txn-ops), each policy taking a guard and a write.
 const maxApply = 64
 
-// ApplyResult says what Apply did per policy, in input order.
+// ApplyResult says what Apply did per resource, in input order.
 type ApplyResult struct {
+	Kind    string
 	Name    string
-	Created bool // false: an existing policy was replaced
+	Created bool // false: an existing resource was replaced
 }
 
 // Apply writes policies (already decoded and validated) in one
 // transaction: all of them or, on any error, none.
 func Apply(ctx context.Context, s *datastore.Store, ps []GlobalNetworkPolicy) ([]ApplyResult, error) {
-	if len(ps) > maxApply {
-		return nil, fmt.Errorf("%d policies in one apply: apply at most %d at a time", len(ps), maxApply)
+	return ApplyResources(ctx, s, Resources{Policies: ps})
+}
+
+// ApplyResources writes resources of every kind (already decoded and
+// validated) in one transaction: all of them or, on any error, none.
+// Network sets and host endpoints are written before policies in the
+// result, as the policies may select them.
+func ApplyResources(ctx context.Context, s *datastore.Store, res Resources) ([]ApplyResult, error) {
+	if res.Len() > maxApply {
+		return nil, fmt.Errorf("%d resources in one apply: apply at most %d at a time", res.Len(), maxApply)
 	}
-	var res []ApplyResult
+	type write struct {
+		kind, key, name string
+		value           []byte
+	}
+	var ws []write
+	for _, n := range res.NetworkSets {
+		ws = append(ws, write{KindNetworkSet, NetworkSetKey(n.Metadata.Name), n.Metadata.Name, datastore.MustJSON(n)})
+	}
+	for _, h := range res.HostEndpoints {
+		ws = append(ws, write{KindHostEndpoint, HostEndpointKey(h.Metadata.Name), h.Metadata.Name, datastore.MustJSON(h)})
+	}
+	for _, p := range res.Policies {
+		ws = append(ws, write{KindPolicy, PolicyKey(p.Metadata.Name), p.Metadata.Name, datastore.MustJSON(p)})
+	}
+	var out []ApplyResult
 	err := s.Retry(ctx, func(ctx context.Context) error {
-		res = res[:0]
-		ops := make([]datastore.Op, 0, len(ps))
-		for _, p := range ps {
-			key := PolicyKey(p.Metadata.Name)
+		out = out[:0]
+		ops := make([]datastore.Op, 0, len(ws))
+		for _, w := range ws {
 			var rev int64
-			kv, err := s.Get(ctx, key)
+			kv, err := s.Get(ctx, w.key)
 			switch {
 			case err == nil:
 				rev = kv.ModRevision
 			case !errors.Is(err, datastore.ErrNotFound):
 				return err
 			}
-			ops = append(ops, datastore.Write(key, datastore.MustJSON(p), rev))
-			res = append(res, ApplyResult{Name: p.Metadata.Name, Created: rev == 0})
+			ops = append(ops, datastore.Write(w.key, w.value, rev))
+			out = append(out, ApplyResult{Kind: w.kind, Name: w.name, Created: rev == 0})
 		}
 		return s.Txn(ctx, ops...)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("writing the policies: %w", err)
+		return nil, fmt.Errorf("writing the resources: %w", err)
 	}
-	return res, nil
+	return out, nil
 }
 
 // ErrPolicyNotFound: no policy of that name.
@@ -109,6 +131,111 @@ func Delete(ctx context.Context, s *datastore.Store, name string) error {
 	}
 	if !found {
 		return fmt.Errorf("policy %q: %w", name, ErrPolicyNotFound)
+	}
+	return nil
+}
+
+// ErrNotFound: no resource of that kind and name.
+var ErrNotFound = errors.New("not found")
+
+// GetHostEndpoint reads one host endpoint.
+func GetHostEndpoint(ctx context.Context, s *datastore.Store, name string) (HostEndpoint, error) {
+	return getRecord(ctx, s, HostEndpointKey(name), "host endpoint", name, DecodeStoredHostEndpoint)
+}
+
+// GetNetworkSet reads one network set.
+func GetNetworkSet(ctx context.Context, s *datastore.Store, name string) (GlobalNetworkSet, error) {
+	return getRecord(ctx, s, NetworkSetKey(name), "network set", name, DecodeStoredNetworkSet)
+}
+
+func getRecord[T any](ctx context.Context, s *datastore.Store, key, noun, name string, decode func([]byte) (T, error)) (T, error) {
+	var zero T
+	kv, err := s.Get(ctx, key)
+	if errors.Is(err, datastore.ErrNotFound) {
+		return zero, fmt.Errorf("%s %q: %w", noun, name, ErrNotFound)
+	}
+	if err != nil {
+		return zero, err
+	}
+	v, err := decode(kv.Value)
+	if err != nil {
+		return zero, fmt.Errorf("the datastore's record of %s %q is invalid: %w", noun, name, err)
+	}
+	return v, nil
+}
+
+// ListHostEndpoints reads every host endpoint, by name; invalid records
+// are returned as errors beside the valid ones.
+func ListHostEndpoints(ctx context.Context, s *datastore.Store) ([]HostEndpoint, []error, error) {
+	return listRecords(ctx, s, HostEndpointsPrefix, DecodeHostEndpointRecord)
+}
+
+// ListNetworkSets reads every network set, by name.
+func ListNetworkSets(ctx context.Context, s *datastore.Store) ([]GlobalNetworkSet, []error, error) {
+	return listRecords(ctx, s, NetworkSetsPrefix, DecodeNetworkSetRecord)
+}
+
+func listRecords[T any](ctx context.Context, s *datastore.Store, prefix string, decode func(key string, v []byte) (T, error)) ([]T, []error, error) {
+	kvs, err := s.List(ctx, prefix)
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []T
+	var bad []error
+	for _, kv := range kvs {
+		v, err := decode(kv.Key, kv.Value)
+		if err != nil {
+			bad = append(bad, err)
+			continue
+		}
+		out = append(out, v)
+	}
+	return out, bad, nil
+}
+
+// DecodeHostEndpointRecord validates a host endpoint record; its name
+// must be its key's.
+func DecodeHostEndpointRecord(key string, v []byte) (HostEndpoint, error) {
+	h, err := DecodeStoredHostEndpoint(v)
+	if err == nil && HostEndpointKey(h.Metadata.Name) != key {
+		err = fmt.Errorf("names host endpoint %q", h.Metadata.Name)
+	}
+	if err != nil {
+		return HostEndpoint{}, fmt.Errorf("ignoring host endpoint record %s: %w", key, err)
+	}
+	return h, nil
+}
+
+// DecodeNetworkSetRecord validates a network set record; its name must
+// be its key's.
+func DecodeNetworkSetRecord(key string, v []byte) (GlobalNetworkSet, error) {
+	n, err := DecodeStoredNetworkSet(v)
+	if err == nil && NetworkSetKey(n.Metadata.Name) != key {
+		err = fmt.Errorf("names network set %q", n.Metadata.Name)
+	}
+	if err != nil {
+		return GlobalNetworkSet{}, fmt.Errorf("ignoring network set record %s: %w", key, err)
+	}
+	return n, nil
+}
+
+// DeleteHostEndpoint removes a host endpoint; ErrNotFound when there is none.
+func DeleteHostEndpoint(ctx context.Context, s *datastore.Store, name string) error {
+	return deleteRecord(ctx, s, HostEndpointKey(name), "host endpoint", name)
+}
+
+// DeleteNetworkSet removes a network set; ErrNotFound when there is none.
+func DeleteNetworkSet(ctx context.Context, s *datastore.Store, name string) error {
+	return deleteRecord(ctx, s, NetworkSetKey(name), "network set", name)
+}
+
+func deleteRecord(ctx context.Context, s *datastore.Store, key, noun, name string) error {
+	found, err := s.DeleteExisting(ctx, key)
+	if err != nil {
+		return fmt.Errorf("deleting %s %q: %w", noun, name, err)
+	}
+	if !found {
+		return fmt.Errorf("%s %q: %w", noun, name, ErrNotFound)
 	}
 	return nil
 }

@@ -19,6 +19,11 @@ const (
 	KindPolicy     = "GlobalNetworkPolicy"
 	KindPolicyList = "GlobalNetworkPolicyList"
 	KindList       = "List"
+
+	KindHostEndpoint     = "HostEndpoint"
+	KindHostEndpointList = "HostEndpointList"
+	KindNetworkSet       = "GlobalNetworkSet"
+	KindNetworkSetList   = "GlobalNetworkSetList"
 )
 
 // PoliciesPrefix is where the datastore keeps policies, one record per
@@ -36,9 +41,11 @@ type GlobalNetworkPolicy struct {
 	Spec       PolicySpec `json:"spec"`
 }
 
-// Metadata names a resource.
+// Metadata names a resource. Labels are for host endpoints and network
+// sets, which rule selectors match as they match containers.
 type Metadata struct {
-	Name string `json:"name"`
+	Name   string            `json:"name"`
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // PolicySpec is what a policy does.
@@ -49,6 +56,14 @@ type PolicySpec struct {
 	Types    []PolicyType `json:"types,omitempty"`
 	Ingress  []Rule       `json:"ingress,omitempty"`
 	Egress   []Rule       `json:"egress,omitempty"`
+	// PreDNAT: the policy applies to host endpoints, to traffic arriving
+	// at the host before its destination is translated (published
+	// ports): ingress only, and it needs ApplyOnForward.
+	PreDNAT bool `json:"preDNAT,omitempty"`
+	// ApplyOnForward: for host endpoints, the policy also applies to
+	// traffic the host forwards (to and from its containers), not only
+	// to traffic to and from the host's own processes.
+	ApplyOnForward bool `json:"applyOnForward,omitempty"`
 }
 
 // PolicyType is a direction a policy applies to.

@@ -16,6 +16,7 @@ var notParallel = map[string]string{
 	"TestReadmeQuickStart":        "builds bin/ in the checkout",
 	"TestReadmeManagedQuickStart": "builds bin/ in the checkout",
 	"TestReadmeVXLAN":             "builds bin/ in the checkout",
+	"TestReadmeWireGuard":         "builds bin/ in the checkout",
 }
 
 // TestTopLevelTestsAreParallel keeps make test's time in bounds as tests

@@ -15,6 +15,7 @@ import (
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/policy"
 	"github.com/calico-cnm/calico-cnm/policy/api"
+	"github.com/calico-cnm/calico-cnm/policy/selector"
 	"github.com/calico-cnm/calico-cnm/test/e2e/harness"
 )
 
@@ -24,61 +25,156 @@ import (
 // container the policy selects, so the chain exists there.
 func BenchmarkMultiHostPolicyUpdate(b *testing.B) {
 	c, _, hb := newBenchCluster(b)
-	ctx := context.Background()
-	store := c.openStore(b)
-	hb.MustDocker(b, "run", "-d", "--name", "sel", "--net", mhNetwork, "--label", policy.LabelPrefix+"role=backend", harness.Image, "sleep", "3600")
-	chain := policy.PolicyChainName("bench", api.Ingress)
-	rules := func() int {
-		out, err := hb.Exec(b, "nft", "list", "chain", "ip", policy.TableName, chain)
-		if err != nil {
-			return -1
-		}
-		return strings.Count(out, "comment \"bench ingress rule")
-	}
-	write := func(n int) {
-		spec := "spec:\n  selector: role == 'backend'\n  types: [Ingress]\n  ingress:\n"
-		for i := 0; i < n; i++ {
-			spec += fmt.Sprintf("  - action: Allow\n    protocol: TCP\n    destination: {ports: [%d]}\n", 1000+i)
-		}
-		ps, err := api.Decode(strings.NewReader("apiVersion: projectcalico.org/v3\nkind: GlobalNetworkPolicy\nmetadata: {name: bench}\n" + spec))
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := api.Apply(ctx, store, ps); err != nil {
-			b.Fatal(err)
-		}
-	}
-	wait := func(n int) error {
-		deadline := time.Now().Add(20 * time.Second)
-		for rules() != n {
-			if time.Now().After(deadline) {
-				return fmt.Errorf("host b's chain never got %d rules", n)
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-		return nil
-	}
-	write(1)
-	if err := wait(1); err != nil {
-		b.Fatal(err)
-	}
-	const trials = 20
+	u := newPolicyUpdater(b, c, hb, "")
 	for i := 0; i < b.N; i++ {
-		var lat []time.Duration
-		for trial := 0; trial < trials; trial++ {
-			n := 2 + trial%2 // alternate 2 and 3 rules: every write is a change
-			start := time.Now()
-			write(n)
-			if err := wait(n); err != nil {
-				b.Fatal(err)
-			}
-			lat = append(lat, time.Since(start))
-		}
+		lat := u.trials(b, 20)
 		p50, p99 := percentile(lat, 50), percentile(lat, 99)
 		b.ReportMetric(float64(p50.Microseconds())/1000, "p50-ms")
 		b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
-		b.Logf("policy written -> enforced on b, %d trials: p50 %s p99 %s max %s (the poll runs nft every 2ms: resolution ~10ms)", trials, p50, p99, slices.Max(lat))
+		b.Logf("policy written -> enforced on b, %d trials: p50 %s p99 %s max %s (the poll runs nft every 2ms: resolution ~10ms)", len(lat), p50, p99, slices.Max(lat))
 	}
+}
+
+// BenchmarkMultiHostPolicyUpdateNetworkSet: BenchmarkMultiHostPolicyUpdate
+// with every rule of the policy matching a GlobalNetworkSet of 10,000
+// networks by selector, against the same policy without the set in the
+// same run (the ratio is the figure); and the set itself changed (one
+// network added or removed) until host b's kernel set has the change.
+func BenchmarkMultiHostPolicyUpdateNetworkSet(b *testing.B) {
+	c, _, hb := newBenchCluster(b)
+	ctx := context.Background()
+	plain := newPolicyUpdater(b, c, hb, "")
+	var nets []string
+	for i := 0; i < 10000; i++ {
+		nets = append(nets, fmt.Sprintf("10.%d.%d.0/25", 100+i/128, (i%128)*2))
+	}
+	gns := api.GlobalNetworkSet{APIVersion: api.APIVersion, Kind: api.KindNetworkSet,
+		Metadata: api.Metadata{Name: "big", Labels: map[string]string{"list": "big"}}, Spec: api.NetworkSetSpec{Nets: nets}}
+	if _, err := api.ApplyResources(ctx, plain.store, api.Resources{NetworkSets: []api.GlobalNetworkSet{gns}}); err != nil {
+		b.Fatal(err)
+	}
+	withSet := newPolicyUpdater(b, c, hb, "source: {selector: \"list == 'big'\"}, ")
+	set := policy.RuleSelectorSetName(selector.MustParse("list == 'big'"), false)
+	// `nft get element` looks one address up: listing 10,000 elements at
+	// every poll would load the machine it measures.
+	inSet := func(addr string, want bool) error {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			_, err := hb.Exec(b, "nft", "get", "element", "ip", policy.TableName, set, "{ "+addr+" }")
+			if (err == nil) == want {
+				return nil
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("host b's set %s never had %s = %v", set, addr, want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	for i := 0; i < b.N; i++ {
+		const trials = 20
+		var without, with, setLat []time.Duration
+		for t := 0; t < trials/5; t++ { // interleaved: the machine is shared
+			without = append(without, plain.trials(b, 5)...)
+			with = append(with, withSet.trials(b, 5)...)
+		}
+		for t := 0; t < trials; t++ {
+			add := t%2 == 0
+			s := gns
+			s.Spec.Nets = slices.Clone(nets)
+			if add {
+				s.Spec.Nets = append(s.Spec.Nets, "172.16.9.0/24")
+			}
+			start := time.Now()
+			if _, err := api.ApplyResources(ctx, plain.store, api.Resources{NetworkSets: []api.GlobalNetworkSet{s}}); err != nil {
+				b.Fatal(err)
+			}
+			if err := inSet("172.16.9.1", add); err != nil {
+				b.Fatal(err)
+			}
+			setLat = append(setLat, time.Since(start))
+		}
+		p50w, p50, p50s := percentile(without, 50), percentile(with, 50), percentile(setLat, 50)
+		b.ReportMetric(float64(p50w.Microseconds())/1000, "without-ms")
+		b.ReportMetric(float64(p50.Microseconds())/1000, "with10kset-ms")
+		b.ReportMetric(float64(p50s.Microseconds())/1000, "setupdate-ms")
+		b.ReportMetric(float64(p50)/float64(p50w), "ratio")
+		b.Logf("policy written -> enforced on b, p50 of %d: without a set %s, with a 10,000-network set %s (%.2fx); the set changed -> in b's kernel p50 %s (poll every 5ms)",
+			trials, p50w, p50, float64(p50)/float64(p50w), p50s)
+	}
+}
+
+// policyUpdater writes policy "bench<n>" selecting host b's container
+// and waits for b's kernel to have it; rule is put in each of its rules.
+type policyUpdater struct {
+	name, rule string
+	store      *datastore.Store
+	hb         *bgpHost
+	n          int // rules now: 2 and 3 alternate, every write is a change
+}
+
+func newPolicyUpdater(b *testing.B, c *bgpCluster, hb *bgpHost, rule string) *policyUpdater {
+	b.Helper()
+	u := &policyUpdater{name: "bench", rule: rule, store: c.openStore(b), hb: hb}
+	if rule != "" {
+		u.name = "bench-set"
+	}
+	if _, err := hb.Docker(b, "inspect", "sel"); err != nil {
+		hb.MustDocker(b, "run", "-d", "--name", "sel", "--net", mhNetwork, "--label", policy.LabelPrefix+"role=backend", harness.Image, "sleep", "3600")
+	}
+	u.write(b, 1)
+	if err := u.wait(b, 1); err != nil {
+		b.Fatal(err)
+	}
+	return u
+}
+
+func (u *policyUpdater) rules(b *testing.B) int {
+	out, err := u.hb.Exec(b, "nft", "list", "chain", "ip", policy.TableName, policy.PolicyChainName(u.name, api.Ingress))
+	if err != nil {
+		return -1
+	}
+	return strings.Count(out, "comment \""+u.name+" ingress rule")
+}
+
+func (u *policyUpdater) write(b *testing.B, n int) {
+	spec := "spec:\n  selector: role == 'backend'\n  types: [Ingress]\n  ingress:\n"
+	for i := 0; i < n; i++ {
+		spec += fmt.Sprintf("  - {action: Allow, protocol: TCP, %sdestination: {ports: [%d]}}\n", u.rule, 1000+i)
+	}
+	ps, err := api.Decode(strings.NewReader("apiVersion: projectcalico.org/v3\nkind: GlobalNetworkPolicy\nmetadata: {name: " + u.name + "}\n" + spec))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := api.Apply(context.Background(), u.store, ps); err != nil {
+		b.Fatal(err)
+	}
+	u.n = n
+}
+
+func (u *policyUpdater) wait(b *testing.B, n int) error {
+	deadline := time.Now().Add(20 * time.Second)
+	for u.rules(b) != n {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("host b's chain never got %d rules", n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return nil
+}
+
+// trials times n policy changes, written -> enforced on b.
+func (u *policyUpdater) trials(b *testing.B, n int) []time.Duration {
+	var lat []time.Duration
+	for t := 0; t < n; t++ {
+		next := 2 + (u.n+1)%2
+		start := time.Now()
+		u.write(b, next)
+		if err := u.wait(b, next); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(start))
+	}
+	return lat
 }
 
 // BenchmarkMultiHostJoinWithPolicies: `docker run -d` of a labelled
