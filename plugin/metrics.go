@@ -44,6 +44,7 @@ const (
 	FixOrphanReleased   = "orphan_released"
 	FixRouteRestored    = "route_restored"
 	FixInterfaceRemoved = "interface_removed"
+	FixAddressReclaimed = "address_reclaimed"
 )
 
 // Reconcile pass results (the "result" label of MetricReconcileRuns).
@@ -110,7 +111,7 @@ func NewMetrics(stats IPAMStats, log logrus.FieldLogger) *Metrics {
 			Name: MetricReconcileRuns, Help: "Reconcile passes, by result.",
 		}, []string{"result"}),
 	}
-	for _, k := range []string{FixEndpointRemoved, FixAddressReleased, FixOrphanReleased, FixRouteRestored, FixInterfaceRemoved} {
+	for _, k := range []string{FixEndpointRemoved, FixAddressReleased, FixOrphanReleased, FixRouteRestored, FixInterfaceRemoved, FixAddressReclaimed} {
 		m.reconcileFixes.WithLabelValues(k)
 	}
 	for _, r := range []string{ReconcileOK, ReconcileNoDocker, ReconcileFailed} {

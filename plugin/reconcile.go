@@ -108,6 +108,13 @@ type AddressRelease struct {
 	Block  string
 }
 
+// AddressReclaim re-assigns an address a live Docker endpoint uses.
+type AddressReclaim struct {
+	IP       netip.Addr
+	Endpoint string // Docker endpoint id
+	Network  string
+}
+
 // EndpointRemoval undoes an endpoint Docker no longer has.
 type EndpointRemoval struct {
 	Endpoint datastore.Endpoint
@@ -138,9 +145,15 @@ type Plan struct {
 	// the executor skips endpoints whose veth is gone).
 	EnsureRoutes []datastore.Endpoint
 	// Unknown are endpoints of our networks that Docker has but the
-	// datastore does not record (nothing we can repair: we lack their
-	// addresses' context); sorted ids.
+	// datastore does not record (a restored backup older than them, or a
+	// changed NODENAME); sorted ids. Their records cannot be rebuilt (we
+	// lack their context), but their addresses are re-assigned: Reclaim.
 	Unknown []string
+	// Reclaim are addresses Docker's endpoints on our networks use that
+	// no assignment holds: the datastore lost them (restored from a backup
+	// taken before the container started, or wiped). They are assigned
+	// again to this node so that nobody else is handed a live address.
+	Reclaim []AddressReclaim
 	// Pending are the stale candidates still inside their grace period,
 	// with when they were first seen: the next pass's FirstSeen.
 	Pending map[string]time.Time
@@ -150,7 +163,7 @@ type Plan struct {
 
 // Actions counts the repairs the plan makes.
 func (p Plan) Actions() int {
-	return len(p.RemoveEndpoints) + len(p.ReleaseOrphans) + len(p.RemoveDetached)
+	return len(p.RemoveEndpoints) + len(p.ReleaseOrphans) + len(p.RemoveDetached) + len(p.Reclaim)
 }
 
 func endpointCandidate(se StoredEndpoint) string {
@@ -214,6 +227,11 @@ func allocAddr(a ipam.Allocation) (netip.Addr, bool) {
 //     whose address is in no endpoint record (any node) and on no Docker
 //     endpoint (any network) is a candidate; seen so for Grace (same
 //     handle), it is released by that handle.
+//   - An address of a Docker endpoint on one of our networks that no
+//     assignment holds is re-assigned to this node at once (no grace:
+//     claiming an address a container uses is always right, and every
+//     moment it stays free it may be handed out again). This is what
+//     brings IPAM back in line after a restore.
 func PlanReconcile(in ReconcileInput) Plan {
 	plan := Plan{Pending: map[string]time.Time{}}
 	mature := func(key string) bool {
@@ -270,11 +288,20 @@ func PlanReconcile(in ReconcileInput) Plan {
 	}
 
 	for id, de := range in.Docker.Endpoints {
-		if !idx.known[id] && in.Networks[de.Network] {
+		if !in.Networks[de.Network] {
+			continue
+		}
+		if !idx.known[id] {
 			plan.Unknown = append(plan.Unknown, id)
+		}
+		for _, ip := range de.IPs {
+			if _, held := idx.holders[ip]; !held {
+				plan.Reclaim = append(plan.Reclaim, AddressReclaim{IP: ip, Endpoint: id, Network: de.Network})
+			}
 		}
 	}
 	sort.Strings(plan.Unknown)
+	slices.SortFunc(plan.Reclaim, func(a, b AddressReclaim) int { return a.IP.Compare(b.IP) })
 	plan.NextDue = nextDue(plan.Pending, in.Grace)
 	return plan
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
+	"github.com/calico-cnm/calico-cnm/driver"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
@@ -40,6 +41,8 @@ type ReconcileDataplane interface {
 type ReconcileIPAM interface {
 	Allocations(ctx context.Context) ([]ipam.Allocation, error)
 	ReleaseByHandle(ctx context.Context, handleID string) error
+	// AssignIP re-assigns an address a live endpoint uses (Plan.Reclaim).
+	AssignIP(ctx context.Context, a ipam.AssignIPArgs) error
 }
 
 // Why Run started a pass (the "trigger" field of its debug log line).
@@ -48,6 +51,7 @@ const (
 	PassPeriodic    = "interval"
 	PassFollowUp    = "candidates maturing"
 	PassDockerEvent = "docker event"
+	PassKicked      = "datastore restored"
 )
 
 // abandonedReleaser is implemented by *ipam.Engine: assignments it answered
@@ -92,6 +96,10 @@ type Reconciler struct {
 	ReleaseOrphans bool
 	Metrics        *Metrics // may be nil
 	Log            logrus.FieldLogger
+	// Kick, when set, asks for a pass at once (the datastore was
+	// restored: addresses may have to be reclaimed before they are
+	// handed out again).
+	Kick <-chan struct{}
 	Now            func() time.Time
 
 	mu         sync.Mutex // one pass at a time; guards the fields below
@@ -271,6 +279,7 @@ func (r *Reconciler) repair(ctx context.Context, plan Plan, dockerKnown bool, fi
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, r.reclaim(ctx, plan.Reclaim, fixes)...)
 	errs = append(errs, r.releaseOrphans(ctx, plan.ReleaseOrphans, fixes)...)
 	for _, name := range plan.RemoveDetached {
 		if err := r.Dataplane.RemoveDetachedWorkload(ctx, name); err != nil {
@@ -287,8 +296,35 @@ func (r *Reconciler) repair(ctx context.Context, plan Plan, dockerKnown bool, fi
 	}
 	for _, id := range plan.Unknown {
 		if r.firstWarning("unknown/" + id) {
-			r.Log.WithFields(logrus.Fields{"endpoint": shortID(id), "node": r.Node}).Warn("Docker has an endpoint on a calico network that the datastore does not record for this node (was NODENAME changed?): leaving it alone")
+			r.Log.WithFields(logrus.Fields{"endpoint": shortID(id), "node": r.Node}).Warn("Docker has an endpoint on a calico network that the datastore does not record for this node (a restored backup older than it, or a changed NODENAME?): its addresses are kept assigned, its record is not rebuilt")
 		}
+	}
+	return errs
+}
+
+// reclaim re-assigns the addresses live endpoints use that no assignment
+// holds. One that got assigned meanwhile (a container that started after
+// the pass read IPAM) is in use either way: nothing to do.
+func (r *Reconciler) reclaim(ctx context.Context, addrs []AddressReclaim, fixes map[string]int) []error {
+	var errs []error
+	for _, a := range addrs {
+		log := r.Log.WithFields(logrus.Fields{"ip": a.IP.String(), "endpoint": shortID(a.Endpoint), "network": shortID(a.Network)})
+		err := r.IPAM.AssignIP(ctx, ipam.AssignIPArgs{IP: a.IP.AsSlice(), Host: r.Node, HandleID: driver.NewHandleID(),
+			Attrs: map[string]string{ipam.AttrNode: r.Node, ipam.AttrReclaimedFor: a.Endpoint}})
+		if errors.Is(err, ipam.ErrAddressInUse) {
+			continue
+		}
+		if errors.Is(err, ipam.ErrNotInPool) {
+			// Another IPAM driver's address on a calico network: not ours.
+			log.Debug("reconcile: address of a live endpoint is in no pool: not reclaimed")
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("re-assigning %s, in use by Docker endpoint %s: %w", a.IP, shortID(a.Endpoint), err))
+			continue
+		}
+		fixes[FixAddressReclaimed]++
+		log.Warn("reconcile: re-assigned an address a running container uses but the datastore had lost (restored from an older backup?)")
 	}
 	return errs
 }
@@ -439,6 +475,12 @@ func (r *Reconciler) Run(ctx context.Context) {
 		case <-debounce:
 			debounce = nil
 			pass(PassDockerEvent)
+		case _, ok := <-r.Kick:
+			if !ok {
+				r.Kick = nil
+				continue
+			}
+			pass(PassKicked)
 		}
 	}
 }
