@@ -56,6 +56,10 @@ type Config struct {
 	ReconcileGrace time.Duration
 
 	BGP routing.Config
+
+	// Version is the calico-cnm version, published in the node's
+	// heartbeat and the datastore's format record.
+	Version string
 }
 
 // Env names, as the README documents them.
