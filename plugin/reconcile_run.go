@@ -13,8 +13,8 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
-	"github.com/calico-cnm/calico-cnm/driver"
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/driver"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -100,7 +100,7 @@ type Reconciler struct {
 	// restored: addresses may have to be reclaimed before they are
 	// handed out again).
 	Kick <-chan struct{}
-	Now            func() time.Time
+	Now  func() time.Time
 
 	mu         sync.Mutex // one pass at a time; guards the fields below
 	pending    map[string]time.Time
