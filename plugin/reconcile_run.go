@@ -96,11 +96,11 @@ type Reconciler struct {
 	ReleaseOrphans bool
 	Metrics        *Metrics // may be nil
 	Log            logrus.FieldLogger
+	Now            func() time.Time
 	// Kick, when set, asks for a pass at once (the datastore was
 	// restored: addresses may have to be reclaimed before they are
 	// handed out again).
 	Kick <-chan struct{}
-	Now  func() time.Time
 
 	mu         sync.Mutex // one pass at a time; guards the fields below
 	pending    map[string]time.Time
