@@ -31,8 +31,8 @@ func (a *app) nodeCmd() *cobra.Command {
 // is running (holds its liveness lease) and what it holds.
 func (a *app) nodeListCmd() *cobra.Command {
 	c := &cobra.Command{
-		Use:     "list",
-		Short:   "List every node: its daemon's state, BGP address, AS, blocks, addresses, endpoints, VTEP and how this host reaches it",
+		Use:   "list",
+		Short: "List every node: its daemon's state, BGP address, AS, blocks, addresses, endpoints, VTEP and how this host reaches it",
 		Long: `list shows every node the datastore knows. -o wide adds, from each daemon's
 heartbeat, its version, when it was last seen and its BGP sessions (or VXLAN
 reachability), and flags what is wrong: a daemon down or unseen for longer
