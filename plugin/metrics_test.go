@@ -97,6 +97,7 @@ calico_cnm_bgp_routes_installed 0
 # TYPE calico_cnm_reconcile_fixes_total counter
 calico_cnm_reconcile_fixes_total{kind="address_reclaimed"} 0
 calico_cnm_reconcile_fixes_total{kind="address_released"} 0
+calico_cnm_reconcile_fixes_total{kind="endpoint_rebuilt"} 0
 calico_cnm_reconcile_fixes_total{kind="endpoint_removed"} 0
 calico_cnm_reconcile_fixes_total{kind="interface_removed"} 0
 calico_cnm_reconcile_fixes_total{kind="orphan_released"} 0

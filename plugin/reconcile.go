@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
@@ -29,6 +30,7 @@ type DockerEndpoint struct {
 	ID      string
 	Network string
 	IPs     []netip.Addr
+	MAC     string // "" when Docker did not say
 }
 
 // DockerView is everything Docker has attached, on every network: the
@@ -154,6 +156,12 @@ type Plan struct {
 	// taken before the container started, or wiped). They are assigned
 	// again to this node so that nobody else is handed a live address.
 	Reclaim []AddressReclaim
+	// Rebuild are the records of Unknown endpoints whose addresses no
+	// assignment held either (the datastore lost them, rather than the
+	// node being renamed): written once their addresses are reclaimed,
+	// with the reclaimed handles, labels to be learnt (LabelsUnknown, see
+	// the policy's relearn loop).
+	Rebuild []datastore.Endpoint
 	// Pending are the stale candidates still inside their grace period,
 	// with when they were first seen: the next pass's FirstSeen.
 	Pending map[string]time.Time
@@ -294,16 +302,41 @@ func PlanReconcile(in ReconcileInput) Plan {
 		if !idx.known[id] {
 			plan.Unknown = append(plan.Unknown, id)
 		}
+		lost := len(de.IPs) > 0
 		for _, ip := range de.IPs {
-			if _, held := idx.holders[ip]; !held {
-				plan.Reclaim = append(plan.Reclaim, AddressReclaim{IP: ip, Endpoint: id, Network: de.Network})
+			if _, held := idx.holders[ip]; held {
+				lost = false
+				continue
 			}
+			plan.Reclaim = append(plan.Reclaim, AddressReclaim{IP: ip, Endpoint: id, Network: de.Network})
+		}
+		if lost && !idx.known[id] {
+			plan.Rebuild = append(plan.Rebuild, rebuiltEndpoint(in.Node, in.Docker.EngineID, de))
 		}
 	}
+	slices.SortFunc(plan.Rebuild, func(a, b datastore.Endpoint) int { return strings.Compare(a.ID, b.ID) })
 	sort.Strings(plan.Unknown)
 	slices.SortFunc(plan.Reclaim, func(a, b AddressReclaim) int { return a.IP.Compare(b.IP) })
 	plan.NextDue = nextDue(plan.Pending, in.Grace)
 	return plan
+}
+
+// rebuiltEndpoint is the record of a joined endpoint as far as Docker's
+// view tells it: what the kernel has (veth name, addresses) and what
+// Docker says (network, MAC). Labels are learnt later; the gateway index
+// and extra routes are the single-network defaults.
+func rebuiltEndpoint(node, engineID string, de DockerEndpoint) datastore.Endpoint {
+	ep := datastore.Endpoint{ID: de.ID, Network: de.Network, Node: node, MAC: de.MAC, HostIfName: dataplane.HostIfName(de.ID),
+		Joined: true, EngineID: engineID, LabelsUnknown: true}
+	for _, ip := range de.IPs {
+		p := netip.PrefixFrom(ip, ip.BitLen()).String()
+		if ip.Is4() {
+			ep.IPv4 = p
+		} else {
+			ep.IPv6 = p
+		}
+	}
+	return ep
 }
 
 // reconcileIndex is what PlanReconcile looks up while Docker's view is

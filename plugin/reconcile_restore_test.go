@@ -2,7 +2,6 @@ package plugin_test
 
 import (
 	"context"
-	"errors"
 	"reflect"
 	"testing"
 	"time"
@@ -19,12 +18,21 @@ func TestPlanReconcileReclaims(t *testing.T) {
 		allocs []ipam.Allocation
 		docker *plugin.DockerView
 		want   []string // "ip endpoint-tag"
+		// rebuilt are the tags of the records to rebuild.
+		rebuilt []string
 	}{
 		{
 			name:   "a live endpoint's address no assignment holds is reclaimed, with or without its record",
 			allocs: []ipam.Allocation{alloc("10.0.0.1", "h1", host)},
 			docker: view(dockerEP("a1", "net1", "10.0.0.1"), dockerEP("a2", "net1", "10.0.0.2"), dockerEP("a3", "net1", "10.0.0.3")),
 			want:   []string{"10.0.0.2 a2", "10.0.0.3 a3"},
+			// No record and no assignment: the datastore lost them all.
+			rebuilt: []string{"a2", "a3"},
+		},
+		{
+			name:   "an unknown endpoint whose address is still held (a renamed node's) is not rebuilt",
+			allocs: []ipam.Allocation{alloc("10.0.0.2", "h2", "old-name")},
+			docker: view(dockerEP("a2", "net1", "10.0.0.2")),
 		},
 		{
 			name:   "held by anyone (another node, the swarm manager) is not reclaimed",
@@ -53,6 +61,13 @@ func TestPlanReconcileReclaims(t *testing.T) {
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("reclaim = %v, want %v", got, tc.want)
 			}
+			var rebuilt []string
+			for _, ep := range plan.Rebuild {
+				rebuilt = append(rebuilt, tagOf(ep.ID))
+			}
+			if !reflect.DeepEqual(rebuilt, tc.rebuilt) {
+				t.Errorf("rebuild = %v, want %v", rebuilt, tc.rebuilt)
+			}
 		})
 	}
 }
@@ -60,8 +75,8 @@ func TestPlanReconcileReclaims(t *testing.T) {
 // TestReconcilerAfterRestore: a backup taken with c1 and c2 running, c3
 // started afterwards, the backup restored while all three still run. The
 // pass keeps every live address: c1's and c2's are back with their
-// records, c3's is reclaimed (its record is gone with the restore), and
-// the next assignment is none of them.
+// records, c3's is reclaimed and its record (gone with the restore)
+// rebuilt, and the next assignment is none of them.
 func TestReconcilerAfterRestore(t *testing.T) {
 	e := newRecEnv(t)
 	ctx := context.Background()
@@ -81,7 +96,9 @@ func TestReconcilerAfterRestore(t *testing.T) {
 	if _, held := e.allocated(t)[ip3.String()]; held {
 		t.Fatalf("the restore should have lost c3's assignment (taken after the backup)")
 	}
-	e.docker.set(view(dockerEP("c1", "net1", ip1.String()), dockerEP("c2", "net1", ip2.String()), dockerEP("c3", "net1", ip3.String())), nil)
+	c3 := dockerEP("c3", "net1", ip3.String())
+	c3.MAC = "ee:ee:ee:ee:ee:03"
+	e.docker.set(view(dockerEP("c1", "net1", ip1.String()), dockerEP("c2", "net1", ip2.String()), c3), nil)
 
 	res := e.pass(t)
 	if res.Fixes[plugin.FixAddressReclaimed] != 1 || len(res.Plan.Unknown) != 1 || tagOf(res.Plan.Unknown[0]) != "c3" {
@@ -109,8 +126,19 @@ func TestReconcilerAfterRestore(t *testing.T) {
 			t.Fatalf("restored record %s: %v", id[:12], err)
 		}
 	}
-	if _, err := e.store.Get(ctx, datastore.EndpointKey(host, id3)); !errors.Is(err, datastore.ErrNotFound) {
-		t.Fatalf("c3's record: %v", err)
+	// c3's record is rebuilt from Docker's view, with the reclaimed
+	// handle and its labels left to be learnt.
+	var ep3 datastore.Endpoint
+	if _, err := e.store.GetJSON(ctx, datastore.EndpointKey(host, id3), &ep3); err != nil {
+		t.Fatalf("c3's record not rebuilt: %v", err)
+	}
+	want3 := datastore.Endpoint{ID: id3, Network: "net1", Node: host, IPv4: ip3.String() + "/32", MAC: "ee:ee:ee:ee:ee:03", HostIfName: dataplane.HostIfName(id3),
+		Joined: true, LabelsUnknown: true, Handles: []string{byIP[ip3.String()].HandleID}}
+	if !reflect.DeepEqual(ep3, want3) {
+		t.Fatalf("c3's rebuilt record:\n got %+v\nwant %+v", ep3, want3)
+	}
+	if res.Fixes[plugin.FixEndpointRebuilt] != 1 {
+		t.Fatalf("fixes %v: want one endpoint rebuilt", res.Fixes)
 	}
 	if !e.kernel.ifaces[dataplane.HostIfName(id3)][ip3.String()] {
 		t.Fatalf("c3's veth or route was touched")

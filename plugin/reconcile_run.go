@@ -279,7 +279,9 @@ func (r *Reconciler) repair(ctx context.Context, plan Plan, dockerKnown bool, fi
 			errs = append(errs, err)
 		}
 	}
-	errs = append(errs, r.reclaim(ctx, plan.Reclaim, fixes)...)
+	handles, reclaimErrs := r.reclaim(ctx, plan.Reclaim, fixes)
+	errs = append(errs, reclaimErrs...)
+	errs = append(errs, r.rebuild(ctx, plan.Rebuild, handles, fixes)...)
 	errs = append(errs, r.releaseOrphans(ctx, plan.ReleaseOrphans, fixes)...)
 	for _, name := range plan.RemoveDetached {
 		if err := r.Dataplane.RemoveDetachedWorkload(ctx, name); err != nil {
@@ -303,13 +305,16 @@ func (r *Reconciler) repair(ctx context.Context, plan Plan, dockerKnown bool, fi
 }
 
 // reclaim re-assigns the addresses live endpoints use that no assignment
-// holds. One that got assigned meanwhile (a container that started after
-// the pass read IPAM) is in use either way: nothing to do.
-func (r *Reconciler) reclaim(ctx context.Context, addrs []AddressReclaim, fixes map[string]int) []error {
+// holds, and returns the new handles by endpoint id. One that got
+// assigned meanwhile (a container that started after the pass read IPAM)
+// is in use either way: nothing to do.
+func (r *Reconciler) reclaim(ctx context.Context, addrs []AddressReclaim, fixes map[string]int) (map[string][]string, []error) {
 	var errs []error
+	handles := map[string][]string{}
 	for _, a := range addrs {
 		log := r.Log.WithFields(logrus.Fields{"ip": a.IP.String(), "endpoint": shortID(a.Endpoint), "network": shortID(a.Network)})
-		err := r.IPAM.AssignIP(ctx, ipam.AssignIPArgs{IP: a.IP.AsSlice(), Host: r.Node, HandleID: driver.NewHandleID(),
+		handle := driver.NewHandleID()
+		err := r.IPAM.AssignIP(ctx, ipam.AssignIPArgs{IP: a.IP.AsSlice(), Host: r.Node, HandleID: handle,
 			Attrs: map[string]string{ipam.AttrNode: r.Node, ipam.AttrReclaimedFor: a.Endpoint}})
 		if errors.Is(err, ipam.ErrAddressInUse) {
 			continue
@@ -323,8 +328,33 @@ func (r *Reconciler) reclaim(ctx context.Context, addrs []AddressReclaim, fixes 
 			errs = append(errs, fmt.Errorf("re-assigning %s, in use by Docker endpoint %s: %w", a.IP, shortID(a.Endpoint), err))
 			continue
 		}
+		handles[a.Endpoint] = append(handles[a.Endpoint], handle)
 		fixes[FixAddressReclaimed]++
 		log.Warn("reconcile: re-assigned an address a running container uses but the datastore had lost (restored from an older backup?)")
+	}
+	return handles, errs
+}
+
+// rebuild writes the records of endpoints whose addresses were all just
+// reclaimed (created only if still absent: a Join since wins).
+func (r *Reconciler) rebuild(ctx context.Context, eps []datastore.Endpoint, handles map[string][]string, fixes map[string]int) []error {
+	var errs []error
+	for _, ep := range eps {
+		ep.Handles = handles[ep.ID]
+		if len(ep.Handles) != len(endpointAddrs(ep)) {
+			continue // an address was taken meanwhile: not lost after all
+		}
+		err := r.Store.Txn(ctx, datastore.Create(datastore.EndpointKey(ep.Node, ep.ID), datastore.MustJSON(ep)))
+		if errors.Is(err, datastore.ErrConflict) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rebuilding the record of endpoint %s: %w", shortID(ep.ID), err))
+			continue
+		}
+		fixes[FixEndpointRebuilt]++
+		r.Log.WithFields(logrus.Fields{"endpoint": shortID(ep.ID), "network": shortID(ep.Network), "ip": strings.Join(nonEmpty(ep.IPv4, ep.IPv6), ",")}).
+			Warn("reconcile: rebuilt the record of a running container's endpoint the datastore had lost")
 	}
 	return errs
 }

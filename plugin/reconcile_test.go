@@ -673,6 +673,7 @@ func TestReconcilerRepairsAfterACrash(t *testing.T) {
 # TYPE calico_cnm_reconcile_fixes_total counter
 calico_cnm_reconcile_fixes_total{kind="address_reclaimed"} 0
 calico_cnm_reconcile_fixes_total{kind="address_released"} 1
+calico_cnm_reconcile_fixes_total{kind="endpoint_rebuilt"} 0
 calico_cnm_reconcile_fixes_total{kind="endpoint_removed"} 1
 calico_cnm_reconcile_fixes_total{kind="interface_removed"} 1
 calico_cnm_reconcile_fixes_total{kind="orphan_released"} 1
