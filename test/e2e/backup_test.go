@@ -143,9 +143,9 @@ func TestBackupRestoreExternal(t *testing.T) {
 	t.Logf("a1=%s b1=%s in the backup, a2=%s after it", ipA1, ipB1, ipA2)
 
 	// Wipe the member under the running daemons.
-	if err := etcd.Stop(t); err != nil {
-		t.Fatalf("stopping etcd: %v", err)
-	}
+	// etcd exits on SIGTERM with the signal as its status; Stop fails the
+	// test itself if it has to kill it.
+	_ = etcd.Stop(t)
 	if err := os.RemoveAll(etcd.DataDir); err != nil {
 		t.Fatal(err)
 	}
