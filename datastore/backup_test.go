@@ -98,7 +98,9 @@ func TestBackupRestoreBringsBackTheRecordsAndKeepsLiveness(t *testing.T) {
 	}
 }
 
-func TestRestoreIntoLostDatastore(t *testing.T) {
+// sourceBackup is the backup of a versioned datastore holding network n1.
+func sourceBackup(t *testing.T) (datastore.Format, datastore.Backup) {
+	t.Helper()
 	ctx := context.Background()
 	src := etcdtest.Start(t).Store
 	f, err := src.EnsureFormat(ctx, "", "v1")
@@ -112,6 +114,12 @@ func TestRestoreIntoLostDatastore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return f, b
+}
+
+func TestRestoreIntoLostDatastore(t *testing.T) {
+	ctx := context.Background()
+	f, b := sourceBackup(t)
 	for name, prepare := range map[string]func(*datastore.Store) error{
 		// External members wiped: nothing at all.
 		"empty": func(*datastore.Store) error { return nil },
@@ -142,17 +150,7 @@ func TestRestoreIntoLostDatastore(t *testing.T) {
 
 func TestRestoreRefuses(t *testing.T) {
 	ctx := context.Background()
-	src := etcdtest.Start(t).Store
-	if _, err := src.EnsureFormat(ctx, "", "v1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := src.Txn(ctx, datastore.Put(datastore.NetworkKey("n1"), []byte(`{"id":"n1"}`))); err != nil {
-		t.Fatal(err)
-	}
-	b, err := src.Export(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, b := sourceBackup(t)
 	dst := etcdtest.Start(t).Store
 	dstFormat, err := dst.EnsureFormat(ctx, "", "v1")
 	if err != nil {
@@ -180,7 +178,7 @@ func TestRestoreRefuses(t *testing.T) {
 	if _, err := datastore.ReadBackup(&buf, "new.json"); !errors.Is(err, datastore.ErrFormatTooNew) || !strings.Contains(err.Error(), "backup new.json") {
 		t.Fatalf("ReadBackup of a newer format: want ErrFormatTooNew naming the file, got %v", err)
 	}
-	if _, err := src.Restore(ctx, newer, "v1"); !errors.Is(err, datastore.ErrFormatTooNew) {
+	if _, err := dst.Restore(ctx, newer, "v1"); !errors.Is(err, datastore.ErrFormatTooNew) {
 		t.Fatalf("Restore of a newer format: want ErrFormatTooNew, got %v", err)
 	}
 	if _, err := datastore.ReadBackup(strings.NewReader(`{"kind":"something-else"}`), "x.json"); !errors.Is(err, datastore.ErrNotABackup) {
