@@ -2,7 +2,6 @@ package datastore
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 )
 
@@ -53,16 +52,5 @@ func (s *Store) PutSeen(ctx context.Context, n NodeSeen) error {
 // SeenNodes lists the heartbeats, by node name; unreadable ones are
 // skipped.
 func (s *Store) SeenNodes(ctx context.Context) (map[string]NodeSeen, error) {
-	kvs, err := s.List(ctx, NodesSeenPrefix)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]NodeSeen, len(kvs))
-	for _, kv := range kvs {
-		var n NodeSeen
-		if json.Unmarshal(kv.Value, &n) == nil {
-			out[kv.Key[len(NodesSeenPrefix):]] = n
-		}
-	}
-	return out, nil
+	return listByName[NodeSeen](ctx, s, NodesSeenPrefix)
 }
