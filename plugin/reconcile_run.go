@@ -296,9 +296,16 @@ func (r *Reconciler) repair(ctx context.Context, plan Plan, dockerKnown bool, fi
 			errs = append(errs, err)
 		}
 	}
+	rebuilt := map[string]bool{}
+	for _, ep := range plan.Rebuild {
+		rebuilt[ep.ID] = true
+	}
 	for _, id := range plan.Unknown {
+		if rebuilt[id] {
+			continue // logged as rebuilt (or retried next pass)
+		}
 		if r.firstWarning("unknown/" + id) {
-			r.Log.WithFields(logrus.Fields{"endpoint": shortID(id), "node": r.Node}).Warn("Docker has an endpoint on a calico network that the datastore does not record for this node (a restored backup older than it, or a changed NODENAME?): its addresses are kept assigned, its record is not rebuilt")
+			r.Log.WithFields(logrus.Fields{"endpoint": shortID(id), "node": r.Node}).Warn("Docker has an endpoint on a calico network that the datastore does not record for this node (was NODENAME changed?): leaving it alone")
 		}
 	}
 	return errs
