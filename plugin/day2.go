@@ -75,28 +75,58 @@ func retryUnavailable(ctx context.Context, d time.Duration, fn func(context.Cont
 	}
 }
 
+// formatPoll is how often followFormat reads the format record besides
+// watching it: a watch on a wiped and restored member waits for revisions
+// it had seen before, which the new member reaches late or never.
+const formatPoll = 10 * time.Second
+
 // followFormat kicks the reconciler whenever the format record changes (a
 // restore writes it last) and says loudly when a newer calico-cnm
-// upgraded the format under this daemon. It re-watches after a broken
-// watch until ctx is done.
+// upgraded the format under this daemon. It watches the record, re-watches
+// after a broken watch, and polls it, until ctx is done.
 func followFormat(ctx context.Context, store *datastore.Store, kick chan<- struct{}, log logrus.FieldLogger) {
+	last := int64(-1) // revision of the format record last seen (0: none)
+	check := func() {
+		f, rev, err := store.ReadFormat(ctx)
+		if err != nil {
+			return
+		}
+		changed := last >= 0 && rev != last
+		last = rev
+		if !changed {
+			return
+		}
+		if err := datastore.CheckFormatVersion("the datastore", f); err != nil {
+			log.WithError(err).Error("a newer calico-cnm changed the datastore format under this daemon: upgrade this host")
+		}
+		log.WithField("cluster", f.ClusterID).Info("datastore format record rewritten (a restore?): reconciling")
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	check()
+	poll := time.NewTicker(formatPoll)
+	defer poll.Stop()
 	for ctx.Err() == nil {
-		for range store.WatchFormat(ctx) {
-			f, _, err := store.ReadFormat(ctx)
-			if err == nil {
-				if err := datastore.CheckFormatVersion("the datastore", f); err != nil {
-					log.WithError(err).Error("a newer calico-cnm changed the datastore format under this daemon: upgrade this host")
-				}
-			}
-			log.Info("datastore format record rewritten (restore?): reconciling")
+		watch := store.WatchFormat(ctx)
+		for watch != nil {
 			select {
-			case kick <- struct{}{}:
-			default:
+			case <-ctx.Done():
+				return
+			case _, ok := <-watch:
+				if !ok {
+					watch = nil
+					continue
+				}
+				check()
+			case <-poll.C:
+				check()
 			}
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(5 * time.Second):
+		case <-time.After(time.Second):
 		}
 	}
 }
