@@ -185,29 +185,3 @@ func TestRestoreRefuses(t *testing.T) {
 		t.Fatalf("ReadBackup of another file: want ErrNotABackup, got %v", err)
 	}
 }
-
-func TestRestoreSignalsFormatWatchers(t *testing.T) {
-	s := etcdtest.Start(t).Store
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := s.EnsureFormat(ctx, "", "v1"); err != nil {
-		t.Fatal(err)
-	}
-	b, err := s.Export(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch := s.WatchFormat(ctx)
-	// A write elsewhere under the prefix does not signal.
-	if err := s.Txn(ctx, datastore.Put("formatless", []byte("1"))); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Restore(ctx, b, "v1"); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-ch:
-	case <-ctx.Done():
-		t.Fatal("no signal after a restore")
-	}
-}
