@@ -38,6 +38,10 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 		return err
 	}
 	defer d.store.Close()
+	// Before anything reads a record: a newer format would be misread.
+	if _, err := ensureFormat(ctx, cfg, d.store, d.log); err != nil {
+		return err
+	}
 
 	// Serve only while holding the node name: a second daemon with our
 	// name (a cloned host) would remove this host's endpoints and free its
@@ -248,6 +252,13 @@ func (d *daemon) serveMetrics(ctx context.Context) {
 // socketPaths answer), the blackhole routes' sync, the liveness lease and
 // the follower of Docker's engine ID.
 func (d *daemon) startLoops(ctx context.Context, socketPaths []string, alive datastore.Alive, lease clientv3.LeaseID) {
+	// A restore rewrites the format record last: reconcile at once, so
+	// that addresses live containers use are reclaimed before anyone is
+	// handed them again.
+	kick := make(chan struct{}, 1)
+	d.reconciler.Kick = kick
+	d.wg.Go(func() { followFormat(ctx, d.store, kick, d.log) })
+	d.wg.Go(func() { heartbeat(ctx, d.cfg, d.store, d.log) })
 	// Reconcile once the sockets answer: cleaning up may take a while and
 	// Docker must not wait for it (it may call us meanwhile).
 	d.wg.Go(func() {

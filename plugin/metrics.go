@@ -44,6 +44,8 @@ const (
 	FixOrphanReleased   = "orphan_released"
 	FixRouteRestored    = "route_restored"
 	FixInterfaceRemoved = "interface_removed"
+	FixAddressReclaimed = "address_reclaimed"
+	FixEndpointRebuilt  = "endpoint_rebuilt"
 )
 
 // Reconcile pass results (the "result" label of MetricReconcileRuns).
@@ -110,7 +112,7 @@ func NewMetrics(stats IPAMStats, log logrus.FieldLogger) *Metrics {
 			Name: MetricReconcileRuns, Help: "Reconcile passes, by result.",
 		}, []string{"result"}),
 	}
-	for _, k := range []string{FixEndpointRemoved, FixAddressReleased, FixOrphanReleased, FixRouteRestored, FixInterfaceRemoved} {
+	for _, k := range []string{FixEndpointRemoved, FixAddressReleased, FixOrphanReleased, FixRouteRestored, FixInterfaceRemoved, FixAddressReclaimed, FixEndpointRebuilt} {
 		m.reconcileFixes.WithLabelValues(k)
 	}
 	for _, r := range []string{ReconcileOK, ReconcileNoDocker, ReconcileFailed} {
