@@ -203,6 +203,7 @@ func (d *daemon) prepareAPIs() error {
 	if d.reconciler, err = newReconciler(cfg, d.store, d.engine, d.dp, d.metrics, d.log); err != nil {
 		return err
 	}
+	d.reconciler.Relabel = d.pol.labels.Relearn
 	if cfg.MetricsListen != "" {
 		if d.metricsListener, err = ListenMetrics(cfg.MetricsListen); err != nil {
 			return err
@@ -257,7 +258,7 @@ func (d *daemon) startLoops(ctx context.Context, socketPaths []string, alive dat
 	// handed them again.
 	kick := make(chan struct{}, 1)
 	d.reconciler.Kick = kick
-	d.wg.Go(func() { followFormat(ctx, d.store, kick, d.log) })
+	d.wg.Go(func() { followFormat(ctx, d.store, d.cfg.ResyncInterval, kick, d.log) })
 	d.wg.Go(func() { heartbeat(ctx, d.cfg, d.store, d.log) })
 	// Reconcile once the sockets answer: cleaning up may take a while and
 	// Docker must not wait for it (it may call us meanwhile).

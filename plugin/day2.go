@@ -75,16 +75,13 @@ func retryUnavailable(ctx context.Context, d time.Duration, fn func(context.Cont
 	}
 }
 
-// formatPoll is how often followFormat reads the format record besides
-// watching it: a watch on a wiped and restored member waits for revisions
-// it had seen before, which the new member reaches late or never.
-const formatPoll = 10 * time.Second
-
 // followFormat kicks the reconciler whenever the format record changes (a
 // restore writes it last) and says loudly when a newer calico-cnm
 // upgraded the format under this daemon. It watches the record, re-watches
-// after a broken watch, and polls it, until ctx is done.
-func followFormat(ctx context.Context, store *datastore.Store, kick chan<- struct{}, log logrus.FieldLogger) {
+// after a broken watch, and reads it again every resync (a watch on a wiped
+// and restored member waits for revisions it had seen before, which the new
+// member reaches late or never), until ctx is done.
+func followFormat(ctx context.Context, store *datastore.Store, resync time.Duration, kick chan<- struct{}, log logrus.FieldLogger) {
 	last := int64(-1) // revision of the format record last seen (0: none)
 	check := func() {
 		f, rev, err := store.ReadFormat(ctx)
@@ -106,7 +103,7 @@ func followFormat(ctx context.Context, store *datastore.Store, kick chan<- struc
 		}
 	}
 	check()
-	poll := time.NewTicker(formatPoll)
+	poll := time.NewTicker(resync)
 	defer poll.Stop()
 	for ctx.Err() == nil {
 		watch := store.WatchFormat(ctx)

@@ -38,7 +38,7 @@ func TestFollowFormatKicksOnRestore(t *testing.T) {
 	kick := make(chan struct{}, 1)
 	fctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { defer close(done); followFormat(fctx, store, kick, quietLogger()) }()
+	go func() { defer close(done); followFormat(fctx, store, time.Hour, kick, quietLogger()) }()
 	defer func() { stop(); <-done }()
 	// The follower reads the record once when it starts; a restore made
 	// before that read is its starting point, so restore until it kicks.

@@ -99,8 +99,15 @@ func TestReconcilerAfterRestore(t *testing.T) {
 	c3 := dockerEP("c3", "net1", ip3.String())
 	c3.MAC = "ee:ee:ee:ee:ee:03"
 	e.docker.set(view(dockerEP("c1", "net1", ip1.String()), dockerEP("c2", "net1", ip2.String()), c3), nil)
+	var relabelled []string
+	e.rec.Relabel = func(_ context.Context, endpointID, networkID string) {
+		relabelled = append(relabelled, endpointID+"@"+networkID)
+	}
 
 	res := e.pass(t)
+	if want := []string{id3 + "@net1"}; !reflect.DeepEqual(relabelled, want) {
+		t.Fatalf("labels asked for %v; want the rebuilt endpoint's (%v)", relabelled, want)
+	}
 	if res.Fixes[plugin.FixAddressReclaimed] != 1 || len(res.Plan.Unknown) != 1 || tagOf(res.Plan.Unknown[0]) != "c3" {
 		t.Fatalf("pass after restore: fixes %v, unknown %v; want c3's address reclaimed and c3 reported", res.Fixes, res.Plan.Unknown)
 	}

@@ -101,6 +101,9 @@ type Reconciler struct {
 	// restored: addresses may have to be reclaimed before they are
 	// handed out again).
 	Kick <-chan struct{}
+	// Relabel, when set, learns the labels of an endpoint whose record
+	// a pass rebuilt (LabelsUnknown): no Join or connect event will.
+	Relabel func(ctx context.Context, endpointID, networkID string)
 
 	mu         sync.Mutex // one pass at a time; guards the fields below
 	pending    map[string]time.Time
@@ -362,6 +365,9 @@ func (r *Reconciler) rebuild(ctx context.Context, eps []datastore.Endpoint, hand
 		fixes[FixEndpointRebuilt]++
 		r.Log.WithFields(logrus.Fields{"endpoint": shortID(ep.ID), "network": shortID(ep.Network), "ip": strings.Join(nonEmpty(ep.IPv4, ep.IPv6), ",")}).
 			Warn("reconcile: rebuilt the record of a running container's endpoint the datastore had lost")
+		if r.Relabel != nil {
+			r.Relabel(ctx, ep.ID, ep.Network)
+		}
 	}
 	return errs
 }

@@ -157,7 +157,10 @@ func TestBackupRestoreExternal(t *testing.T) {
 	t.Logf("restore: %s", strings.TrimSpace(c.mustCtl(t, "datastore", "restore", file)))
 	store := c.openStore(t)
 	eng := ipam.New(store, ipam.Options{Log: logrus.New()})
-	harness.Eventually(t, 30*time.Second, 250*time.Millisecond, "a2's address re-assigned to host a", func() error {
+	// The daemons learn of the restore from the format record, read at
+	// least every resync interval (30 s) when the wiped member's watches
+	// wait for revisions it has not reached.
+	harness.Eventually(t, 75*time.Second, 250*time.Millisecond, "a2's address re-assigned to host a", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		as, err := eng.Allocations(ctx)
