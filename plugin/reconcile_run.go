@@ -94,6 +94,9 @@ type Reconciler struct {
 	Log            logrus.FieldLogger
 	Now            func() time.Time
 
+	// Shaping, when set, rebuilds bandwidth limits in each pass.
+	Shaping ShapingSyncer
+
 	mu         sync.Mutex // one pass at a time; guards the fields below
 	pending    map[string]time.Time
 	dockerDown bool
@@ -284,6 +287,9 @@ func (r *Reconciler) repair(ctx context.Context, plan Plan, dockerKnown bool, fi
 		if err := r.ensureRoutes(ctx, ep, dockerKnown, fixes); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := r.syncShaping(ctx, fixes); err != nil {
+		errs = append(errs, err)
 	}
 	for _, id := range plan.Unknown {
 		if r.firstWarning("unknown/" + id) {
