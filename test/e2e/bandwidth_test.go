@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -81,7 +84,7 @@ func iperfMedian(tb testing.TB, h *bgpHost, cli, srvIP string, reverse bool) flo
 // shapingOn lists the qdiscs (tc's lines) and ifb devices of h that the
 // shaping of endpoints makes: tbf and ingress qdiscs on cali veths and
 // ifb devices, and the ifb devices themselves.
-func shapingOn(tb testing.TB, h *bgpHost) (qdiscs, ifbs []string) {
+func shapingOn(tb testing.TB, h *harness.Host) (qdiscs, ifbs []string) {
 	tb.Helper()
 	for _, line := range strings.Split(h.MustExec(tb, "tc", "qdisc", "show"), "\n") {
 		if (strings.Contains(line, "qdisc tbf") || strings.Contains(line, "qdisc ingress")) &&
@@ -122,7 +125,7 @@ func TestBandwidthLimits(t *testing.T) {
 	veth, ifb := "cali"+ep[:11], bandwidth.IfbName(ep)
 
 	// In place when docker run returns (Join applied it).
-	qdiscs, ifbs := shapingOn(t, ha)
+	qdiscs, ifbs := shapingOn(t, ha.Host)
 	joined := strings.Join(qdiscs, "\n")
 	for _, re := range []string{
 		`qdisc tbf 1: dev ` + veth + ` root .*rate 50Mbit`,
@@ -171,7 +174,7 @@ func TestBandwidthLimits(t *testing.T) {
 	}
 
 	ha.MustDocker(t, "rm", "-f", "lim")
-	if qdiscs, ifbs := shapingOn(t, ha); len(qdiscs) != 0 || len(ifbs) != 0 {
+	if qdiscs, ifbs := shapingOn(t, ha.Host); len(qdiscs) != 0 || len(ifbs) != 0 {
 		t.Errorf("after docker rm: qdiscs %q, ifb devices %q left", qdiscs, ifbs)
 	}
 
@@ -189,7 +192,7 @@ func TestBandwidthLimits(t *testing.T) {
 	if n := links(); n != vethsBefore {
 		t.Errorf("%d cali veths after the failed runs, %d before", n, vethsBefore)
 	}
-	if qdiscs, ifbs := shapingOn(t, ha); len(qdiscs) != 0 || len(ifbs) != 0 {
+	if qdiscs, ifbs := shapingOn(t, ha.Host); len(qdiscs) != 0 || len(ifbs) != 0 {
 		t.Errorf("after the failed runs: qdiscs %q, ifb devices %q", qdiscs, ifbs)
 	}
 	if used := ipamUsed(t, c); used != usedBefore {
@@ -226,4 +229,43 @@ func endpointIDs(t *testing.T, c *bgpCluster) []string {
 		out = append(out, e.ID)
 	}
 	return out
+}
+
+// TestReadmeBandwidth pastes the README's bandwidth block on one host
+// whose daemon runs with its defaults (embedded etcd), in a directory where
+// ./bin/calico-cnm is the daemon's binary, as in the checkout after `make
+// run`.
+func TestReadmeBandwidth(t *testing.T) {
+	t.Parallel()
+	harness.RequirePrereqs(t)
+	bin := harness.BuildBinary(t)
+	h := harness.NewFabric(t, "").AddHost(t, "readme-bw", harness.HostOptions{})
+	h.ImportBusybox(t)
+	h.MustDocker(t, "tag", harness.Image, "busybox")
+	h.StartPlugin(t, bin, nil)
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(bin, filepath.Join(dir, "bin", "calico-cnm")); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("nsenter", "--net="+h.NetnsPath, "--", "sh", "-ex", "-c", readmeBlock(t, "bandwidth"))
+	cmd.Dir = dir
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=" + dir, "DOCKER_HOST=" + h.DockerHost(), "DOCKER_CONFIG=" + dir}
+	out, err := cmd.CombinedOutput()
+	text := string(out)
+	t.Logf("output:\n%s", text)
+	if err != nil {
+		t.Fatalf("pasted commands failed: %v", err)
+	}
+	requireOutput(t, text, "ingress 50mbit, egress 20mbit", "network bwnet: bandwidth defaults egress 10mbit", "ingress 50mbit, egress 10mbit")
+	for _, re := range []string{`qdisc tbf 1: dev cali[0-9a-f]{11} root .*rate 50Mbit`, `qdisc tbf 1: dev ` + bandwidth.IfbPrefix + `[0-9a-f]{11} root .*rate 20Mbit`} {
+		if !regexp.MustCompile(re).MatchString(text) {
+			t.Errorf("output lacks a line matching %s", re)
+		}
+	}
+	if qdiscs, ifbs := shapingOn(t, h); len(qdiscs) != 0 || len(ifbs) != 0 {
+		t.Errorf("after docker rm: qdiscs %q, ifb devices %q left", qdiscs, ifbs)
+	}
 }
