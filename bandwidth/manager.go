@@ -54,6 +54,18 @@ type Manager struct {
 	// shaped maps the links shaped (host-side veths and ifb devices) to
 	// their endpoint id and direction, for Stats.
 	shaped map[string]Stat
+	// gen counts Apply and Remove calls; touched says, per endpoint,
+	// the gen of its last one and its veth. A Sync leaves alone the
+	// endpoints touched after it began reading the records (which it
+	// does without the lock, so that a Join never waits for etcd): its
+	// view of them is older than theirs.
+	gen     uint64
+	touched map[string]touch
+}
+
+type touch struct {
+	gen        uint64
+	hostIfName string
 }
 
 // NewManager shapes node's endpoints of store through shaper.
@@ -64,10 +76,12 @@ func NewManager(store *datastore.Store, node string, shaper *Shaper, engineID fu
 	if engineID == nil {
 		engineID = func() string { return "" }
 	}
-	return &Manager{store: store, node: node, shaper: shaper, engineID: engineID, log: log.WithField("component", "bandwidth"), shaped: map[string]Stat{}}
+	return &Manager{store: store, node: node, shaper: shaper, engineID: engineID, log: log.WithField("component", "bandwidth"), shaped: map[string]Stat{}, touched: map[string]touch{}}
 }
 
 func (m *Manager) note(endpointID, hostIfName string, l Limits) {
+	m.gen++
+	m.touched[endpointID] = touch{gen: m.gen, hostIfName: hostIfName}
 	for _, n := range []string{hostIfName, IfbName(endpointID)} {
 		delete(m.shaped, n)
 	}
@@ -83,11 +97,9 @@ func (m *Manager) note(endpointID, hostIfName string, l Limits) {
 func (m *Manager) Apply(ctx context.Context, endpointID, hostIfName string, l Limits) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, err := m.shaper.Apply(ctx, endpointID, hostIfName, l); err != nil {
-		return err
-	}
+	_, err := m.shaper.Apply(ctx, endpointID, hostIfName, l)
 	m.note(endpointID, hostIfName, l)
-	return nil
+	return err
 }
 
 // Remove deletes the endpoint's shaping (Leave, a failed Join).
@@ -158,16 +170,37 @@ func (m *Manager) desired(ctx context.Context) (want []Desired, keep map[string]
 // changed and the leftovers removed.
 func (m *Manager) Sync(ctx context.Context) (fixes int, err error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	// Read under the lock: a Join applies after writing its record, a
-	// Leave removes after deleting the veth, so no pass can undo them.
+	began := m.gen
+	m.mu.Unlock()
 	want, keep, err := m.desired(ctx)
 	if err != nil {
 		return 0, err
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// A Join applies after writing its record and a Leave removes after
+	// deleting the veth: what they did since the records were read is
+	// newer than the records read.
+	newer := map[string]bool{}
+	for id, tc := range m.touched {
+		if tc.gen > began {
+			newer[id] = true
+			keep[tc.hostIfName], keep[IfbName(id)] = true, true
+		} else {
+			delete(m.touched, id)
+		}
+	}
 	var errs []error
 	shaped := map[string]Stat{}
+	for n, st := range m.shaped {
+		if newer[st.EndpointID] {
+			shaped[n] = st
+		}
+	}
 	for _, d := range want {
+		if newer[d.EndpointID] {
+			continue
+		}
 		changed, err := m.shaper.Apply(ctx, d.EndpointID, d.HostIfName, d.Limits)
 		if errors.Is(err, ErrNoVeth) {
 			// Leaving, or its container is gone: reconcile removes it.
