@@ -175,41 +175,43 @@ func unitList(units map[string]float64) string {
 	return strings.Join(out, ", ")
 }
 
-// ParseRate reads a rate as tc does ("50mbit", "1gbit", "500kbps") into
-// bit/s, within MinRate..MaxRate.
-func ParseRate(s string) (uint64, error) {
+// quantity is how ParseRate and ParseSize read their kind of value.
+type quantity struct {
+	what, example string
+	units         map[string]float64
+	lo, hi        float64
+	bounds        string
+}
+
+var (
+	rateQuantity = quantity{what: "rate", example: "50mbit", units: rateUnits, lo: MinRate, hi: MaxRate, bounds: "1kbit..100gbit"}
+	sizeQuantity = quantity{what: "burst", example: "64k", units: sizeUnits, lo: MinBurst, hi: MaxBurst,
+		bounds: FormatSize(MinBurst) + ".." + FormatSize(MaxBurst)}
+)
+
+func (q quantity) parse(s string) (uint64, error) {
 	v, unit, err := splitNumber(s)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %v (write a rate like 50mbit)", ErrBadValue, err)
+		return 0, fmt.Errorf("%w: %v (write a %s like %s)", ErrBadValue, err, q.what, q.example)
 	}
-	mult, ok := rateUnits[unit]
+	mult, ok := q.units[unit]
 	if !ok {
-		return 0, fmt.Errorf("%w: unknown rate unit %q (units: %s)", ErrBadValue, unit, unitList(rateUnits))
+		return 0, fmt.Errorf("%w: unknown %s unit %q (units: %s)", ErrBadValue, q.what, unit, unitList(q.units))
 	}
-	bits := v * mult
-	if bits < MinRate || bits > MaxRate || math.IsNaN(bits) {
-		return 0, fmt.Errorf("%w: rate %s is outside 1kbit..100gbit", ErrBadValue, s)
+	x := v * mult
+	if x < q.lo || x > q.hi || math.IsNaN(x) {
+		return 0, fmt.Errorf("%w: %s %s is outside %s", ErrBadValue, q.what, s, q.bounds)
 	}
-	return uint64(math.Round(bits)), nil
+	return uint64(math.Round(x)), nil
 }
+
+// ParseRate reads a rate as tc does ("50mbit", "1gbit", "500kbps") into
+// bit/s, within MinRate..MaxRate.
+func ParseRate(s string) (uint64, error) { return rateQuantity.parse(s) }
 
 // ParseSize reads a size as tc does ("64k", "1m", "32kbit", "20000")
 // into bytes, within MinBurst..MaxBurst.
-func ParseSize(s string) (uint64, error) {
-	v, unit, err := splitNumber(s)
-	if err != nil {
-		return 0, fmt.Errorf("%w: %v (write a size like 64k)", ErrBadValue, err)
-	}
-	mult, ok := sizeUnits[unit]
-	if !ok {
-		return 0, fmt.Errorf("%w: unknown size unit %q (units: %s)", ErrBadValue, unit, unitList(sizeUnits))
-	}
-	b := v * mult
-	if b < MinBurst || b > MaxBurst || math.IsNaN(b) {
-		return 0, fmt.Errorf("%w: burst %s is outside %s..%s", ErrBadValue, s, FormatSize(MinBurst), FormatSize(MaxBurst))
-	}
-	return uint64(math.Round(b)), nil
-}
+func ParseSize(s string) (uint64, error) { return sizeQuantity.parse(s) }
 
 // FormatRate writes bit/s the way tc prints rates.
 func FormatRate(bits uint64) string {

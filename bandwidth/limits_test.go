@@ -61,7 +61,7 @@ func TestParseSize(t *testing.T) {
 		{in: "256kbit", want: 32 << 10},
 		{in: "1k", err: "outside"},
 		{in: "2g", err: "outside"},
-		{in: "64 k", err: "unknown size unit"},
+		{in: "64 k", err: "unknown burst unit"},
 		{in: "-64k", err: "does not start with a number"},
 	}
 	for _, tt := range tests {
