@@ -269,3 +269,74 @@ func TestReadmeBandwidth(t *testing.T) {
 		t.Errorf("after docker rm: qdiscs %q, ifb devices %q left", qdiscs, ifbs)
 	}
 }
+
+// TestBandwidthRestartAndCrash: the shaping follows a change of the
+// network's default (calico-cnm network bandwidth), a restarted daemon
+// rebuilds shaping that went missing from the endpoint record, and a
+// container removed while the daemon was down leaves no ifb device or
+// qdisc once the daemon is back.
+func TestBandwidthRestartAndCrash(t *testing.T) {
+	t.Parallel()
+	harness.RequirePrereqs(t)
+	bin := harness.BuildBinary(t)
+	h := harness.NewFabric(t, "").AddHost(t, "bw-restart", harness.HostOptions{})
+	h.ImportBusybox(t)
+	p := h.StartPlugin(t, bin, nil, append(h.ServeArgs(nil), "--resync-interval", "2s", "--reconcile-grace", "1s")...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			h.DumpLogs(t, 80)
+		}
+	})
+	h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.0.0/16",
+		"-o", bandwidth.NetworkOptionPrefix+bandwidth.Egress+"=20mbit", mhNetwork)
+	h.MustDocker(t, append(append([]string{"run", "-d", "--name", "lim", "--net", mhNetwork}, bwLabelArgs("50mbit", "")...), harness.Image, "sleep", "3600")...)
+	ep := strings.TrimSpace(h.MustDocker(t, "inspect", "-f", fmt.Sprintf(`{{(index .NetworkSettings.Networks %q).EndpointID}}`, mhNetwork), "lim"))
+	veth, ifb := "cali"+ep[:11], bandwidth.IfbName(ep)
+	wantShaping := func(what string, res ...string) {
+		t.Helper()
+		harness.Eventually(t, 30*time.Second, 200*time.Millisecond, what, func() error {
+			qdiscs, _ := shapingOn(t, h)
+			text := strings.Join(qdiscs, "\n")
+			for _, re := range res {
+				if !regexp.MustCompile(re).MatchString(text) {
+					return fmt.Errorf("no qdisc matching %q:\n%s", re, text)
+				}
+			}
+			return nil
+		})
+	}
+	ingress50 := `qdisc tbf 1: dev ` + veth + ` root .*rate 50Mbit`
+	wantShaping("shaping at Join", ingress50, `qdisc tbf 1: dev `+ifb+` root .*rate 20Mbit`)
+
+	// The network's default changes: the endpoint's egress follows, its
+	// own ingress label stays.
+	if out := h.MustExec(t, bin, "network", "bandwidth", mhNetwork, "--egress", "10mbit"); !strings.Contains(out, "egress 10mbit") {
+		t.Fatalf("network bandwidth: %s", out)
+	}
+	wantShaping("the new default applied", ingress50, `qdisc tbf 1: dev `+ifb+` root .*rate 10Mbit`)
+
+	// The daemon is down while the shaping goes missing: it is rebuilt
+	// from the endpoint record.
+	p.Kill9(t)
+	h.MustExec(t, "tc", "qdisc", "del", "dev", veth, "root")
+	h.MustExec(t, "ip", "link", "del", ifb)
+	p.Start(t)
+	wantShaping("shaping rebuilt after the restart", ingress50, `qdisc tbf 1: dev `+ifb+` root .*rate 10Mbit`)
+
+	// The container goes while the daemon is down (Docker's Leave
+	// fails): once the daemon is back, nothing of its shaping is left.
+	p.Kill9(t)
+	if _, err := h.Docker(t, "rm", "-f", "lim"); err != nil {
+		t.Logf("docker rm while the plugin is down: %v", err)
+	}
+	if _, ifbs := shapingOn(t, h); !slices.Contains(ifbs, ifb) {
+		t.Fatalf("the ifb device went with the container while the daemon was down (ifb devices: %v): nothing left to test", ifbs)
+	}
+	p.Start(t)
+	harness.Eventually(t, 60*time.Second, 500*time.Millisecond, "no shaping left after the crash", func() error {
+		if qdiscs, ifbs := shapingOn(t, h); len(qdiscs) != 0 || len(ifbs) != 0 {
+			return fmt.Errorf("qdiscs %q, ifb devices %q", qdiscs, ifbs)
+		}
+		return nil
+	})
+}
