@@ -87,6 +87,10 @@ type Endpoint struct {
 	// could not be learnt; the endpoint then matches no selector.
 	Labels        map[string]string `json:"labels,omitempty"`
 	LabelsUnknown bool              `json:"labelsUnknown,omitempty"`
+	// DriverLabels are the policy labels given as endpoint driver options
+	// (docker network connect --driver-opt org.projectcalico.label.k=v),
+	// recorded at CreateEndpoint; Join adds them to Labels.
+	DriverLabels map[string]string `json:"driverLabels,omitempty"`
 	// GatewayIndex numbers the endpoint's gateway among the calico
 	// interfaces of its container (set at Join): 1 is 169.254.1.1 and
 	// fe80::1, 2 is 169.254.1.2 and fe80::2, ... 0 (a record written

@@ -56,7 +56,7 @@ func (s *slowTables) programmed(ifname string) bool {
 
 type staticLabels map[string]string
 
-func (l staticLabels) EndpointLabels(ctx context.Context, networkID, endpointID, sandboxKey string) (map[string]string, error) {
+func (l staticLabels) EndpointLabels(ctx context.Context, req driver.LabelRequest) (map[string]string, error) {
 	if l == nil {
 		return nil, errors.New("injected: Docker does not answer")
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/policy"
 	"github.com/calico-cnm/calico-cnm/ports"
 )
 
@@ -85,7 +86,17 @@ type Ports interface {
 
 // Labeller learns the policy labels of the container joining an endpoint.
 type Labeller interface {
-	EndpointLabels(ctx context.Context, networkID, endpointID, sandboxKey string) (map[string]string, error)
+	EndpointLabels(ctx context.Context, req LabelRequest) (map[string]string, error)
+}
+
+// LabelRequest is what Join knows of the joining endpoint.
+type LabelRequest struct {
+	NetworkID, EndpointID, SandboxKey string
+	// Options are Join's: the sandbox's port map and exposed ports.
+	Options map[string]interface{}
+	// DriverLabels are the labels given as endpoint driver options
+	// (recorded at CreateEndpoint, datastore.Endpoint.DriverLabels).
+	DriverLabels map[string]string
 }
 
 // PolicyWaiter is the policy syncer (*policy.Syncer).
@@ -522,6 +533,9 @@ func (d *NetworkDriver) CreateEndpoint(ctx context.Context, req *network.CreateE
 	if d.engineID != nil {
 		ep.EngineID = d.engineID()
 	}
+	if ep.DriverLabels, err = policy.DriverOptLabels(req.Options); err != nil {
+		return nil, userError(fmt.Sprintf("endpoint %s: %v", short(req.EndpointID), err), ErrInvalidRequest, err)
+	}
 	if v4 != nil {
 		ep.IPv4 = v4.String()
 		log = log.WithField("ip", v4.IP.String())
@@ -740,7 +754,7 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 		return nil, undo(err)
 	}
 	routes := nextHopRoutes(resp)
-	labels, unknown := d.endpointLabels(ctx, req, log)
+	labels, unknown := d.endpointLabels(ctx, req, ep.DriverLabels, log)
 	limits, err := d.joinLimits(ep, labels, plan)
 	if err != nil {
 		return nil, undo(err)
@@ -959,13 +973,16 @@ func (d *NetworkDriver) RevokeExternalConnectivity(ctx context.Context, req *net
 
 // endpointLabels asks the Labeller (bounded); unknown is true when it
 // cannot say, and the endpoint then matches no policy selector.
-func (d *NetworkDriver) endpointLabels(ctx context.Context, req *network.JoinRequest, log logrus.FieldLogger) (map[string]string, bool) {
+func (d *NetworkDriver) endpointLabels(ctx context.Context, req *network.JoinRequest, driverLabels map[string]string, log logrus.FieldLogger) (map[string]string, bool) {
 	if d.opts.Labels == nil {
 		return nil, false
 	}
 	lctx, cancel := context.WithTimeout(ctx, labelsTimeout)
 	defer cancel()
-	labels, err := d.opts.Labels.EndpointLabels(lctx, req.NetworkID, req.EndpointID, req.SandboxKey)
+	labels, err := d.opts.Labels.EndpointLabels(lctx, LabelRequest{
+		NetworkID: req.NetworkID, EndpointID: req.EndpointID, SandboxKey: req.SandboxKey,
+		Options: req.Options, DriverLabels: driverLabels,
+	})
 	if err != nil {
 		log.WithError(err).Warn("cannot learn the container's labels: the endpoint matches no policy selector (denied where policies apply)")
 		return nil, true

@@ -59,7 +59,7 @@ func newPolicy(cfg Config, store *datastore.Store, log logrus.FieldLogger) (*pol
 		names.cli.Close()
 		return nil, err
 	}
-	return &policyRunner{syncer: syncer, labels: &dockerLabels{cli: names.cli, store: store}, nft: nft, names: names, node: cfg.NodeName, log: log}, nil
+	return &policyRunner{syncer: syncer, labels: newDockerLabels(names.cli, store, cfg.NodeName, log), nft: nft, names: names, node: cfg.NodeName, log: log}, nil
 }
 
 // start runs the syncer until ctx ends; the returned function waits for it
@@ -67,7 +67,7 @@ func newPolicy(cfg Config, store *datastore.Store, log logrus.FieldLogger) (*pol
 func (p *policyRunner) start(ctx context.Context) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	relearnt := make(chan struct{})
+	learnt := make(chan struct{})
 	go func() {
 		defer close(done)
 		if err := p.syncer.Run(ctx); err != nil {
@@ -75,13 +75,13 @@ func (p *policyRunner) start(ctx context.Context) (stop func()) {
 		}
 	}()
 	go func() {
-		defer close(relearnt)
-		p.labels.relearn(ctx, p.node, p.log)
+		defer close(learnt)
+		p.labels.Run(ctx)
 	}()
 	return func() {
 		cancel()
 		<-done
-		<-relearnt
+		<-learnt
 		p.close()
 	}
 }

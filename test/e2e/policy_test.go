@@ -173,9 +173,8 @@ func TestPolicyThreeTier(t *testing.T) {
 	}
 
 	// docker network connect of a running container: Docker holds the
-	// container while it joins, so its labels are learnt from Docker's
-	// listing once the connect completed; until then it is fail-closed,
-	// never unfiltered.
+	// container while it joins; the network's endpoint list names it, so
+	// its labels are known at Join.
 	a.MustDocker(t, "run", "-d", "--name", "late", "--net", mhNetwork, "--label", policyLabel+"frontend", harness.Image, "sleep", "3600")
 	a.MustDocker(t, "network", "disconnect", mhNetwork, "late")
 	a.MustDocker(t, "network", "connect", mhNetwork, "late")

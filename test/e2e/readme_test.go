@@ -21,17 +21,23 @@ func readmeBlock(t *testing.T, name string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := string(b)
-	begin := strings.Index(s, "<!-- "+name+":begin -->")
-	end := strings.Index(s, "<!-- "+name+":end -->")
+	return markedBlock(t, "README.md", string(b), name)
+}
+
+// markedBlock returns the ```sh block between <!-- NAME:begin --> and
+// <!-- NAME:end --> in text (the content of file).
+func markedBlock(t *testing.T, file, text, name string) string {
+	t.Helper()
+	begin := strings.Index(text, "<!-- "+name+":begin -->")
+	end := strings.Index(text, "<!-- "+name+":end -->")
 	if begin < 0 || end < begin {
-		t.Fatalf("README.md has no %s:begin/end markers", name)
+		t.Fatalf("%s has no %s:begin/end markers", file, name)
 	}
-	block := s[begin:end]
+	block := text[begin:end]
 	start := strings.Index(block, "```sh\n")
 	stop := strings.LastIndex(block, "```")
 	if start < 0 || stop <= start {
-		t.Fatalf("README block %s has no ```sh fence", name)
+		t.Fatalf("%s block %s has no ```sh fence", file, name)
 	}
 	return block[start+len("```sh\n") : stop]
 }

@@ -1,0 +1,50 @@
+package policy
+
+import (
+	"errors"
+	"maps"
+	"testing"
+)
+
+func TestDriverOptLabels(t *testing.T) {
+	tests := []struct {
+		name    string
+		opts    map[string]interface{}
+		want    map[string]string
+		wantErr bool
+	}{
+		{"none", map[string]interface{}{"com.docker.network.portmap": nil}, nil, false},
+		{"labels", map[string]interface{}{LabelPrefix + "role": "web", LabelPrefix + "example.com/tier": "", "other": "x"}, map[string]string{"role": "web", "example.com/tier": ""}, false},
+		{"not a string", map[string]interface{}{LabelPrefix + "role": 1.0}, nil, true},
+		{"empty name", map[string]interface{}{LabelPrefix: "web"}, nil, true},
+		{"space in value", map[string]interface{}{LabelPrefix + "role": "a b"}, nil, true},
+		{"too long", map[string]interface{}{LabelPrefix + "role": string(make([]byte, 64))}, nil, true},
+		{"implicit", map[string]interface{}{LabelPrefix + LabelContainer: "c"}, nil, true},
+	}
+	for _, tc := range tests {
+		got, err := DriverOptLabels(tc.opts)
+		if tc.wantErr {
+			if err == nil || tc.name != "not a string" && !errors.Is(err, ErrInvalidLabel) {
+				t.Errorf("%s: err %v, want an invalid label", tc.name, err)
+			}
+			continue
+		}
+		if err != nil || !maps.Equal(got, tc.want) {
+			t.Errorf("%s: %v, %v; want %v", tc.name, got, err, tc.want)
+		}
+	}
+}
+
+// A driver-option label overrides the container's explicit label of the
+// same name, never an implicit one.
+func TestWithDriverLabels(t *testing.T) {
+	labels := EndpointLabels(map[string]string{LabelPrefix + "role": "db", LabelPrefix + "tier": "2"}, "/c1", "net1")
+	got := WithDriverLabels(labels, map[string]string{"role": "web", "zone": "a"})
+	want := map[string]string{"role": "web", "tier": "2", "zone": "a", LabelContainer: "c1", LabelNetwork: "net1"}
+	if !maps.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	if got := WithDriverLabels(labels, nil); !maps.Equal(got, labels) {
+		t.Errorf("no driver labels: %v", got)
+	}
+}

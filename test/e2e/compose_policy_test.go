@@ -1,0 +1,212 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/calico-cnm/calico-cnm/policy"
+	"github.com/calico-cnm/calico-cnm/test/e2e/harness"
+)
+
+// Containers started together (docker-compose up of 6 labelled services x
+// 2 replicas) each connect, as their very first instruction, to a server a
+// policy allows to some roles only, then, once every replica listens, to
+// every replica at once; nothing retries (busybox nc -w 1: a dropped first
+// SYN is a failed connection).
+const (
+	togetherRoles    = 6
+	togetherReplicas = 2
+	togetherPort     = 80
+	togetherServer   = "srv"
+)
+
+// togetherScript is every replica's command. It prints one line per
+// connection, "<target> ok|fail", to a file of its own under /sync/res.
+const togetherScript = `#!/bin/sh
+me=$(hostname)
+try() { if nc -w 1 "$1" ` + "80" + ` </dev/null >/tmp/out 2>&1 && [ -s /tmp/out ]; then echo "$1 ok"; else echo "$1 fail"; fi; }
+try ` + togetherServer + ` > /sync/res/first-$ROLE-$me
+nc -ll -p 80 -e echo "$ROLE" &
+i=0; until netstat -ltn | grep -q ':80 '; do sleep 0.01; i=$((i+1)); [ $i -gt 500 ] && break; done
+touch /sync/ready/$me
+i=0; while [ "$(ls /sync/ready | wc -l)" -lt "$PEERS" ] && [ $i -lt 1500 ]; do sleep 0.02; i=$((i+1)); done
+for t in $TARGETS; do try "$t"; done > /sync/res/.mesh-$ROLE-$me
+mv /sync/res/.mesh-$ROLE-$me /sync/res/mesh-$ROLE-$me
+exec sleep 3600
+`
+
+// togetherRole is the role label of service k.
+func togetherRole(k int) string { return fmt.Sprintf("r%d", k) }
+
+// togetherAllowed: a replica of role from may reach one of role to when
+// to is its own role or the next one (a ring); the server admits the even
+// roles.
+func togetherAllowed(from, to int) bool {
+	return to == from || to == (from+1)%togetherRoles
+}
+
+// togetherPolicy is the ring as one GlobalNetworkPolicy (anything else to
+// a selected endpoint is denied).
+func togetherPolicy() string {
+	var b strings.Builder
+	b.WriteString("apiVersion: projectcalico.org/v3\nkind: GlobalNetworkPolicy\nmetadata:\n  name: together\nspec:\n  selector: has(role)\n  types: [Ingress]\n  ingress:\n")
+	fmt.Fprintf(&b, "  - action: Allow\n    protocol: TCP\n    source: {selector: \"role in {'r0', 'r2', 'r4'}\"}\n    destination: {selector: \"role == '%s'\", ports: [%d]}\n", togetherServer, togetherPort)
+	for to := 0; to < togetherRoles; to++ {
+		from := (to + togetherRoles - 1) % togetherRoles
+		fmt.Fprintf(&b, "  - action: Allow\n    protocol: TCP\n    source: {selector: \"role in {'%s', '%s'}\"}\n    destination: {selector: \"role == '%s'\", ports: [%d]}\n",
+			togetherRole(to), togetherRole(from), togetherRole(to), togetherPort)
+	}
+	return b.String()
+}
+
+// togetherCompose is the compose file of project proj; dir is mounted as
+// /sync.
+func togetherCompose(proj, dir string) string {
+	var targets []string
+	for k := 0; k < togetherRoles; k++ {
+		for r := 1; r <= togetherReplicas; r++ {
+			targets = append(targets, fmt.Sprintf("%s_s%d_%d", proj, k, r))
+		}
+	}
+	var b strings.Builder
+	b.WriteString("version: \"2.4\"\nservices:\n")
+	for k := 0; k < togetherRoles; k++ {
+		fmt.Fprintf(&b, "  s%d:\n    image: %s\n    scale: %d\n    labels:\n      %srole: %s\n    environment:\n      ROLE: %s\n      PEERS: \"%d\"\n      TARGETS: %s\n    volumes: [\"%s:/sync\"]\n    command: [\"sh\", \"/sync/run.sh\"]\n",
+			k, harness.Image, togetherReplicas, policy.LabelPrefix, togetherRole(k), togetherRole(k), togetherRoles*togetherReplicas, strings.Join(targets, " "), dir)
+	}
+	fmt.Fprintf(&b, "networks:\n  default:\n    external:\n      name: %s\n", mhNetwork)
+	return b.String()
+}
+
+// TestComposeStartedTogetherPolicy: in 5 rounds, docker-compose up -d of 12
+// labelled containers: every allowed first connection succeeds and every
+// denied one is denied, those of each container's first instruction and
+// those between the containers started together.
+func TestComposeStartedTogetherPolicy(t *testing.T) {
+	t.Parallel()
+	harness.RequireFile(t, "/usr/bin/docker-compose", "docker-compose (Debian package docker-compose)")
+	c := newBGPCluster(t)
+	h := c.addHostOn(t, c.fabric, "a")
+	h.MustDocker(t, "run", "-d", "--name", togetherServer, "--net", mhNetwork, "--label", policyLabel+togetherServer, harness.Image,
+		"nc", "-ll", "-p", fmt.Sprint(togetherPort), "-e", "echo", togetherServer)
+	file := filepath.Join(t.TempDir(), "together.yaml")
+	if err := os.WriteFile(file, []byte(togetherPolicy()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.mustCtl(t, "apply", "-f", file)
+	h.waitPolicyRules(t, "together", 1+togetherRoles)
+
+	for round := 1; round <= 5; round++ {
+		bad := runTogether(t, h, fmt.Sprintf("round%d", round))
+		if len(bad) > 0 {
+			t.Errorf("round %d: %d connection(s) not as the policy says:\n%s", round, len(bad), strings.Join(bad, "\n"))
+		}
+	}
+}
+
+// runTogether brings a project of togetherCompose up, collects every
+// container's results, takes it down and returns the connections whose
+// outcome is not what the policy says.
+func runTogether(t *testing.T, h *bgpHost, proj string) []string {
+	t.Helper()
+	ok, total, bad := runTogetherCounts(t, h, proj)
+	t.Logf("%s: %d of %d first connections as the policy says", proj, ok, total)
+	return bad
+}
+
+// runTogetherCounts is runTogether with the number of connections as
+// expected and in all.
+func runTogetherCounts(tb testing.TB, h *bgpHost, proj string) (ok, total int, bad []string) {
+	tb.Helper()
+	dir := tb.TempDir()
+	for _, d := range []string{"res", "ready"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o777); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "run.sh"), []byte(togetherScript), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "docker-compose.yml"), []byte(togetherCompose(proj, dir)), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	compose := func(args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "/usr/bin/docker-compose", append([]string{"-p", proj}, args...)...)
+		cmd.Dir = dir
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "DOCKER_HOST=" + h.DockerHost(), "HOME=" + dir, "DOCKER_CONFIG=" + dir}
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	down := func() {
+		if out, err := compose("down", "--remove-orphans", "-t", "0"); err != nil {
+			tb.Errorf("docker-compose down: %v\n%s", err, out)
+		}
+	}
+	if out, err := compose("up", "-d"); err != nil {
+		down()
+		tb.Fatalf("docker-compose up: %v\n%s", err, out)
+	}
+	defer down()
+	n := togetherRoles * togetherReplicas
+	var files []string
+	harness.Eventually(tb, 2*time.Minute, 200*time.Millisecond, proj+": every container reported", func() error {
+		var err error
+		files, err = filepath.Glob(filepath.Join(dir, "res", "mesh-*"))
+		if err != nil {
+			return err
+		}
+		if len(files) < n {
+			return fmt.Errorf("%d of %d reported", len(files), n)
+		}
+		return nil
+	})
+	firsts, err := filepath.Glob(filepath.Join(dir, "res", "first-*"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sort.Strings(files)
+	for _, f := range append(firsts, files...) {
+		base := filepath.Base(f)
+		var from int
+		if _, err := fmt.Sscanf(strings.SplitN(base, "-", 2)[1], "r%d-", &from); err != nil {
+			tb.Fatalf("result file %s: %v", base, err)
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			target, result, found := strings.Cut(line, " ")
+			if !found {
+				tb.Fatalf("%s: unexpected line %q", base, line)
+			}
+			want := from%2 == 0 // the server admits the even roles
+			if target != togetherServer {
+				var to, r int
+				if _, err := fmt.Sscanf(strings.TrimPrefix(target, proj+"_"), "s%d_%d", &to, &r); err != nil {
+					tb.Fatalf("%s: target %q: %v", base, target, err)
+				}
+				want = togetherAllowed(from, to)
+			}
+			total++
+			if (result == "ok") == want {
+				ok++
+				continue
+			}
+			bad = append(bad, fmt.Sprintf("  %s (role r%d) -> %s: %s, want allowed=%v", strings.TrimPrefix(base, "mesh-"), from, target, result, want))
+		}
+	}
+	if len(firsts) != n {
+		tb.Errorf("%s: %d first-instruction results, want %d", proj, len(firsts), n)
+	}
+	return ok, total, bad
+}
