@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/calico-cnm/calico-cnm/bandwidth"
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/driver"
@@ -88,6 +89,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	}
 	defer stopRouting()
 	defer startPorts(ctx, cfg, d.portsMgr)()
+	defer startBandwidth(ctx, d.bw)()
 	d.policyStarted = true
 	defer d.pol.start(ctx)()
 
@@ -110,6 +112,7 @@ type daemon struct {
 	pol      *policyRunner
 	portsMgr *ports.Manager
 	portsNFT *ports.NFT
+	bw       *bandwidth.Manager
 	// policyStarted hands the policy's handles from closeSubsystems to
 	// the stop func of pol.start.
 	policyStarted bool
@@ -177,7 +180,14 @@ func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
 		closePolicy()
 		return nil, err
 	}
+	var closeBandwidth func()
+	if d.bw, closeBandwidth, err = newBandwidth(d.cfg, d.store, d.ident.ID, d.log); err != nil {
+		d.portsNFT.Close()
+		closePolicy()
+		return nil, err
+	}
 	return func() {
+		closeBandwidth()
 		d.portsNFT.Close()
 		closePolicy()
 	}, nil
@@ -187,7 +197,7 @@ func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
 // metrics and health, the reconciler, and the metrics listener.
 func (d *daemon) prepareAPIs() error {
 	cfg := d.cfg
-	nd := driver.NewNetworkDriver(d.store, d.dp, cfg.NodeName, d.log, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: d.engine, Labels: d.pol.labels, Policy: d.pol.syncer, EngineID: d.ident.ID, WorkloadMTU: d.wgd.mgr.WorkloadMTU(d.vx.mgr.WorkloadMTU), Ports: d.portsMgr})
+	nd := driver.NewNetworkDriver(d.store, d.dp, cfg.NodeName, d.log, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: d.engine, Labels: d.pol.labels, Policy: d.pol.syncer, EngineID: d.ident.ID, WorkloadMTU: d.wgd.mgr.WorkloadMTU(d.vx.mgr.WorkloadMTU), Ports: d.portsMgr, Shaper: d.bw})
 	id := driver.NewIPAMDriver(d.engine, cfg.NodeName, d.log)
 	d.srv = NewServer(nd, id, d.log)
 	d.metrics = NewMetrics(d.engine, d.log)
@@ -204,6 +214,8 @@ func (d *daemon) prepareAPIs() error {
 		return err
 	}
 	d.reconciler.Relabel = d.pol.labels.Relearn
+	d.reconciler.Shaping = d.bw
+	d.metrics.Registry.MustRegister(newBandwidthCollector(d.bw, d.log))
 	if cfg.MetricsListen != "" {
 		if d.metricsListener, err = ListenMetrics(cfg.MetricsListen); err != nil {
 			return err

@@ -102,6 +102,7 @@ calico_cnm_reconcile_fixes_total{kind="endpoint_removed"} 0
 calico_cnm_reconcile_fixes_total{kind="interface_removed"} 0
 calico_cnm_reconcile_fixes_total{kind="orphan_released"} 0
 calico_cnm_reconcile_fixes_total{kind="route_restored"} 0
+calico_cnm_reconcile_fixes_total{kind="shaping_repaired"} 0
 `
 		if err := testutil.ScrapeAndCompare(ts.URL+"/metrics", strings.NewReader(want),
 			plugin.MetricAPIRequests, plugin.MetricIPAMAllocated, plugin.MetricIPAMFree, plugin.MetricIPAMBlocks, plugin.MetricIPAMUp,

@@ -105,6 +105,9 @@ type Reconciler struct {
 	// a pass rebuilt (LabelsUnknown): no Join or connect event will.
 	Relabel func(ctx context.Context, endpointID, networkID string)
 
+	// Shaping, when set, rebuilds bandwidth limits in each pass.
+	Shaping ShapingSyncer
+
 	mu         sync.Mutex // one pass at a time; guards the fields below
 	pending    map[string]time.Time
 	dockerDown bool
@@ -298,6 +301,9 @@ func (r *Reconciler) repair(ctx context.Context, plan Plan, dockerKnown bool, fi
 		if err := r.ensureRoutes(ctx, ep, dockerKnown, fixes); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := r.syncShaping(ctx, fixes); err != nil {
+		errs = append(errs, err)
 	}
 	rebuilt := map[string]bool{}
 	for _, ep := range plan.Rebuild {

@@ -678,6 +678,7 @@ calico_cnm_reconcile_fixes_total{kind="endpoint_removed"} 1
 calico_cnm_reconcile_fixes_total{kind="interface_removed"} 1
 calico_cnm_reconcile_fixes_total{kind="orphan_released"} 1
 calico_cnm_reconcile_fixes_total{kind="route_restored"} 1
+calico_cnm_reconcile_fixes_total{kind="shaping_repaired"} 0
 `), plugin.MetricReconcileFixes); err != nil {
 		t.Error(err)
 	}
