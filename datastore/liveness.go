@@ -244,17 +244,23 @@ func (s *Store) revoke(id clientv3.LeaseID) {
 
 // AliveNodes lists the liveness keys present, by node name.
 func (s *Store) AliveNodes(ctx context.Context) (map[string]Alive, error) {
-	kvs, err := s.List(ctx, NodesAlivePrefix)
+	return listByName[Alive](ctx, s, NodesAlivePrefix)
+}
+
+// listByName reads the JSON records under prefix by the rest of their
+// key; unreadable ones are skipped.
+func listByName[T any](ctx context.Context, s *Store, prefix string) (map[string]T, error) {
+	kvs, err := s.List(ctx, prefix)
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]Alive, len(kvs))
+	out := make(map[string]T, len(kvs))
 	for _, kv := range kvs {
-		var a Alive
-		if err := json.Unmarshal(kv.Value, &a); err != nil {
+		var v T
+		if err := json.Unmarshal(kv.Value, &v); err != nil {
 			continue
 		}
-		out[kv.Key[len(NodesAlivePrefix):]] = a
+		out[kv.Key[len(prefix):]] = v
 	}
 	return out, nil
 }

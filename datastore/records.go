@@ -104,6 +104,11 @@ type Endpoint struct {
 	// Ports are the endpoint's published ports (docker run -p), set by
 	// ProgramExternalConnectivity and cleared when revoked.
 	Ports []PortBinding `json:"ports,omitempty"`
+	// BandwidthOptions are the endpoint driver options that set its
+	// bandwidth limits (package bandwidth), as CreateEndpoint got them:
+	// the limits are rebuilt from them, the labels and the network's
+	// options after a restart and whenever one of those changes.
+	BandwidthOptions map[string]string `json:"bandwidthOptions,omitempty"`
 }
 
 // OfOtherEngine tells whether the record was written by another Docker

@@ -112,6 +112,7 @@ type Store struct {
 	dialFor time.Duration
 
 	reads, txns, retries atomic.Int64
+	revs                 revisionGuard
 }
 
 // Open connects to (or, embedded, starts and connects to) etcd.
@@ -227,6 +228,7 @@ func (s *Store) Get(ctx context.Context, key string) (KV, error) {
 	if err != nil {
 		return KV{}, s.wrap(err)
 	}
+	s.observe(resp.Header.Revision)
 	if len(resp.Kvs) == 0 {
 		return KV{}, fmt.Errorf("%s: %w", key, ErrNotFound)
 	}
@@ -250,6 +252,7 @@ func (s *Store) ListWithRevision(ctx context.Context, prefix string) ([]KV, int6
 	if err != nil {
 		return nil, 0, s.wrap(err)
 	}
+	s.observe(resp.Header.Revision)
 	out := make([]KV, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		out = append(out, KV{Key: s.rel(string(kv.Key)), Value: kv.Value, ModRevision: kv.ModRevision})
@@ -349,6 +352,7 @@ func (s *Store) TxnRev(ctx context.Context, ops ...Op) (int64, error) {
 	if err != nil {
 		return 0, s.wrap(err)
 	}
+	s.observe(resp.Header.Revision)
 	if !resp.Succeeded {
 		keys := make([]string, 0, len(ops))
 		for _, op := range ops {
@@ -442,10 +446,12 @@ func (s *Store) Watch(ctx context.Context, prefix string, fromRev int64) <-chan 
 	if fromRev > 0 {
 		opts = append(opts, clientv3.WithRev(fromRev+1))
 	}
-	wctx := clientv3.WithRequireLeader(ctx)
+	// Ended early (with an error event) if the revision goes back.
+	wctx, release := s.watchContext(ctx)
 	wch := s.client.Watch(wctx, s.abs(prefix), opts...)
 	go func() {
 		defer close(out)
+		defer release()
 		for resp := range wch {
 			if err := resp.Err(); err != nil {
 				select {

@@ -440,6 +440,10 @@ func (d *IPAMDriver) RequestAddress(ctx context.Context, req *ipamapi.RequestAdd
 // hex digits (see HandlePrefix for why it is not derived from the address).
 func newHandleID() string { return HandlePrefix + randomHex() }
 
+// NewHandleID is a fresh handle for an assignment made outside a Docker
+// request (the reconcile loop's reclaims).
+func NewHandleID() string { return newHandleID() }
+
 // randomHex is 16 random hex digits.
 func randomHex() string {
 	var b [8]byte

@@ -46,6 +46,9 @@ type joinPlan struct {
 	gw4, gw6 net.IP
 	routes   []string // destinations, both families
 	internal bool
+	// netOptions are the network record's options (its bandwidth
+	// defaults).
+	netOptions map[string]string
 }
 
 // sandboxOf reads the joining endpoint's record (with its revision) and
@@ -224,6 +227,7 @@ func (d *NetworkDriver) planJoin(ctx context.Context, networkID string, peers []
 		return p, nil
 	}
 	p.internal = IsInternal(nw)
+	p.netOptions = nw.Options
 	dsts, err := d.networkDestinations(ctx, nw)
 	if err != nil {
 		return p, err

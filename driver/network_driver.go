@@ -13,6 +13,7 @@ import (
 	"github.com/docker/go-plugins-helpers/network"
 	"github.com/sirupsen/logrus"
 
+	"github.com/calico-cnm/calico-cnm/bandwidth"
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
@@ -62,6 +63,16 @@ type Options struct {
 	WorkloadMTU func(ctx context.Context, ip net.IP) (int, error)
 	// Ports, when set, publishes container ports (*ports.Manager).
 	Ports Ports
+	// Shaper, when set, applies the endpoints' bandwidth limits
+	// (*bandwidth.Manager); without it limits are checked but not applied.
+	Shaper Shaper
+}
+
+// Shaper applies bandwidth limits to a joined endpoint's veth.
+type Shaper interface {
+	Apply(ctx context.Context, endpointID, hostIfName string, l bandwidth.Limits) error
+	// Remove deletes the endpoint's shaping; removing none is fine.
+	Remove(ctx context.Context, endpointID, hostIfName string) error
 }
 
 // Ports is what the network driver needs to publish container ports.
@@ -212,6 +223,9 @@ func (d *NetworkDriver) CreateNetwork(ctx context.Context, req *network.CreateNe
 	nw := datastore.Network{ID: req.NetworkID, Options: flattenOptions(req.Options), IPv6: len(req.IPv6Data) > 0}
 	if b, ok := req.Options[optEnableIPv6].(bool); ok && b {
 		nw.IPv6 = true
+	}
+	if _, err := bandwidth.ParseNetworkOptions(nw.Options); err != nil {
+		return userError(fmt.Sprintf("network %s: %v", short(req.NetworkID), err), ErrInvalidRequest, err)
 	}
 	// A swarm network: the manager's AllocateNetwork recorded it, and
 	// every node running one of its tasks creates it too.
@@ -494,6 +508,10 @@ func (d *NetworkDriver) CreateEndpoint(ctx context.Context, req *network.CreateE
 	if err != nil {
 		return nil, err
 	}
+	epOpts := flattenOptions(req.Options)
+	if _, err := bandwidth.ParseDriverOptions(epOpts); err != nil {
+		return nil, userError(fmt.Sprintf("endpoint %s: %v", short(req.EndpointID), err), ErrInvalidRequest, err)
+	}
 	mac := FixedMAC
 	dockerMAC := req.Interface.MacAddress != ""
 	if dockerMAC {
@@ -509,6 +527,8 @@ func (d *NetworkDriver) CreateEndpoint(ctx context.Context, req *network.CreateE
 		Node:       d.host,
 		MAC:        mac,
 		HostIfName: dataplane.HostIfName(req.EndpointID),
+		// Checked above; the limits follow at Join, with the labels.
+		BandwidthOptions: bandwidth.DriverOptions(epOpts),
 	}
 	if d.engineID != nil {
 		ep.EngineID = d.engineID()
@@ -669,6 +689,7 @@ func (d *NetworkDriver) DeleteEndpoint(ctx context.Context, req *network.DeleteE
 		if err := d.dp.RemoveWorkload(ctx, req.EndpointID, ips); err != nil {
 			return fmt.Errorf("removing the veth %s of endpoint %s failed: %w", ep.HostIfName, short(req.EndpointID), err)
 		}
+		d.unshape(ctx, req.EndpointID, ep.HostIfName, log)
 		log.Warn("endpoint was still joined at DeleteEndpoint: removed its veth")
 	}
 	key := datastore.EndpointKey(d.host, req.EndpointID)
@@ -724,6 +745,7 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 		if rerr := d.dp.RemoveWorkload(cctx, req.EndpointID, ips); rerr != nil {
 			log.WithError(rerr).Error("removing the veth of a failed Join")
 		}
+		d.unshape(cctx, req.EndpointID, w.HostIfName, log)
 		return cause
 	}
 
@@ -733,6 +755,10 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 	}
 	routes := nextHopRoutes(resp)
 	labels, unknown := d.endpointLabels(ctx, req, ep.DriverLabels, log)
+	limits, err := d.joinLimits(ep, labels, plan)
+	if err != nil {
+		return nil, undo(err)
+	}
 	key := datastore.EndpointKey(d.host, req.EndpointID)
 	// Before the record: a concurrent Join into the same sandbox finds
 	// this endpoint as a candidate and checks its record.
@@ -750,6 +776,10 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 	if err != nil {
 		return nil, undo(storeErr("recording the join of endpoint "+short(req.EndpointID), err))
 	}
+	if err := d.shape(ctx, req.EndpointID, w.HostIfName, limits); err != nil {
+		d.unjoin(context.WithoutCancel(ctx), key, log)
+		return nil, undo(err)
+	}
 	if err := d.waitProgrammed(ctx, written); err != nil {
 		d.unjoin(context.WithoutCancel(ctx), key, log)
 		return nil, undo(fmt.Errorf("endpoint %s: %w", short(req.EndpointID), err))
@@ -762,7 +792,7 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 			return nil, undo(fmt.Errorf("programming the --internal guard of endpoint %s failed: %w", short(req.EndpointID), err))
 		}
 	}
-	log.WithFields(logrus.Fields{"sandbox": req.SandboxKey, "gateway": plan.gw4.String(), "routes": routes, "internal": plan.internal}).Info("endpoint joined")
+	log.WithFields(logrus.Fields{"sandbox": req.SandboxKey, "gateway": plan.gw4.String(), "routes": routes, "internal": plan.internal, "bandwidth": limits.String()}).Info("endpoint joined")
 	return resp, nil
 }
 
@@ -864,6 +894,7 @@ func (d *NetworkDriver) Leave(ctx context.Context, req *network.LeaveRequest) er
 		if rerr := d.dp.RemoveWorkload(ctx, req.EndpointID, nil); rerr != nil {
 			log.WithError(rerr).Debug("no leftover veth removed")
 		}
+		d.unshape(ctx, req.EndpointID, dataplane.HostIfName(req.EndpointID), log)
 		return nil
 	}
 	if err != nil {
@@ -880,6 +911,9 @@ func (d *NetworkDriver) Leave(ctx context.Context, req *network.LeaveRequest) er
 	if err := d.dp.RemoveWorkload(ctx, req.EndpointID, ips); err != nil {
 		return fmt.Errorf("removing the veth %s of endpoint %s failed: %w", ep.HostIfName, short(req.EndpointID), err)
 	}
+	// After the veth (its qdiscs went with it), so that a resync running
+	// meanwhile cannot shape it again.
+	d.unshape(ctx, req.EndpointID, ep.HostIfName, log)
 	err = d.recordLeft(ctx, datastore.EndpointKey(d.host, req.EndpointID))
 	if err != nil {
 		return storeErr("recording the leave of endpoint "+short(req.EndpointID), err)

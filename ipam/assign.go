@@ -211,6 +211,12 @@ func (e *Engine) assignFromAffine(ctx context.Context, req assignReq) (netip.Add
 
 func (e *Engine) refreshAfterConflict(ctx context.Context, handleID string, blk netip.Prefix) error {
 	e.invalidatePools()
+	// Drop our copies first, so that the fresh read replaces them even
+	// at a lower revision: a datastore wiped and restored from a backup
+	// counts its revisions from the start again, and a cache that only
+	// moved forward would conflict for ever.
+	e.uncacheBlock(blk)
+	e.uncacheHandle(handleID)
 	if _, _, _, err := e.readBlock(ctx, blk); err != nil {
 		return err
 	}

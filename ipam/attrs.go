@@ -40,6 +40,11 @@ const (
 	// them alone; they live as long as their node's record.
 	AttrType            = "type"
 	AttrTypeVXLANTunnel = "vxlanTunnelAddress"
+	// AttrReclaimedFor marks an assignment the reconcile loop made again
+	// for an address a running container used while the datastore had no
+	// assignment for it (a restore of an older backup): the Docker
+	// endpoint id.
+	AttrReclaimedFor = "reclaimedFor"
 )
 
 // Reserved values of AttrReserved.

@@ -44,12 +44,22 @@ type Info struct {
 	// Routes says how the local daemon reaches the node's workloads
 	// (vxlan, direct, bgp; "" when the local daemon could not be asked).
 	Routes string `json:",omitempty"`
+
+	// From the node's heartbeat (absent for a node whose daemon never
+	// sent one): its version, when it was last seen, and how it reached
+	// the others then.
+	Version  string                    `json:",omitempty"`
+	LastSeen *time.Time                `json:",omitempty"`
+	Routing  *datastore.RoutingSummary `json:",omitempty"`
+	// Problems are what `node list -o wide` flags (see Diagnose).
+	Problems []string `json:",omitempty"`
 }
 
 // state is everything the datastore says about nodes, read once.
 type state struct {
 	records   map[string]datastore.Node
 	alive     map[string]datastore.Alive
+	seen      map[string]datastore.NodeSeen
 	endpoints map[string][]string // node -> endpoint keys
 	allocs    []ipam.Allocation
 	blocks    map[string]int // node -> affine blocks
@@ -70,6 +80,9 @@ func read(ctx context.Context, store *datastore.Store, engine *ipam.Engine) (*st
 	}
 	if st.alive, err = store.AliveNodes(ctx); err != nil {
 		return nil, fmt.Errorf("listing live nodes: %w", err)
+	}
+	if st.seen, err = store.SeenNodes(ctx); err != nil {
+		return nil, fmt.Errorf("listing heartbeats: %w", err)
 	}
 	epKVs, err := store.List(ctx, datastore.EndpointsPrefix)
 	if err != nil {
@@ -119,6 +132,9 @@ func (st *state) names() []string {
 	for n := range st.alive {
 		set[n] = true
 	}
+	for n := range st.seen {
+		set[n] = true
+	}
 	for n := range st.endpoints {
 		set[n] = true
 	}
@@ -148,6 +164,10 @@ func (st *state) info(name string) Info {
 		in.Alive = true
 		since := a.Since
 		in.AliveSince = &since
+	}
+	if h, ok := st.seen[name]; ok {
+		seen := h.Seen
+		in.Version, in.LastSeen, in.Routing = h.Version, &seen, h.Routing
 	}
 	return in
 }
@@ -235,6 +255,9 @@ func Delete(ctx context.Context, store *datastore.Store, engine *ipam.Engine, na
 	}
 	if rep.NodeRecord, err = store.DeleteExisting(ctx, datastore.NodeKey(name)); err != nil {
 		return rep, fmt.Errorf("removing the node record: %w", err)
+	}
+	if _, err := store.DeleteExisting(ctx, datastore.NodeSeenKey(name)); err != nil {
+		return rep, fmt.Errorf("removing the heartbeat record: %w", err)
 	}
 	if force {
 		if _, err := store.DeleteExisting(ctx, datastore.NodeAliveKey(name)); err != nil {

@@ -61,6 +61,10 @@ type Config struct {
 	// Failsafe are the ports host endpoint policy leaves open (nil:
 	// policy.DefaultFailsafe).
 	Failsafe *policy.Failsafe
+
+	// Version is the calico-cnm version, published in the node's
+	// heartbeat and the datastore's format record.
+	Version string
 }
 
 // Env names, as the README documents them.

@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/calico-cnm/calico-cnm/bandwidth"
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/driver"
@@ -38,6 +39,10 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 		return err
 	}
 	defer d.store.Close()
+	// Before anything reads a record: a newer format would be misread.
+	if _, err := ensureFormat(ctx, cfg, d.store, d.log); err != nil {
+		return err
+	}
 
 	// Serve only while holding the node name: a second daemon with our
 	// name (a cloned host) would remove this host's endpoints and free its
@@ -69,12 +74,13 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	}
 
 	// The services start in this order under one supervisor: the plugin
-	// sockets, /metrics and /healthz, the reconciler (once the sockets
-	// answer), the blackhole routes, the liveness lease, Docker's engine
-	// ID, VXLAN, WireGuard, BGP routing, published ports, network policy. A failing
-	// one stops the daemon with its error (an optional one turns /healthz
-	// red). They stop together; what they used is released afterwards by
-	// the defers, the last made first.
+	// sockets, /metrics and /healthz, the datastore format follower, the
+	// heartbeat, the reconciler (once the sockets answer), the blackhole
+	// routes, the liveness lease, Docker's engine ID, VXLAN, WireGuard, BGP
+	// routing, published ports, bandwidth limits, network policy. A
+	// failing one stops the daemon with its error (an optional one turns
+	// /healthz red). They stop together; what they used is released
+	// afterwards by the defers, the last made first.
 	d.sup = newSupervisor(ctx, d.log)
 	d.health.Require("daemon services", d.sup.Health)
 	socketPaths := d.serveSockets()
@@ -90,6 +96,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	}
 	defer closeRouting()
 	startPorts(d.sup, cfg, d.portsMgr)
+	startBandwidth(d.sup, d.bw)
 	d.policyStarted = true
 	defer d.pol.start(d.sup)()
 
@@ -112,6 +119,7 @@ type daemon struct {
 	pol      *policyRunner
 	portsMgr *ports.Manager
 	portsNFT *ports.NFT
+	bw       *bandwidth.Manager
 	// policyStarted hands the policy's handles from closeSubsystems to
 	// the stop func of pol.start.
 	policyStarted bool
@@ -177,7 +185,14 @@ func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
 		closePolicy()
 		return nil, err
 	}
+	var closeBandwidth func()
+	if d.bw, closeBandwidth, err = newBandwidth(d.cfg, d.store, d.ident.ID, d.log); err != nil {
+		d.portsNFT.Close()
+		closePolicy()
+		return nil, err
+	}
 	return func() {
+		closeBandwidth()
 		d.portsNFT.Close()
 		closePolicy()
 	}, nil
@@ -187,7 +202,7 @@ func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
 // metrics and health, the reconciler, and the metrics listener.
 func (d *daemon) prepareAPIs() error {
 	cfg := d.cfg
-	nd := driver.NewNetworkDriver(d.store, d.dp, cfg.NodeName, d.log, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: d.engine, Labels: d.pol.labels, Policy: d.pol.syncer, EngineID: d.ident.ID, WorkloadMTU: d.wgd.mgr.WorkloadMTU(d.vx.mgr.WorkloadMTU), Ports: d.portsMgr})
+	nd := driver.NewNetworkDriver(d.store, d.dp, cfg.NodeName, d.log, driver.Options{Scope: cfg.Scope, MTU: cfg.MTU, IPAM: d.engine, Labels: d.pol.labels, Policy: d.pol.syncer, EngineID: d.ident.ID, WorkloadMTU: d.wgd.mgr.WorkloadMTU(d.vx.mgr.WorkloadMTU), Ports: d.portsMgr, Shaper: d.bw})
 	id := driver.NewIPAMDriver(d.engine, cfg.NodeName, d.log)
 	d.srv = NewServer(nd, id, d.log)
 	d.metrics = NewMetrics(d.engine, d.log)
@@ -203,6 +218,9 @@ func (d *daemon) prepareAPIs() error {
 	if d.reconciler, err = newReconciler(cfg, d.store, d.engine, d.dp, d.metrics, d.log); err != nil {
 		return err
 	}
+	d.reconciler.Relabel = d.pol.labels.Relearn
+	d.reconciler.Shaping = d.bw
+	d.metrics.Registry.MustRegister(newBandwidthCollector(d.bw, d.log))
 	if cfg.MetricsListen != "" {
 		if d.metricsListener, err = ListenMetrics(cfg.MetricsListen); err != nil {
 			return err
@@ -244,10 +262,24 @@ func (d *daemon) serveMetrics() {
 	})
 }
 
-// startLoops runs, until ctx is done, the reconciler (once the sockets at
-// socketPaths answer), the blackhole routes' sync, the liveness lease and
-// the follower of Docker's engine ID.
+// startLoops runs under d.sup the follower of the datastore's format
+// record, the heartbeat, the reconciler (once the sockets at socketPaths
+// answer), the blackhole routes' sync, the liveness lease and the follower
+// of Docker's engine ID.
 func (d *daemon) startLoops(socketPaths []string, alive datastore.Alive, lease clientv3.LeaseID) {
+	// A restore rewrites the format record last: reconcile at once, so
+	// that addresses live containers use are reclaimed before anyone is
+	// handed them again.
+	kick := make(chan struct{}, 1)
+	d.reconciler.Kick = kick
+	d.sup.Service("datastore format", func(ctx context.Context) error {
+		followFormat(ctx, d.store, d.cfg.ResyncInterval, kick, d.log)
+		return ctx.Err()
+	})
+	d.sup.Service("heartbeat", func(ctx context.Context) error {
+		heartbeat(ctx, d.cfg, d.store, d.log)
+		return ctx.Err()
+	})
 	// Reconcile once the sockets answer: cleaning up may take a while and
 	// Docker must not wait for it (it may call us meanwhile).
 	d.sup.Service("reconcile", func(ctx context.Context) error {

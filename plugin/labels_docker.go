@@ -122,6 +122,21 @@ func (d *dockerLabels) EndpointLabels(ctx context.Context, req driver.LabelReque
 	return nil, fmt.Errorf("%w: %d candidates on network %s: %w", ErrLabelsUnknown, len(cands), shortID(req.NetworkID), err)
 }
 
+// Relearn learns the labels of a joined endpoint that has none (its
+// record was rebuilt by reconcile after the datastore lost it): Docker's
+// endpoint list names its container. One not named stays pending for the
+// next connect event or listing.
+func (d *dockerLabels) Relearn(ctx context.Context, endpointID, networkID string) {
+	d.setPending(endpointID, networkID)
+	c, err := d.identify(ctx, networkID, endpointID)
+	if err != nil {
+		d.log.WithError(err).WithFields(logrus.Fields{"endpoint": shortID(endpointID), "network": shortID(networkID)}).
+			Info("the container of a rebuilt endpoint is not named by Docker yet: its labels come with the next event")
+		return
+	}
+	d.learn(ctx, endpointID, c.labelsOn(d.networkName(ctx, networkID)))
+}
+
 // identify finds the container of an endpoint from the network's endpoint
 // list, which names each endpoint after its container (by id once joined)
 // from CreateEndpoint on, and waits (bounded) for its create event.

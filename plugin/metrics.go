@@ -32,6 +32,8 @@ const (
 	MetricReconcileRuns    = "calico_cnm_reconcile_runs_total"
 	MetricBGPSessionsUp    = "calico_cnm_bgp_sessions_up"
 	MetricRoutesInstalled  = "calico_cnm_bgp_routes_installed"
+	MetricShapedBytes      = "calico_cnm_bandwidth_shaped_bytes_total"
+	MetricShapedDrops      = "calico_cnm_bandwidth_dropped_packets_total"
 	ipamUsageCacheDuration = 10 * time.Second
 	ipamUsageTimeout       = 5 * time.Second
 	healthPingTimeout      = 3 * time.Second
@@ -44,6 +46,11 @@ const (
 	FixOrphanReleased   = "orphan_released"
 	FixRouteRestored    = "route_restored"
 	FixInterfaceRemoved = "interface_removed"
+	FixAddressReclaimed = "address_reclaimed"
+	FixEndpointRebuilt  = "endpoint_rebuilt"
+	// FixShapingRepaired counts endpoints whose bandwidth shaping was
+	// rebuilt or updated and leftover shaping removed.
+	FixShapingRepaired = "shaping_repaired"
 )
 
 // Reconcile pass results (the "result" label of MetricReconcileRuns).
@@ -110,7 +117,7 @@ func NewMetrics(stats IPAMStats, log logrus.FieldLogger) *Metrics {
 			Name: MetricReconcileRuns, Help: "Reconcile passes, by result.",
 		}, []string{"result"}),
 	}
-	for _, k := range []string{FixEndpointRemoved, FixAddressReleased, FixOrphanReleased, FixRouteRestored, FixInterfaceRemoved} {
+	for _, k := range []string{FixEndpointRemoved, FixAddressReleased, FixOrphanReleased, FixRouteRestored, FixInterfaceRemoved, FixAddressReclaimed, FixEndpointRebuilt, FixShapingRepaired} {
 		m.reconcileFixes.WithLabelValues(k)
 	}
 	for _, r := range []string{ReconcileOK, ReconcileNoDocker, ReconcileFailed} {

@@ -95,11 +95,14 @@ calico_cnm_bgp_sessions_up 0
 calico_cnm_bgp_routes_installed 0
 # HELP calico_cnm_reconcile_fixes_total Repairs made by the reconcile loop, by kind.
 # TYPE calico_cnm_reconcile_fixes_total counter
+calico_cnm_reconcile_fixes_total{kind="address_reclaimed"} 0
 calico_cnm_reconcile_fixes_total{kind="address_released"} 0
+calico_cnm_reconcile_fixes_total{kind="endpoint_rebuilt"} 0
 calico_cnm_reconcile_fixes_total{kind="endpoint_removed"} 0
 calico_cnm_reconcile_fixes_total{kind="interface_removed"} 0
 calico_cnm_reconcile_fixes_total{kind="orphan_released"} 0
 calico_cnm_reconcile_fixes_total{kind="route_restored"} 0
+calico_cnm_reconcile_fixes_total{kind="shaping_repaired"} 0
 `
 		if err := testutil.ScrapeAndCompare(ts.URL+"/metrics", strings.NewReader(want),
 			plugin.MetricAPIRequests, plugin.MetricIPAMAllocated, plugin.MetricIPAMFree, plugin.MetricIPAMBlocks, plugin.MetricIPAMUp,

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
@@ -29,6 +30,7 @@ type DockerEndpoint struct {
 	ID      string
 	Network string
 	IPs     []netip.Addr
+	MAC     string // "" when Docker did not say
 }
 
 // DockerView is everything Docker has attached, on every network: the
@@ -108,6 +110,13 @@ type AddressRelease struct {
 	Block  string
 }
 
+// AddressReclaim re-assigns an address a live Docker endpoint uses.
+type AddressReclaim struct {
+	IP       netip.Addr
+	Endpoint string // Docker endpoint id
+	Network  string
+}
+
 // EndpointRemoval undoes an endpoint Docker no longer has.
 type EndpointRemoval struct {
 	Endpoint datastore.Endpoint
@@ -138,9 +147,21 @@ type Plan struct {
 	// the executor skips endpoints whose veth is gone).
 	EnsureRoutes []datastore.Endpoint
 	// Unknown are endpoints of our networks that Docker has but the
-	// datastore does not record (nothing we can repair: we lack their
-	// addresses' context); sorted ids.
+	// datastore does not record (a restored backup older than them, or a
+	// changed NODENAME); sorted ids. Their records cannot be rebuilt (we
+	// lack their context), but their addresses are re-assigned: Reclaim.
 	Unknown []string
+	// Reclaim are addresses Docker's endpoints on our networks use that
+	// no assignment holds: the datastore lost them (restored from a backup
+	// taken before the container started, or wiped). They are assigned
+	// again to this node so that nobody else is handed a live address.
+	Reclaim []AddressReclaim
+	// Rebuild are the records of Unknown endpoints whose addresses no
+	// assignment held either (the datastore lost them, rather than the
+	// node being renamed): written once their addresses are reclaimed,
+	// with the reclaimed handles, labels to be learnt (LabelsUnknown, see
+	// the policy's relearn loop).
+	Rebuild []datastore.Endpoint
 	// Pending are the stale candidates still inside their grace period,
 	// with when they were first seen: the next pass's FirstSeen.
 	Pending map[string]time.Time
@@ -150,7 +171,7 @@ type Plan struct {
 
 // Actions counts the repairs the plan makes.
 func (p Plan) Actions() int {
-	return len(p.RemoveEndpoints) + len(p.ReleaseOrphans) + len(p.RemoveDetached)
+	return len(p.RemoveEndpoints) + len(p.ReleaseOrphans) + len(p.RemoveDetached) + len(p.Reclaim)
 }
 
 func endpointCandidate(se StoredEndpoint) string {
@@ -214,6 +235,11 @@ func allocAddr(a ipam.Allocation) (netip.Addr, bool) {
 //     whose address is in no endpoint record (any node) and on no Docker
 //     endpoint (any network) is a candidate; seen so for Grace (same
 //     handle), it is released by that handle.
+//   - An address of a Docker endpoint on one of our networks that no
+//     assignment holds is re-assigned to this node at once (no grace:
+//     claiming an address a container uses is always right, and every
+//     moment it stays free it may be handed out again). This is what
+//     brings IPAM back in line after a restore.
 func PlanReconcile(in ReconcileInput) Plan {
 	plan := Plan{Pending: map[string]time.Time{}}
 	mature := func(key string) bool {
@@ -270,13 +296,47 @@ func PlanReconcile(in ReconcileInput) Plan {
 	}
 
 	for id, de := range in.Docker.Endpoints {
-		if !idx.known[id] && in.Networks[de.Network] {
+		if !in.Networks[de.Network] {
+			continue
+		}
+		if !idx.known[id] {
 			plan.Unknown = append(plan.Unknown, id)
 		}
+		lost := len(de.IPs) > 0
+		for _, ip := range de.IPs {
+			if _, held := idx.holders[ip]; held {
+				lost = false
+				continue
+			}
+			plan.Reclaim = append(plan.Reclaim, AddressReclaim{IP: ip, Endpoint: id, Network: de.Network})
+		}
+		if lost && !idx.known[id] {
+			plan.Rebuild = append(plan.Rebuild, rebuiltEndpoint(in.Node, in.Docker.EngineID, de))
+		}
 	}
+	slices.SortFunc(plan.Rebuild, func(a, b datastore.Endpoint) int { return strings.Compare(a.ID, b.ID) })
 	sort.Strings(plan.Unknown)
+	slices.SortFunc(plan.Reclaim, func(a, b AddressReclaim) int { return a.IP.Compare(b.IP) })
 	plan.NextDue = nextDue(plan.Pending, in.Grace)
 	return plan
+}
+
+// rebuiltEndpoint is the record of a joined endpoint as far as Docker's
+// view tells it: what the kernel has (veth name, addresses) and what
+// Docker says (network, MAC). Labels are learnt later; the gateway index
+// and extra routes are the single-network defaults.
+func rebuiltEndpoint(node, engineID string, de DockerEndpoint) datastore.Endpoint {
+	ep := datastore.Endpoint{ID: de.ID, Network: de.Network, Node: node, MAC: de.MAC, HostIfName: dataplane.HostIfName(de.ID),
+		Joined: true, EngineID: engineID, LabelsUnknown: true}
+	for _, ip := range de.IPs {
+		p := netip.PrefixFrom(ip, ip.BitLen()).String()
+		if ip.Is4() {
+			ep.IPv4 = p
+		} else {
+			ep.IPv6 = p
+		}
+	}
+	return ep
 }
 
 // reconcileIndex is what PlanReconcile looks up while Docker's view is

@@ -90,7 +90,7 @@ func (d *dockerClient) View(ctx context.Context) (DockerView, error) {
 			if c.EndpointID == "" {
 				continue
 			}
-			de := DockerEndpoint{ID: c.EndpointID, Network: n.ID}
+			de := DockerEndpoint{ID: c.EndpointID, Network: n.ID, MAC: c.MacAddress}
 			for _, s := range []string{c.IPv4Address, c.IPv6Address} {
 				if p, err := netip.ParsePrefix(s); err == nil {
 					de.IPs = append(de.IPs, p.Addr().Unmap())

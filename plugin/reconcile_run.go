@@ -14,6 +14,7 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/driver"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -40,6 +41,8 @@ type ReconcileDataplane interface {
 type ReconcileIPAM interface {
 	Allocations(ctx context.Context) ([]ipam.Allocation, error)
 	ReleaseByHandle(ctx context.Context, handleID string) error
+	// AssignIP re-assigns an address a live endpoint uses (Plan.Reclaim).
+	AssignIP(ctx context.Context, a ipam.AssignIPArgs) error
 }
 
 // Why Run started a pass (the "trigger" field of its debug log line).
@@ -48,6 +51,7 @@ const (
 	PassPeriodic    = "interval"
 	PassFollowUp    = "candidates maturing"
 	PassDockerEvent = "docker event"
+	PassKicked      = "datastore restored"
 )
 
 // abandonedReleaser is implemented by *ipam.Engine: assignments it answered
@@ -93,6 +97,16 @@ type Reconciler struct {
 	Metrics        *Metrics // may be nil
 	Log            logrus.FieldLogger
 	Now            func() time.Time
+	// Kick, when set, asks for a pass at once (the datastore was
+	// restored: addresses may have to be reclaimed before they are
+	// handed out again).
+	Kick <-chan struct{}
+	// Relabel, when set, learns the labels of an endpoint whose record
+	// a pass rebuilt (LabelsUnknown): no Join or connect event will.
+	Relabel func(ctx context.Context, endpointID, networkID string)
+
+	// Shaping, when set, rebuilds bandwidth limits in each pass.
+	Shaping ShapingSyncer
 
 	mu         sync.Mutex // one pass at a time; guards the fields below
 	pending    map[string]time.Time
@@ -271,6 +285,9 @@ func (r *Reconciler) repair(ctx context.Context, plan Plan, dockerKnown bool, fi
 			errs = append(errs, err)
 		}
 	}
+	handles, reclaimErrs := r.reclaim(ctx, plan.Reclaim, fixes)
+	errs = append(errs, reclaimErrs...)
+	errs = append(errs, r.rebuild(ctx, plan.Rebuild, handles, fixes)...)
 	errs = append(errs, r.releaseOrphans(ctx, plan.ReleaseOrphans, fixes)...)
 	for _, name := range plan.RemoveDetached {
 		if err := r.Dataplane.RemoveDetachedWorkload(ctx, name); err != nil {
@@ -285,9 +302,77 @@ func (r *Reconciler) repair(ctx context.Context, plan Plan, dockerKnown bool, fi
 			errs = append(errs, err)
 		}
 	}
+	if err := r.syncShaping(ctx, fixes); err != nil {
+		errs = append(errs, err)
+	}
+	rebuilt := map[string]bool{}
+	for _, ep := range plan.Rebuild {
+		rebuilt[ep.ID] = true
+	}
 	for _, id := range plan.Unknown {
+		if rebuilt[id] {
+			continue // logged as rebuilt (or retried next pass)
+		}
 		if r.firstWarning("unknown/" + id) {
 			r.Log.WithFields(logrus.Fields{"endpoint": shortID(id), "node": r.Node}).Warn("Docker has an endpoint on a calico network that the datastore does not record for this node (was NODENAME changed?): leaving it alone")
+		}
+	}
+	return errs
+}
+
+// reclaim re-assigns the addresses live endpoints use that no assignment
+// holds, and returns the new handles by endpoint id. One that got
+// assigned meanwhile (a container that started after the pass read IPAM)
+// is in use either way: nothing to do.
+func (r *Reconciler) reclaim(ctx context.Context, addrs []AddressReclaim, fixes map[string]int) (map[string][]string, []error) {
+	var errs []error
+	handles := map[string][]string{}
+	for _, a := range addrs {
+		log := r.Log.WithFields(logrus.Fields{"ip": a.IP.String(), "endpoint": shortID(a.Endpoint), "network": shortID(a.Network)})
+		handle := driver.NewHandleID()
+		err := r.IPAM.AssignIP(ctx, ipam.AssignIPArgs{IP: a.IP.AsSlice(), Host: r.Node, HandleID: handle,
+			Attrs: map[string]string{ipam.AttrNode: r.Node, ipam.AttrReclaimedFor: a.Endpoint}})
+		if errors.Is(err, ipam.ErrAddressInUse) {
+			continue
+		}
+		if errors.Is(err, ipam.ErrNotInPool) {
+			// Another IPAM driver's address on a calico network: not ours.
+			log.Debug("reconcile: address of a live endpoint is in no pool: not reclaimed")
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("re-assigning %s, in use by Docker endpoint %s: %w", a.IP, shortID(a.Endpoint), err))
+			continue
+		}
+		handles[a.Endpoint] = append(handles[a.Endpoint], handle)
+		fixes[FixAddressReclaimed]++
+		log.Warn("reconcile: re-assigned an address a running container uses but the datastore had lost (restored from an older backup?)")
+	}
+	return handles, errs
+}
+
+// rebuild writes the records of endpoints whose addresses were all just
+// reclaimed (created only if still absent: a Join since wins).
+func (r *Reconciler) rebuild(ctx context.Context, eps []datastore.Endpoint, handles map[string][]string, fixes map[string]int) []error {
+	var errs []error
+	for _, ep := range eps {
+		ep.Handles = handles[ep.ID]
+		if len(ep.Handles) != len(endpointAddrs(ep)) {
+			continue // an address was taken meanwhile: not lost after all
+		}
+		err := r.Store.Txn(ctx, datastore.Create(datastore.EndpointKey(ep.Node, ep.ID), datastore.MustJSON(ep)))
+		if errors.Is(err, datastore.ErrConflict) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rebuilding the record of endpoint %s: %w", shortID(ep.ID), err))
+			continue
+		}
+		fixes[FixEndpointRebuilt]++
+		r.Log.WithFields(logrus.Fields{"endpoint": shortID(ep.ID), "network": shortID(ep.Network), "ip": strings.Join(nonEmpty(ep.IPv4, ep.IPv6), ",")}).
+			Warn("reconcile: rebuilt the record of a running container's endpoint the datastore had lost")
+		if r.Relabel != nil {
+			r.Relabel(ctx, ep.ID, ep.Network)
 		}
 	}
 	return errs
@@ -439,6 +524,12 @@ func (r *Reconciler) Run(ctx context.Context) {
 		case <-debounce:
 			debounce = nil
 			pass(PassDockerEvent)
+		case _, ok := <-r.Kick:
+			if !ok {
+				r.Kick = nil
+				continue
+			}
+			pass(PassKicked)
 		}
 	}
 }

@@ -3,8 +3,11 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"strings"
+
+	"github.com/calico-cnm/calico-cnm/bandwidth"
 )
 
 // Endpoint labels: what selectors see of a container.
@@ -53,6 +56,9 @@ func EndpointLabels(dockerLabels map[string]string, containerName, networkName s
 			out[to] = v
 		}
 	}
+	// The container's bandwidth labels ride along: the network driver
+	// shapes the endpoint from them (at Join and whenever they are learnt).
+	maps.Copy(out, bandwidth.EndpointLabels(dockerLabels))
 	if n := strings.TrimPrefix(containerName, "/"); n != "" {
 		out[LabelContainer] = n
 	}

@@ -50,6 +50,9 @@ type PeerStatus struct {
 	Advertised int       `json:"advertised"`
 }
 
+// PeerEstablished is the State of a session that is up.
+const PeerEstablished = "Established"
+
 // RouteStatus is one learned route in the kernel.
 type RouteStatus struct {
 	Dst string   `json:"dst"`

@@ -14,7 +14,7 @@ import (
 
 func (a *app) networkCmd() *cobra.Command {
 	return group("network", "Inspect the calico networks Docker created",
-		"  calico-cnm network list\n  calico-cnm network ports", a.networkListCmd(), a.networkPortsCmd())
+		"  calico-cnm network list\n  calico-cnm network ports\n  calico-cnm network bandwidth net1 --ingress 30mbit", a.networkListCmd(), a.networkPortsCmd(), a.networkBandwidthCmd())
 }
 
 // networkRow is a network as listed: its record and how many endpoints it

@@ -32,12 +32,19 @@ func (a *app) nodeCmd() *cobra.Command {
 // is running (holds its liveness lease) and what it holds.
 func (a *app) nodeListCmd() *cobra.Command {
 	c := &cobra.Command{
-		Use:     "list",
-		Short:   "List every node: its daemon's state, BGP address, AS, blocks, addresses, endpoints, VTEP and how this host reaches it",
-		Example: "  calico-cnm node list\n  calico-cnm node list -o wide",
+		Use:   "list",
+		Short: "List every node: its daemon's state, BGP address, AS, blocks, addresses, endpoints, VTEP and how this host reaches it",
+		Long: `list shows every node the datastore knows. -o wide adds, from each daemon's
+heartbeat, its version, when it was last seen and its BGP sessions (or VXLAN
+reachability), and flags what is wrong: a daemon down or unseen for longer
+than --unseen-after, a version other than most nodes run, BGP sessions not
+established, nodes a VXLAN node has no route to.`,
+		Example: "  calico-cnm node list\n  calico-cnm node list -o wide\n  calico-cnm node list -o json --unseen-after 5m",
 		Args:    noArgs,
 	}
 	var stateDir string
+	var unseenAfter time.Duration
+	c.Flags().DurationVar(&unseenAfter, "unseen-after", nodes.DefaultUnseenAfter, "flag a node whose last heartbeat is older than this")
 	c.Flags().StringVar(&stateDir, "state-dir", plugin.DefaultConfig(a.getenv).StateDir, "the local daemon's state dir: its status says how it routes to each node (env "+plugin.EnvStateDir+")")
 	out := addOutputFlag(c)
 	c.RunE = func(c *cobra.Command, _ []string) error {
@@ -47,6 +54,7 @@ func (a *app) nodeListCmd() *cobra.Command {
 				return err
 			}
 			a.addRouteKinds(c.Context(), list, filepath.Join(stateDir, routing.StatusSocketName))
+			nodes.Diagnose(list, time.Now(), unseenAfter)
 			return printList(a.stdout, out, list, []column[nodes.Info]{
 				{header: "NAME", value: func(n nodes.Info) string { return n.Name }},
 				{header: "DAEMON", value: func(n nodes.Info) string {
@@ -72,10 +80,44 @@ func (a *app) nodeListCmd() *cobra.Command {
 				{header: "VTEP", value: func(n nodes.Info) string { return orDash(n.VTEP) }},
 				{header: "VTEP MAC", wide: true, value: func(n nodes.Info) string { return orDash(n.VTEPMAC) }},
 				{header: "ROUTES", value: func(n nodes.Info) string { return orDash(n.Routes) }},
+				{header: "VERSION", wide: true, value: func(n nodes.Info) string { return orDash(n.Version) }},
+				{header: "LAST SEEN", wide: true, value: func(n nodes.Info) string {
+					if n.LastSeen == nil {
+						return "-"
+					}
+					return time.Since(*n.LastSeen).Round(time.Second).String() + " ago"
+				}},
+				{header: "SESSIONS", wide: true, value: func(n nodes.Info) string { return sessions(n) }},
+				{header: "PROBLEMS", wide: true, value: func(n nodes.Info) string {
+					if len(n.Problems) == 0 {
+						return "-"
+					}
+					return strings.Join(n.Problems, "; ")
+				}},
 			})
 		})
 	}
 	return c
+}
+
+// sessions is a node's BGP sessions and VXLAN reachability as last
+// published: "bgp 2/3 vxlan".
+func sessions(n nodes.Info) string {
+	r := n.Routing
+	if r == nil {
+		return "-"
+	}
+	var parts []string
+	if r.BGP {
+		parts = append(parts, fmt.Sprintf("bgp %d/%d", r.Established, r.Peers))
+	}
+	if r.VXLAN {
+		parts = append(parts, "vxlan")
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, " ")
 }
 
 // nodeDeleteCmd removes what a decommissioned node left in the datastore.

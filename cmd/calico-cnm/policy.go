@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/calico-cnm/calico-cnm/bandwidth"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/policy"
@@ -205,6 +206,10 @@ type endpointRow struct {
 	// Ports are the published ports (docker run -p), which `docker port`
 	// cannot show for a remote driver.
 	Ports []datastore.PortBinding `json:"ports,omitempty"`
+	// Bandwidth are the endpoint's limits (its own over its network's
+	// defaults), as the host shapes them; Error says why they cannot be.
+	Bandwidth      *bandwidth.Limits `json:"bandwidth,omitempty"`
+	BandwidthError string            `json:"bandwidthError,omitempty"`
 }
 
 func (a *app) getEndpointsCmd() *cobra.Command {
@@ -233,6 +238,7 @@ func (a *app) getEndpointsCmd() *cobra.Command {
 				{header: "INGRESS POLICIES", wide: true, value: func(r endpointRow) string { return orDash(strings.Join(r.Ingress, ",")) }},
 				{header: "EGRESS POLICIES", wide: true, value: func(r endpointRow) string { return orDash(strings.Join(r.Egress, ",")) }},
 				{header: "PORTS", wide: true, value: portsText},
+				{header: "BANDWIDTH", wide: true, value: bandwidthText},
 			})
 		})
 	}
@@ -240,6 +246,16 @@ func (a *app) getEndpointsCmd() *cobra.Command {
 }
 
 func portsText(r endpointRow) string { return orDash(ports.Summary(r.Ports)) }
+
+func bandwidthText(r endpointRow) string {
+	switch {
+	case r.BandwidthError != "":
+		return "(invalid: " + r.BandwidthError + ")"
+	case r.Bandwidth == nil:
+		return "-"
+	}
+	return r.Bandwidth.String()
+}
 
 func labelsText(r endpointRow) string {
 	if r.LabelsUnknown {
@@ -270,8 +286,10 @@ func (a *app) endpointRows(ctx context.Context, store *datastore.Store) ([]endpo
 	if err != nil {
 		return nil, err
 	}
+	records := map[string]*datastore.Network{}
 	for _, n := range nets {
 		names[n.ID] = n.Name
+		records[n.ID] = &n.Network
 	}
 	var rows []endpointRow
 	for _, kv := range kvs {
@@ -285,6 +303,11 @@ func (a *app) endpointRows(ctx context.Context, store *datastore.Store) ([]endpo
 			Labels: ep.Labels, LabelsUnknown: ep.LabelsUnknown, Ingress: []string{}, Egress: []string{}, Ports: ep.Ports}
 		if r.Network == "-" {
 			r.Network = shortID(ep.Network)
+		}
+		if l, err := bandwidth.EndpointLimits(ep, records[ep.Network]); err != nil {
+			r.BandwidthError = err.Error()
+		} else if !l.None() {
+			r.Bandwidth = &l
 		}
 		if ep.Joined && !ep.LabelsUnknown {
 			r.Ingress = append(r.Ingress, policy.SelectingPolicies(ps, ep.Labels, api.Ingress)...)

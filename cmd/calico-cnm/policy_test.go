@@ -62,18 +62,18 @@ func TestCLIPolicy(t *testing.T) {
 	// Endpoints: labels and which policies select them.
 	netID := strings.Repeat("a", 64)
 	if err := store.Txn(context.Background(),
-		datastore.Create(datastore.NetworkKey(netID), datastore.MustJSON(datastore.Network{ID: netID, Name: "net1"})),
+		datastore.Create(datastore.NetworkKey(netID), datastore.MustJSON(datastore.Network{ID: netID, Name: "net1", Options: map[string]string{"calico.bandwidth.egress": "10mbit"}})),
 		datastore.Create(datastore.EndpointKey("h1", "e1"), datastore.MustJSON(datastore.Endpoint{ID: "e1", Network: netID, IPv4: "10.0.0.1/32", Joined: true, Labels: map[string]string{"role": "db"},
-			Ports: []datastore.PortBinding{{Proto: "tcp", HostPort: 18080, Port: 8080}}})),
+			Ports: []datastore.PortBinding{{Proto: "tcp", HostPort: 18080, Port: 8080}}, BandwidthOptions: map[string]string{"org.projectcalico.bandwidth.ingress": "50mbit"}})),
 		datastore.Create(datastore.EndpointKey("h2", "e2"), datastore.MustJSON(datastore.Endpoint{ID: "e2", Network: netID, IPv4: "10.0.0.2/32", Joined: true, LabelsUnknown: true})),
 	); err != nil {
 		t.Fatal(err)
 	}
 	runSteps(t, nil, []step{
 		{name: "endpoints wide", args: withEtcd(ep, "get", "endpoints", "-o", "wide"),
-			stdout: "NODE  ENDPOINT  NETWORK  ADDRESSES    LABELS                          INGRESS POLICIES  EGRESS POLICIES  PORTS\n" +
-				"h1    e1        net1     10.0.0.1/32  role=db                         three-tier        -                8080/tcp -> 0.0.0.0:18080\n" +
-				"h2    e2        net1     10.0.0.2/32  (unknown: matches no selector)  -                 -                -\n"},
+			stdout: "NODE  ENDPOINT  NETWORK  ADDRESSES    LABELS                          INGRESS POLICIES  EGRESS POLICIES  PORTS                      BANDWIDTH\n" +
+				"h1    e1        net1     10.0.0.1/32  role=db                         three-tier        -                8080/tcp -> 0.0.0.0:18080  ingress 50mbit, egress 10mbit\n" +
+				"h2    e2        net1     10.0.0.2/32  (unknown: matches no selector)  -                 -                -                          egress 10mbit\n"},
 		{name: "delete", args: withEtcd(ep, "delete", "policy", "three-tier"), stdout: "globalnetworkpolicy \"three-tier\" deleted\n"},
 		{name: "delete again", args: withEtcd(ep, "delete", "policy", "three-tier"), code: exitFailed, stderr: "no such policy"},
 	})

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -67,6 +68,7 @@ blocks, networks, nodes and BGP.`,
 		a.bgpCmd(),
 		a.nodeCmd(),
 		a.clusterCmd(),
+		a.datastoreCmd(),
 		a.versionCmd(),
 		a.diagsCmd(),
 		a.applyCmd(),
@@ -121,6 +123,12 @@ func (a *app) withStore(ctx context.Context, fn func(*datastore.Store, *ipam.Eng
 		return err
 	}
 	defer store.Close()
+	// A newer calico-cnm's records would be misread. Only a format the
+	// store answered counts: an unreachable datastore fails the command
+	// itself, with its own message.
+	if err := store.CheckFormat(ctx); errors.Is(err, datastore.ErrFormatTooNew) {
+		return err
+	}
 	return fn(store, ipam.New(store, ipam.Options{Log: a.log()}))
 }
 

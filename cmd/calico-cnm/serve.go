@@ -30,6 +30,7 @@ variable (see the README's Configuration table).`,
 			cfg.Datastore.Prefix = g.ds.Prefix
 			cfg.Datastore.RequestTimeout = g.ds.RequestTimeout
 			cfg.LogLevel = g.logLevel
+			cfg.Version = Version
 			// stdout, not stderr: dockerd files a managed plugin's stderr as
 			// errors, whatever the line's own level.
 			return plugin.Run(c.Context(), cfg, newLogger(a.stdout))

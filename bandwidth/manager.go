@@ -1,0 +1,312 @@
+package bandwidth
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+)
+
+// EndpointLimits are the limits of an endpoint record on its network (nil
+// record: no network defaults). The endpoint's labels must be known.
+func EndpointLimits(ep datastore.Endpoint, nw *datastore.Network) (Limits, error) {
+	var netOpts map[string]string
+	if nw != nil {
+		netOpts = nw.Options
+	}
+	return Resolve(ep.BandwidthOptions, ep.Labels, netOpts)
+}
+
+// Direction names of Stat (the "direction" of the metrics): as seen from
+// the container.
+const (
+	DirIngress = "ingress"
+	DirEgress  = "egress"
+)
+
+// Stat is the shaping counters of one endpoint in one direction.
+type Stat struct {
+	EndpointID string
+	Direction  string
+	Counters
+}
+
+// Manager keeps the shaping of this node's endpoints in step with their
+// records: Join and Leave call Apply and Remove, Sync (the reconcile pass)
+// and Run (datastore changes: a network's defaults, labels learnt after
+// Join) repair and update the rest. All kernel changes are serialised.
+type Manager struct {
+	store  *datastore.Store
+	node   string
+	shaper *Shaper
+	log    logrus.FieldLogger
+	// engineID gives this host's Docker engine ID ("" unknown): records
+	// another engine under the same node name wrote are left alone.
+	engineID func() string
+
+	mu sync.Mutex
+	// shaped maps the links shaped (host-side veths and ifb devices) to
+	// their endpoint id and direction, for Stats.
+	shaped map[string]Stat
+	// gen counts Apply and Remove calls; touched says, per endpoint,
+	// the gen of its last one and its veth. A Sync leaves alone the
+	// endpoints touched after it began reading the records (which it
+	// does without the lock, so that a Join never waits for etcd): its
+	// view of them is older than theirs.
+	gen     uint64
+	touched map[string]touch
+}
+
+type touch struct {
+	gen        uint64
+	hostIfName string
+}
+
+// NewManager shapes node's endpoints of store through shaper.
+func NewManager(store *datastore.Store, node string, shaper *Shaper, engineID func() string, log logrus.FieldLogger) *Manager {
+	if log == nil {
+		log = logrus.StandardLogger()
+	}
+	if engineID == nil {
+		engineID = func() string { return "" }
+	}
+	return &Manager{store: store, node: node, shaper: shaper, engineID: engineID, log: log.WithField("component", "bandwidth"), shaped: map[string]Stat{}, touched: map[string]touch{}}
+}
+
+func (m *Manager) note(endpointID, hostIfName string, l Limits) {
+	m.gen++
+	m.touched[endpointID] = touch{gen: m.gen, hostIfName: hostIfName}
+	for _, n := range []string{hostIfName, IfbName(endpointID)} {
+		delete(m.shaped, n)
+	}
+	if l.IngressRate != 0 {
+		m.shaped[hostIfName] = Stat{EndpointID: endpointID, Direction: DirIngress}
+	}
+	if l.EgressRate != 0 {
+		m.shaped[IfbName(endpointID)] = Stat{EndpointID: endpointID, Direction: DirEgress}
+	}
+}
+
+// Apply shapes the endpoint to l (Join: l limits something).
+func (m *Manager) Apply(ctx context.Context, endpointID, hostIfName string, l Limits) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, err := m.shaper.Apply(ctx, endpointID, hostIfName, l)
+	m.note(endpointID, hostIfName, l)
+	return err
+}
+
+// Remove deletes the endpoint's shaping (Leave, a failed Join).
+func (m *Manager) Remove(ctx context.Context, endpointID, hostIfName string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.note(endpointID, hostIfName, Limits{})
+	return m.shaper.Remove(ctx, endpointID, hostIfName)
+}
+
+// Desired is one endpoint's wanted shaping.
+type Desired struct {
+	EndpointID string
+	HostIfName string
+	Limits     Limits
+}
+
+// desired reads the joined endpoints of this node with their limits. An
+// endpoint whose limits cannot be decided (labels unknown, a bad value
+// written into a record since) is in keep, untouched.
+func (m *Manager) desired(ctx context.Context) (want []Desired, keep map[string]bool, err error) {
+	kvs, err := m.store.List(ctx, datastore.EndpointKey(m.node, ""))
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the endpoints of %s: %w", m.node, err)
+	}
+	nkvs, err := m.store.List(ctx, datastore.NetworksPrefix)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the networks: %w", err)
+	}
+	nets := map[string]*datastore.Network{}
+	for _, kv := range nkvs {
+		var n datastore.Network
+		if json.Unmarshal(kv.Value, &n) == nil {
+			nets[n.ID] = &n
+		}
+	}
+	engine := m.engineID()
+	keep = map[string]bool{}
+	for _, kv := range kvs {
+		var ep datastore.Endpoint
+		if json.Unmarshal(kv.Value, &ep) != nil || !ep.Joined || ep.OfOtherEngine(engine) {
+			continue
+		}
+		log := m.log.WithFields(logrus.Fields{"endpoint": short(ep.ID), "network": short(ep.Network)})
+		l, err := EndpointLimits(ep, nets[ep.Network])
+		if ep.LabelsUnknown || err != nil {
+			if err != nil {
+				log.WithError(err).Warn("bandwidth limits of a joined endpoint are invalid: leaving its shaping as it is")
+			}
+			keep[ep.HostIfName], keep[IfbName(ep.ID)] = true, true
+			continue
+		}
+		if l.None() {
+			continue
+		}
+		keep[ep.HostIfName] = true
+		if l.EgressRate != 0 {
+			keep[IfbName(ep.ID)] = true
+		}
+		want = append(want, Desired{EndpointID: ep.ID, HostIfName: ep.HostIfName, Limits: l})
+	}
+	return want, keep, nil
+}
+
+// Sync makes the kernel's shaping match the records: every joined
+// endpoint of this node shaped as its labels, driver options and network
+// say, everything else of ours removed. fixes counts the endpoints
+// changed and the leftovers removed.
+func (m *Manager) Sync(ctx context.Context) (fixes int, err error) {
+	m.mu.Lock()
+	began := m.gen
+	m.mu.Unlock()
+	want, keep, err := m.desired(ctx)
+	if err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// A Join applies after writing its record and a Leave removes after
+	// deleting the veth: what they did since the records were read is
+	// newer than the records read.
+	newer := map[string]bool{}
+	for id, tc := range m.touched {
+		if tc.gen > began {
+			newer[id] = true
+			keep[tc.hostIfName], keep[IfbName(id)] = true, true
+		} else {
+			delete(m.touched, id)
+		}
+	}
+	var errs []error
+	shaped := map[string]Stat{}
+	for n, st := range m.shaped {
+		if newer[st.EndpointID] {
+			shaped[n] = st
+		}
+	}
+	for _, d := range want {
+		if newer[d.EndpointID] {
+			continue
+		}
+		changed, err := m.shaper.Apply(ctx, d.EndpointID, d.HostIfName, d.Limits)
+		if errors.Is(err, ErrNoVeth) {
+			// Leaving, or its container is gone: reconcile removes it.
+			delete(keep, d.HostIfName)
+			delete(keep, IfbName(d.EndpointID))
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("endpoint %s: %w", short(d.EndpointID), err))
+			continue
+		}
+		if changed {
+			fixes++
+			m.log.WithFields(logrus.Fields{"endpoint": short(d.EndpointID), "limits": d.Limits.String()}).Info("bandwidth limits applied")
+		}
+		if d.Limits.IngressRate != 0 {
+			shaped[d.HostIfName] = Stat{EndpointID: d.EndpointID, Direction: DirIngress}
+		}
+		if d.Limits.EgressRate != 0 {
+			shaped[IfbName(d.EndpointID)] = Stat{EndpointID: d.EndpointID, Direction: DirEgress}
+		}
+	}
+	m.shaped = shaped
+	removed, err := m.shaper.Sweep(ctx, keep)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if removed > 0 {
+		m.log.WithField("removed", removed).Info("removed bandwidth shaping no joined endpoint has")
+	}
+	return fixes + removed, errors.Join(errs...)
+}
+
+// Stats are the counters of every endpoint shaped.
+func (m *Manager) Stats(ctx context.Context) ([]Stat, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	names := map[string]bool{}
+	for n := range m.shaped {
+		names[n] = true
+	}
+	cs, err := m.shaper.Stats(ctx, names)
+	if err != nil {
+		return nil, err
+	}
+	var out []Stat
+	for n, c := range cs {
+		s := m.shaped[n]
+		s.Counters = c
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// Timing of Run.
+const (
+	// changeDebounce gathers a burst of record changes into one pass.
+	changeDebounce = 200 * time.Millisecond
+	// rewatchDelay spaces the watches of an unreachable datastore.
+	rewatchDelay = 2 * time.Second
+	syncTimeout  = time.Minute
+)
+
+// Run syncs shortly after each change of a network record or of this
+// node's endpoint records (a network's defaults changed, labels learnt
+// after Join), until ctx ends. The periodic repair is the reconcile pass's
+// (Sync).
+func (m *Manager) Run(ctx context.Context) {
+	for ctx.Err() == nil {
+		nets := m.store.Watch(ctx, datastore.NetworksPrefix, 0)
+		eps := m.store.Watch(ctx, datastore.EndpointKey(m.node, ""), 0)
+		m.follow(ctx, nets, eps)
+		select {
+		case <-ctx.Done():
+		case <-time.After(rewatchDelay):
+		}
+	}
+}
+
+// follow syncs after changes until a watch breaks.
+func (m *Manager) follow(ctx context.Context, nets, eps <-chan datastore.Event) {
+	var debounce <-chan time.Time
+	for {
+		var ev datastore.Event
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok = <-nets:
+		case ev, ok = <-eps:
+		case <-debounce:
+			debounce = nil
+			sctx, cancel := context.WithTimeout(ctx, syncTimeout)
+			if _, err := m.Sync(sctx); err != nil && ctx.Err() == nil {
+				m.log.WithError(err).Warn("updating bandwidth limits")
+			}
+			cancel()
+			continue
+		}
+		if !ok || ev.Err != nil {
+			return
+		}
+		if debounce == nil {
+			debounce = time.After(changeDebounce)
+		}
+	}
+}
+
+func short(id string) string { return id[:min(12, len(id))] }

@@ -1,0 +1,184 @@
+package bandwidth
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// newTestNetns makes a throw-away network namespace with one workload-like
+// veth (host side cali + 11 hex) and returns a handle into it and the
+// endpoint id. Everything goes when the test ends.
+func newTestNetns(t *testing.T) (*netlink.Handle, string, string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("!!!!!! SKIPPED under -short: this integration test creates a network namespace; the netlink shaping is NOT verified by this run !!!!!!")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("!!!!!! SKIPPED: this integration test needs root to create a network namespace; the netlink shaping is NOT verified by this run !!!!!!")
+	}
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	id := hex.EncodeToString(b)
+	name := "bwtest-" + id[:8]
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Skipf("!!!!!! SKIPPED: cannot create a network namespace (%v: %s) !!!!!!", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	ns, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	host := "cali" + id[:11]
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name, attrs.MTU = host, 1500
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "tmp" + id[:11]}); err != nil {
+		t.Fatal(err)
+	}
+	link, err := h.LinkByName(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetUp(link); err != nil {
+		t.Fatal(err)
+	}
+	return h, id, host
+}
+
+// kernelShaping is what the kernel has of an endpoint's shaping.
+type kernelShaping struct {
+	vethTbf   *netlink.Tbf
+	ingress   bool
+	redirects bool // the ingress qdisc's filter sends to the ifb device
+	ifb       netlink.Link
+	ifbTbf    *netlink.Tbf
+}
+
+func readShaping(t *testing.T, h *netlink.Handle, id, host string) kernelShaping {
+	t.Helper()
+	var ks kernelShaping
+	veth, err := h.LinkByName(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ifb, err := h.LinkByName(IfbName(id)); err == nil {
+		ks.ifb = ifb
+	}
+	qs, err := h.QdiscList(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range qs {
+		tbf, isTbf := q.(*netlink.Tbf)
+		switch {
+		case q.Attrs().LinkIndex == veth.Attrs().Index && isTbf && q.Attrs().Parent == netlink.HANDLE_ROOT:
+			ks.vethTbf = tbf
+		case q.Attrs().LinkIndex == veth.Attrs().Index && q.Type() == "ingress":
+			ks.ingress = true
+		case ks.ifb != nil && q.Attrs().LinkIndex == ks.ifb.Attrs().Index && isTbf:
+			ks.ifbTbf = tbf
+		}
+	}
+	if ks.ingress && ks.ifb != nil {
+		fs, err := h.FilterList(veth, netlink.MakeHandle(0xffff, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ks.redirects = len(fs) == 1 && redirectsTo(fs[0], ks.ifb.Attrs().Index)
+	}
+	return ks
+}
+
+// TestShaperInNetns: Apply puts a tbf of the ingress rate on the veth and,
+// for egress, an up ifb device with a tbf of the egress rate, fed by the
+// veth's ingress qdisc; an update changes the rate in place; dropping a
+// direction removes its parts; Remove and Sweep leave nothing.
+func TestShaperInNetns(t *testing.T) {
+	h, id, host := newTestNetns(t)
+	s := NewShaper(h)
+	ctx := context.Background()
+
+	l := Limits{IngressRate: 50_000_000, EgressRate: 20_000_000, EgressBurst: 64 << 10}
+	changed, err := s.Apply(ctx, id, host, l)
+	if err != nil || !changed {
+		t.Fatalf("Apply = %v, %v; want a change", changed, err)
+	}
+	ks := readShaping(t, h, id, host)
+	if ks.vethTbf == nil || ks.vethTbf.Rate != 50_000_000/8 {
+		t.Fatalf("veth tbf = %+v, want rate 50mbit", ks.vethTbf)
+	}
+	if ks.ifb == nil || ks.ifb.Type() != "ifb" || ks.ifb.Attrs().Flags&unix.IFF_UP == 0 {
+		t.Fatalf("ifb device %s = %+v, want an ifb device that is up", IfbName(id), ks.ifb)
+	}
+	if ks.ifbTbf == nil || ks.ifbTbf.Rate != 20_000_000/8 || ks.ifbTbf.Buffer != netlink.Xmittime(20_000_000/8, 64<<10) {
+		t.Fatalf("ifb tbf = %+v, want rate 20mbit, burst 64k", ks.ifbTbf)
+	}
+	if !ks.ingress || !ks.redirects {
+		t.Fatalf("veth ingress qdisc %v, redirect to the ifb device %v; want both", ks.ingress, ks.redirects)
+	}
+
+	if changed, err := s.Apply(ctx, id, host, l); err != nil || changed {
+		t.Fatalf("second Apply = %v, %v; want no change", changed, err)
+	}
+
+	l.IngressRate = 10_000_000
+	if changed, err := s.Apply(ctx, id, host, l); err != nil || !changed {
+		t.Fatalf("Apply of a new rate = %v, %v", changed, err)
+	}
+	if ks := readShaping(t, h, id, host); ks.vethTbf == nil || ks.vethTbf.Rate != 10_000_000/8 || !ks.redirects {
+		t.Fatalf("after the update: %+v", ks)
+	}
+
+	if _, err := s.Apply(ctx, id, host, Limits{IngressRate: 10_000_000}); err != nil {
+		t.Fatal(err)
+	}
+	if ks := readShaping(t, h, id, host); ks.ifb != nil || ks.ingress || ks.vethTbf == nil {
+		t.Fatalf("egress limit dropped: want no ifb and no ingress qdisc but the veth tbf, got %+v", ks)
+	}
+
+	if _, err := s.Apply(ctx, id, host, l); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove(ctx, id, host); err != nil {
+		t.Fatal(err)
+	}
+	if ks := readShaping(t, h, id, host); ks.ifb != nil || ks.ingress || ks.vethTbf != nil {
+		t.Fatalf("after Remove: %+v", ks)
+	}
+	if err := s.Remove(ctx, id, host); err != nil {
+		t.Fatalf("Remove of nothing: %v", err)
+	}
+
+	// A crash left shaping behind: Sweep keeps what keep names only.
+	if _, err := s.Apply(ctx, id, host, l); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Sweep(ctx, map[string]bool{host: true, IfbName(id): true}); err != nil || n != 0 {
+		t.Fatalf("Sweep keeping the endpoint = %d, %v", n, err)
+	}
+	if n, err := s.Sweep(ctx, nil); err != nil || n != 3 {
+		t.Fatalf("Sweep = %d, %v; want 3 removed (ifb device, tbf, ingress qdisc)", n, err)
+	}
+	if ks := readShaping(t, h, id, host); ks.ifb != nil || ks.ingress || ks.vethTbf != nil {
+		t.Fatalf("after Sweep: %+v", ks)
+	}
+
+	if _, err := s.Apply(ctx, id, "cali00000000000", l); err == nil {
+		t.Fatal("Apply to a missing veth succeeded")
+	}
+}

@@ -1,0 +1,63 @@
+package datastore
+
+import (
+	"context"
+	"sync"
+
+	"github.com/sirupsen/logrus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// revisionGuard notices the datastore's revision going back: the etcd
+// behind the endpoints was wiped (or replaced) and restored. etcd never
+// lowers its revision otherwise. Watches then wait for revisions the new
+// store reaches late or never, so the guard ends them all: each watcher
+// gets an error event and re-lists, as after any broken watch.
+type revisionGuard struct {
+	mu      sync.Mutex
+	max     int64
+	nextID  int
+	watches map[int]context.CancelFunc
+}
+
+// observe records the revision of a response.
+func (s *Store) observe(rev int64) {
+	g := &s.revs
+	g.mu.Lock()
+	if rev >= g.max {
+		g.max = rev
+		g.mu.Unlock()
+		return
+	}
+	old := g.max
+	g.max = rev
+	cancels := g.watches
+	g.watches = nil
+	g.mu.Unlock()
+	s.log.WithFields(logrus.Fields{"revision": rev, "before": old, "watches": len(cancels)}).
+		Warn("the datastore's revision went back (etcd wiped and restored?): restarting every watch")
+	for _, cancel := range cancels {
+		cancel()
+	}
+}
+
+// watchContext is a context for one watch that observe cancels when the
+// revision goes back; release forgets it.
+func (s *Store) watchContext(ctx context.Context) (wctx context.Context, release func()) {
+	g := &s.revs
+	wctx, cancel := context.WithCancel(ctx)
+	g.mu.Lock()
+	if g.watches == nil {
+		g.watches = map[int]context.CancelFunc{}
+	}
+	id := g.nextID
+	g.nextID++
+	g.watches[id] = cancel
+	g.mu.Unlock()
+	return clientv3.WithRequireLeader(wctx), func() {
+		g.mu.Lock()
+		delete(g.watches, id)
+		g.mu.Unlock()
+		cancel()
+	}
+}

@@ -1,0 +1,46 @@
+package driver
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/bandwidth"
+	"github.com/calico-cnm/calico-cnm/datastore"
+)
+
+// joinLimits are the bandwidth limits of the joining endpoint: its driver
+// options (recorded by CreateEndpoint) over the labels just learnt over
+// its network's defaults. A bad value fails the Join, naming the label or
+// option.
+func (d *NetworkDriver) joinLimits(ep datastore.Endpoint, labels map[string]string, plan joinPlan) (bandwidth.Limits, error) {
+	l, err := bandwidth.Resolve(ep.BandwidthOptions, labels, plan.netOptions)
+	if err != nil {
+		return l, userError(fmt.Sprintf("endpoint %s: %v", short(ep.ID), err), ErrInvalidRequest, err)
+	}
+	return l, nil
+}
+
+// shape puts the limits in place before Join returns, so that the
+// container's first packet is shaped.
+func (d *NetworkDriver) shape(ctx context.Context, endpointID, hostIfName string, l bandwidth.Limits) error {
+	if d.opts.Shaper == nil || l.None() {
+		return nil
+	}
+	if err := d.opts.Shaper.Apply(ctx, endpointID, hostIfName, l); err != nil {
+		return fmt.Errorf("applying the bandwidth limits (%s) of endpoint %s failed: %w", l, short(endpointID), err)
+	}
+	return nil
+}
+
+// unshape removes an endpoint's shaping (its ifb device outlives the
+// veth); a failure is left to the resync, which removes leftovers.
+func (d *NetworkDriver) unshape(ctx context.Context, endpointID, hostIfName string, log logrus.FieldLogger) {
+	if d.opts.Shaper == nil {
+		return
+	}
+	if err := d.opts.Shaper.Remove(ctx, endpointID, hostIfName); err != nil {
+		log.WithError(err).Warn("removing the bandwidth shaping of the endpoint (the resync retries)")
+	}
+}

@@ -1,0 +1,59 @@
+package plugin_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/calico-cnm/calico-cnm/plugin"
+)
+
+// countingShaping is a ShapingSyncer that reports fixed results.
+type countingShaping struct {
+	calls int
+	fixes int
+	err   error
+}
+
+func (c *countingShaping) Sync(ctx context.Context) (int, error) {
+	c.calls++
+	return c.fixes, c.err
+}
+
+// TestReconcilePassSyncsShaping: every reconcile pass, with Docker's view
+// known or not, rebuilds the bandwidth shaping; its repairs are counted
+// and its failure fails the pass.
+func TestReconcilePassSyncsShaping(t *testing.T) {
+	e := newRecEnv(t)
+	shaping := &countingShaping{fixes: 2}
+	e.rec.Shaping = shaping
+	res := e.pass(t)
+	if shaping.calls != 1 || res.Fixes[plugin.FixShapingRepaired] != 2 {
+		t.Fatalf("pass: %d Sync calls, fixes %v; want 1 call and 2 shaping repairs", shaping.calls, res.Fixes)
+	}
+	e.docker.mu.Lock()
+	e.docker.err = errors.New("injected: Docker is down")
+	e.docker.mu.Unlock()
+	shaping.fixes, shaping.err = 0, errors.New("injected: netlink refused")
+	if _, err := e.rec.Pass(context.Background()); err == nil || !strings.Contains(err.Error(), "bandwidth shaping: injected: netlink refused") {
+		t.Fatalf("pass with a failing Sync: %v", err)
+	}
+	if shaping.calls != 2 {
+		t.Errorf("Sync not called while Docker is unreachable (%d calls)", shaping.calls)
+	}
+	if err := testutil.GatherAndCompare(e.rec.Metrics.Registry, strings.NewReader(`
+# HELP calico_cnm_reconcile_fixes_total Repairs made by the reconcile loop, by kind.
+# TYPE calico_cnm_reconcile_fixes_total counter
+calico_cnm_reconcile_fixes_total{kind="address_released"} 0
+calico_cnm_reconcile_fixes_total{kind="endpoint_removed"} 0
+calico_cnm_reconcile_fixes_total{kind="interface_removed"} 0
+calico_cnm_reconcile_fixes_total{kind="orphan_released"} 0
+calico_cnm_reconcile_fixes_total{kind="route_restored"} 0
+calico_cnm_reconcile_fixes_total{kind="shaping_repaired"} 2
+`), plugin.MetricReconcileFixes); err != nil {
+		t.Error(err)
+	}
+}

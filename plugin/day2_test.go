@@ -1,0 +1,110 @@
+package plugin
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
+	"github.com/calico-cnm/calico-cnm/routing"
+)
+
+func quietLogger() logrus.FieldLogger {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	return l
+}
+
+// TestFollowFormatKicksOnRestore: the daemon's follower kicks the
+// reconciler when a restore rewrites the format record.
+func TestFollowFormatKicksOnRestore(t *testing.T) {
+	store := etcdtest.Start(t).Store
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := store.EnsureFormat(ctx, "", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	b, err := store.Export(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kick := make(chan struct{}, 1)
+	fctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); followFormat(fctx, store, time.Hour, kick, quietLogger()) }()
+	defer func() { stop(); <-done }()
+	// The follower reads the record once when it starts; a restore made
+	// before that read is its starting point, so restore until it kicks.
+	for {
+		if _, err := store.Restore(ctx, b, "v1"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-kick:
+			return
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			t.Fatal("no kick after the restores")
+		}
+	}
+}
+
+// TestEnsureFormatRemembersTheCluster: the daemon keeps the cluster id in
+// its state dir and writes it back into an empty datastore.
+func TestEnsureFormatRemembersTheCluster(t *testing.T) {
+	ctx := context.Background()
+	cfg := Config{StateDir: t.TempDir(), Version: "v-test"}
+	first, err := ensureFormat(ctx, cfg, etcdtest.Start(t).Store, quietLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(cfg.StateDir, ClusterIDFile))
+	if err != nil || strings.TrimSpace(string(b)) != first.ClusterID {
+		t.Fatalf("remembered %q, %v; want %s", b, err, first.ClusterID)
+	}
+	// The datastore is lost: the next start writes the same id back.
+	again, err := ensureFormat(ctx, cfg, etcdtest.Start(t).Store, quietLogger())
+	if err != nil || again.ClusterID != first.ClusterID || again.WrittenBy != "v-test" {
+		t.Fatalf("on an empty datastore: %+v, %v; want cluster %s", again, err, first.ClusterID)
+	}
+}
+
+func TestSummarizeRouting(t *testing.T) {
+	tests := []struct {
+		name string
+		st   routing.Status
+		want datastore.RoutingSummary
+	}{
+		{
+			name: "BGP: sessions counted by state",
+			st:   routing.Status{Peers: []routing.PeerStatus{{State: routing.PeerEstablished}, {State: "Active"}, {State: routing.PeerEstablished}}},
+			want: datastore.RoutingSummary{BGP: true, Peers: 3, Established: 2},
+		},
+		{
+			name: "VXLAN without BGP: nodes without a route are named",
+			st: routing.Status{BGPOff: true, VXLAN: &routing.VXLANStatus{Device: routing.VXLANDevice, Nodes: []routing.VXLANNodeStatus{
+				{Name: "b", Routes: routing.RouteVXLAN}, {Name: "c", Routes: routing.RouteNone}}}},
+			want: datastore.RoutingSummary{VXLAN: true, Unreached: []string{"c"}},
+		},
+		{
+			name: "no VXLAN pool: reachability is BGP's",
+			st:   routing.Status{VXLAN: &routing.VXLANStatus{}},
+			want: datastore.RoutingSummary{BGP: true},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := summarizeRouting(tc.st)
+			if got.BGP != tc.want.BGP || got.Peers != tc.want.Peers || got.Established != tc.want.Established || got.VXLAN != tc.want.VXLAN || strings.Join(got.Unreached, ",") != strings.Join(tc.want.Unreached, ",") {
+				t.Errorf("summary %+v, want %+v", *got, tc.want)
+			}
+		})
+	}
+}
