@@ -47,7 +47,9 @@ func TestReconcilePassSyncsShaping(t *testing.T) {
 	if err := testutil.GatherAndCompare(e.rec.Metrics.Registry, strings.NewReader(`
 # HELP calico_cnm_reconcile_fixes_total Repairs made by the reconcile loop, by kind.
 # TYPE calico_cnm_reconcile_fixes_total counter
+calico_cnm_reconcile_fixes_total{kind="address_reclaimed"} 0
 calico_cnm_reconcile_fixes_total{kind="address_released"} 0
+calico_cnm_reconcile_fixes_total{kind="endpoint_rebuilt"} 0
 calico_cnm_reconcile_fixes_total{kind="endpoint_removed"} 0
 calico_cnm_reconcile_fixes_total{kind="interface_removed"} 0
 calico_cnm_reconcile_fixes_total{kind="orphan_released"} 0
