@@ -28,19 +28,20 @@ import (
 // fakeDocker is the Docker API of the label learner: a listing, networks'
 // endpoint lists, and an event stream the test feeds. It counts calls.
 type fakeDocker struct {
-	mu         sync.Mutex
-	containers map[string]container.Summary
-	endpoints  map[string]network.EndpointResource // network inspect's Containers of testNetID
-	inspectErr error
-	listErr    error // of the full listing
-	streams    []chan events.Message
-	errs       []chan error
-	since      []string
-	lists      []string // the filter of every ContainerList ("" for all)
-	inspects   int
-	listedAt   time.Time
-	listTimes  []time.Time
-	calls      chan string
+	mu          sync.Mutex
+	containers  map[string]container.Summary
+	endpoints   map[string]network.EndpointResource // network inspect's Containers of testNetID
+	inspectErr  error
+	inspectHold chan struct{} // when set, network inspect waits for it
+	listErr     error         // of the full listing
+	streams     []chan events.Message
+	errs        []chan error
+	since       []string
+	lists       []string // the filter of every ContainerList ("" for all)
+	inspects    int
+	listedAt    time.Time
+	listTimes   []time.Time
+	calls       chan string
 }
 
 func newFakeDocker() *fakeDocker {
@@ -74,6 +75,15 @@ func (f *fakeDocker) ContainerList(ctx context.Context, opts container.ListOptio
 
 func (f *fakeDocker) NetworkInspect(ctx context.Context, id string, opts network.InspectOptions) (network.Inspect, error) {
 	f.mu.Lock()
+	if hold := f.inspectHold; hold != nil {
+		f.mu.Unlock()
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return network.Inspect{}, ctx.Err()
+		}
+		f.mu.Lock()
+	}
 	defer f.mu.Unlock()
 	f.inspects++
 	f.calls <- "inspect"
@@ -217,7 +227,14 @@ func (e *learnerEnv) labels(t *testing.T, endpointID string) (map[string]string,
 // joined records a joined endpoint with labels (nil: unknown).
 func (e *learnerEnv) joined(t *testing.T, endpointID string, labels map[string]string) {
 	t.Helper()
-	ep := datastore.Endpoint{ID: endpointID, Network: testNetID, Node: "h1", Joined: true, Labels: labels, LabelsUnknown: labels == nil}
+	e.joinedWith(t, endpointID, labels, nil)
+}
+
+// joinedWith records a joined endpoint with labels (nil: unknown) and
+// driver-option labels.
+func (e *learnerEnv) joinedWith(t *testing.T, endpointID string, labels, driverLabels map[string]string) {
+	t.Helper()
+	ep := datastore.Endpoint{ID: endpointID, Network: testNetID, Node: "h1", Joined: true, Labels: labels, LabelsUnknown: labels == nil, DriverLabels: driverLabels}
 	if err := e.store.Txn(e.ctx, datastore.Create(datastore.EndpointKey("h1", endpointID), datastore.MustJSON(ep))); err != nil {
 		t.Fatal(err)
 	}
@@ -497,4 +514,100 @@ func TestContainerCacheDescribed(t *testing.T) {
 			t.Errorf("%s: listings under way %v, destroyed %v left behind", tc.name, cc.inFlight, cc.gone)
 		}
 	}
+}
+
+// twoCandidates makes Docker unable to name the joining container of ep
+// among two starting ones with different labels: a Join of ep gets
+// unknown labels. a joins.
+func (e *learnerEnv) twoCandidates(t *testing.T, a, b, ep string, driverLabels map[string]string) {
+	t.Helper()
+	e.fd.failInspect(true)
+	e.fd.create(t, a, role(a))
+	e.fd.create(t, b, role(b))
+	e.described(t, a+"-id")
+	e.described(t, b+"-id")
+	ctx, cancel := context.WithTimeout(e.ctx, 3*time.Second)
+	defer cancel()
+	if got, err := e.d.EndpointLabels(ctx, driver.LabelRequest{NetworkID: testNetID, EndpointID: ep, DriverLabels: driverLabels}); !errors.Is(err, ErrLabelsUnknown) {
+		t.Fatalf("Join among two different candidates (driver labels %v): %v %v, want unknown labels", driverLabels, got, err)
+	}
+	e.joinedWith(t, ep, nil, driverLabels)
+}
+
+// waitNotPending waits until the learner gave up an endpoint.
+func (e *learnerEnv) waitNotPending(t *testing.T, endpointID string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, ok := e.d.pendingNow()[endpointID]; ok; _, ok = e.d.pendingNow()[endpointID] {
+		if time.Now().After(deadline) {
+			t.Fatalf("endpoint %s is still pending", endpointID)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Review of issue 21, P2.4 and P2.5: a pending endpoint is retried (no
+// connect event needed) once Docker names its container; one the
+// network no longer lists is given up.
+func TestLabelLearnerRetriesPending(t *testing.T) {
+	e := startLearner(t)
+	e.twoCandidates(t, "a", "b", "e-a", nil)
+	ctx, cancel := context.WithTimeout(e.ctx, 3*time.Second)
+	defer cancel()
+	if _, err := e.d.EndpointLabels(ctx, driver.LabelRequest{NetworkID: testNetID, EndpointID: "e-left"}); !errors.Is(err, ErrLabelsUnknown) {
+		t.Fatalf("Join of e-left: %v, want unknown labels", err)
+	}
+	e.fd.setEndpoint("a-id", "a", "e-a")
+	e.fd.failInspect(false)
+	e.waitRecord(t, "e-a", wantLabels("a", "a"))
+	e.waitNotPending(t, "e-a")
+	e.waitNotPending(t, "e-left")
+}
+
+// Review of issue 21, P2.7: driver-option labels alone do not make an
+// endpoint known (fail closed); the labels learnt later are merged with
+// them.
+func TestLabelLearnerDriverLabels(t *testing.T) {
+	e := startLearner(t)
+	driverLabels := map[string]string{"zone": "a", "role": "override"}
+	e.twoCandidates(t, "a", "b", "e-a", driverLabels)
+	e.fd.setEndpoint("a-id", "a", "e-a")
+	e.fd.failInspect(false)
+	e.fd.send(t, events.NetworkEventType, events.ActionConnect, testNetID, map[string]string{"name": "net1", "container": "a-id", "type": "calico"})
+	e.waitRecord(t, "e-a", policy.WithDriverLabels(wantLabels("a", "a"), driverLabels))
+}
+
+// Review of issue 21, P2.6: a connect event whose handling waits on
+// Docker does not hold up the events after it.
+func TestLabelLearnerConnectOffLoop(t *testing.T) {
+	e := startLearner(t)
+	e.twoCandidates(t, "a", "b", "e-a", nil)
+	hold := make(chan struct{})
+	e.fd.mu.Lock()
+	e.fd.inspectHold = hold
+	e.fd.mu.Unlock()
+	e.fd.setEndpoint("a-id", "a", "e-a")
+	e.fd.failInspect(false)
+	e.fd.send(t, events.NetworkEventType, events.ActionConnect, testNetID, map[string]string{"name": "net1", "container": "a-id", "type": "calico"})
+	e.fd.create(t, "later", role("web")) // fails the test if not taken
+	e.fd.mu.Lock()
+	e.fd.inspectHold = nil
+	e.fd.mu.Unlock()
+	close(hold)
+	e.waitRecord(t, "e-a", wantLabels("a", "a"))
+}
+
+// Review of issue 21, P2.9: a renamed container's endpoints on this node
+// get its new name.
+func TestLabelLearnerRename(t *testing.T) {
+	e := startLearner(t)
+	e.fd.running("r", role("web"), "e-r")
+	e.joined(t, "e-r", wantLabels("web", "r"))
+	e.fd.mu.Lock()
+	s := e.fd.containers["r-id"]
+	s.Names = []string{"/r2"}
+	e.fd.containers["r-id"] = s
+	e.fd.mu.Unlock()
+	e.fd.send(t, events.ContainerEventType, events.ActionRename, "r-id", map[string]string{"name": "r2", "oldName": "/r"})
+	e.waitRecord(t, "e-r", wantLabels("web", "r2"))
 }
