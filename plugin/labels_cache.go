@@ -52,7 +52,9 @@ func (c knownContainer) asksFor(id, name string) bool {
 
 // candidates are the containers that may be joining network (id, name):
 // not running and asking for it, less those whose known ports differ from
-// the joining sandbox's (ports nil: Join did not say). complete is false
+// the joining sandbox's (ports nil: Join did not say; Docker lists a
+// container's ports only once it was started, so this only tells apart
+// restarted containers). complete is false
 // when a container that may be joining does not name its networks yet:
 // then a single candidate proves nothing.
 func candidates(cs []knownContainer, id, name string, ports portSet) (found []knownContainer, complete bool) {

@@ -611,3 +611,22 @@ func TestLabelLearnerRename(t *testing.T) {
 	e.fd.send(t, events.ContainerEventType, events.ActionRename, "r-id", map[string]string{"name": "r2", "oldName": "/r"})
 	e.waitRecord(t, "e-r", wantLabels("web", "r2"))
 }
+
+// Reconcile's Relabel hook: an endpoint record rebuilt after a datastore
+// restore gets its container's labels, at once when Docker names it, else
+// by a retry once it does.
+func TestLabelLearnerRelearn(t *testing.T) {
+	e := startLearner(t)
+	e.joined(t, "e-old", nil)
+	e.fd.setEndpoint("old-id", "old", "e-old")
+	e.d.Relearn(e.ctx, "e-old", testNetID)
+	e.waitRecord(t, "e-old", wantLabels("web", "old"))
+
+	e.fd.running("r", role("db"), "e-r")
+	e.joined(t, "e-r", nil)
+	e.fd.failInspect(true)
+	e.d.Relearn(e.ctx, "e-r", testNetID)
+	e.fd.setEndpoint("r-id", "r", "e-r")
+	e.fd.failInspect(false)
+	e.waitRecord(t, "e-r", wantLabels("db", "r"))
+}
