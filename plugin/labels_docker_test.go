@@ -293,13 +293,7 @@ func TestLabelLearner(t *testing.T) {
 
 	// Docker cannot name it, one container is starting on net1 (the
 	// running one is not starting): that one.
-	fd.failInspect(true)
-	fd.create(t, "c1", role("web"))
-	e.described(t, "c1-id")
-	got, err := e.labels(t, "e1")
-	if err != nil || !maps.Equal(got, wantLabels("web", "c1")) {
-		t.Errorf("single candidate: %v %v", got, err)
-	}
+	e.singleCandidate(t, "c1", "web", "e1")
 	fd.send(t, events.ContainerEventType, events.ActionStart, "c1-id", nil)
 	fd.failInspect(false)
 
@@ -416,14 +410,7 @@ func (f *fakeDocker) setEndpoint(key, name, endpointID string) {
 func TestLabelLearnerSingleCandidateChecked(t *testing.T) {
 	e := startLearner(t)
 	fd := e.fd
-	fd.failInspect(true)
-	fd.create(t, "c1", role("web"))
-	e.described(t, "c1-id")
-	got, err := e.labels(t, "e1")
-	if err != nil || !maps.Equal(got, wantLabels("web", "c1")) {
-		t.Fatalf("single candidate: %v %v", got, err)
-	}
-	e.joined(t, "e1", got)
+	e.joined(t, "e1", e.singleCandidate(t, "c1", "web", "e1"))
 	fd.running("other", role("db"), "e1")
 	fd.setEndpoint("other-id", "other", "e1")
 	fd.failInspect(false)
@@ -514,6 +501,21 @@ func TestContainerCacheDescribed(t *testing.T) {
 			t.Errorf("%s: listings under way %v, destroyed %v left behind", tc.name, cc.inFlight, cc.gone)
 		}
 	}
+}
+
+// singleCandidate makes Docker unable to name the joining container of
+// ep, name (labelled role r) being the one starting on net1: a Join of ep
+// gets its labels.
+func (e *learnerEnv) singleCandidate(t *testing.T, name, r, ep string) map[string]string {
+	t.Helper()
+	e.fd.failInspect(true)
+	e.fd.create(t, name, role(r))
+	e.described(t, name+"-id")
+	got, err := e.labels(t, ep)
+	if err != nil || !maps.Equal(got, wantLabels(r, name)) {
+		t.Fatalf("single candidate: %v %v, want %v", got, err, wantLabels(r, name))
+	}
+	return got
 }
 
 // twoCandidates makes Docker unable to name the joining container of ep
