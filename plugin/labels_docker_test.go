@@ -166,6 +166,16 @@ func (f *fakeDocker) counts() (lists, inspects, streams int) {
 type countingStore struct {
 	*datastore.Store
 	lists atomic.Int32
+	// race, when set, runs once before a write (another writer winning
+	// the race for the record).
+	race atomic.Pointer[func(ctx context.Context)]
+}
+
+func (s *countingStore) Txn(ctx context.Context, ops ...datastore.Op) error {
+	if race := s.race.Swap(nil); race != nil {
+		(*race)(ctx)
+	}
+	return s.Store.Txn(ctx, ops...)
 }
 
 func (s *countingStore) List(ctx context.Context, prefix string) ([]datastore.KV, error) {
@@ -631,4 +641,38 @@ func TestLabelLearnerRelearn(t *testing.T) {
 	e.fd.setEndpoint("r-id", "r", "e-r")
 	e.fd.failInspect(false)
 	e.waitRecord(t, "e-r", wantLabels("db", "r"))
+}
+
+// Review of issue 21, P2.4: learning an endpoint's labels that loses the
+// race for its record (another write between the read and the write)
+// reads it again and records them.
+func TestLabelLearnerLearnConflict(t *testing.T) {
+	e := startLearner(t)
+	e.joinedWith(t, "e1", nil, map[string]string{"zone": "a"})
+	raced := false
+	race := func(ctx context.Context) {
+		key := datastore.EndpointKey("h1", "e1")
+		var ep datastore.Endpoint
+		rev, err := e.store.GetJSON(ctx, key, &ep)
+		if err == nil {
+			ep.Container = "sandbox-of-the-other-writer"
+			err = e.store.Store.Txn(ctx, datastore.Update(key, datastore.MustJSON(ep), rev))
+		}
+		if err != nil {
+			t.Errorf("the other writer: %v", err)
+		}
+		raced = true
+	}
+	e.store.race.Store(&race)
+	if err := e.d.learn(e.ctx, "e1", wantLabels("web", "c1")); err != nil {
+		t.Fatalf("learn after a lost race: %v", err)
+	}
+	if !raced {
+		t.Fatal("the race was not run")
+	}
+	e.waitRecord(t, "e1", policy.WithDriverLabels(wantLabels("web", "c1"), map[string]string{"zone": "a"}))
+	var ep datastore.Endpoint
+	if _, err := e.store.GetJSON(e.ctx, datastore.EndpointKey("h1", "e1"), &ep); err != nil || ep.Container != "sandbox-of-the-other-writer" {
+		t.Errorf("the other writer's change is lost: %+v %v", ep, err)
+	}
 }
