@@ -52,7 +52,9 @@ func (c knownContainer) asksFor(id, name string) bool {
 
 // candidates are the containers that may be joining network (id, name):
 // not running and asking for it, less those whose known ports differ from
-// the joining sandbox's (ports nil: Join did not say). complete is false
+// the joining sandbox's (ports nil: Join did not say; Docker lists a
+// container's ports only once it was started, so this only tells apart
+// restarted containers). complete is false
 // when a container that may be joining does not name its networks yet:
 // then a single candidate proves nothing.
 func candidates(cs []knownContainer, id, name string, ports portSet) (found []knownContainer, complete bool) {
@@ -166,32 +168,94 @@ func fromSummary(s container.Summary) knownContainer {
 }
 
 // containerCache is the learner's view of Docker's containers. Waiters
-// (a Join waiting for its container's create event) are woken on every
-// change.
+// are woken on every change.
 type containerCache struct {
 	mu      sync.Mutex
 	byID    map[string]knownContainer
 	changed chan struct{}
+	// inFlight counts the listings of a container under way (describe);
+	// gone marks those destroyed meanwhile, which a listing taken before
+	// the destroy must not bring back.
+	inFlight map[string]int
+	gone     map[string]bool
 }
 
 func newContainerCache() *containerCache {
-	return &containerCache{byID: map[string]knownContainer{}, changed: make(chan struct{})}
+	return &containerCache{byID: map[string]knownContainer{}, changed: make(chan struct{}),
+		inFlight: map[string]int{}, gone: map[string]bool{}}
 }
 
-// update applies f to the container id (zero if unknown); f returning
-// false removes it.
-func (cc *containerCache) update(id string, f func(c *knownContainer) bool) {
-	cc.mu.Lock()
-	defer cc.mu.Unlock()
-	c := cc.byID[id]
-	c.ID = id
-	if f(&c) {
-		cc.byID[id] = c
-	} else {
-		delete(cc.byID, id)
-	}
+// notify wakes the waiters; cc.mu is held.
+func (cc *containerCache) notify() {
 	close(cc.changed)
 	cc.changed = make(chan struct{})
+}
+
+// set adds or replaces a container.
+func (cc *containerCache) set(c knownContainer) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	cc.byID[c.ID] = c
+	cc.notify()
+}
+
+// update applies f to the container id; false when it is not known.
+func (cc *containerCache) update(id string, f func(c *knownContainer)) bool {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	c, ok := cc.byID[id]
+	if !ok {
+		return false
+	}
+	f(&c)
+	cc.byID[id] = c
+	cc.notify()
+	return true
+}
+
+// remove forgets a destroyed container.
+func (cc *containerCache) remove(id string) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	delete(cc.byID, id)
+	if cc.inFlight[id] > 0 {
+		cc.gone[id] = true
+	}
+	cc.notify()
+}
+
+// describing notes a listing of id under way (before it is asked).
+func (cc *containerCache) describing(id string) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	cc.inFlight[id]++
+}
+
+// described applies a listing of id noted by describing (got nil: not
+// listed). The events since are newer than the listing: it only fills in
+// what they do not say. A container not in the view is added only when
+// mayAdd, and never when destroyed since the listing was asked.
+func (cc *containerCache) described(id string, got *knownContainer, mayAdd bool) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	gone := cc.gone[id]
+	if cc.inFlight[id]--; cc.inFlight[id] <= 0 {
+		delete(cc.inFlight, id)
+		delete(cc.gone, id)
+	}
+	c, ok := cc.byID[id]
+	if got == nil || gone || !ok && !mayAdd {
+		return
+	}
+	if !ok {
+		c = *got
+	}
+	c.Networks = got.Networks
+	if got.Ports != nil {
+		c.Ports = got.Ports
+	}
+	cc.byID[id] = c
+	cc.notify()
 }
 
 // reset replaces the view with a listing's.
@@ -202,8 +266,7 @@ func (cc *containerCache) reset(cs []knownContainer) {
 	for _, c := range cs {
 		cc.byID[c.ID] = c
 	}
-	close(cc.changed)
-	cc.changed = make(chan struct{})
+	cc.notify()
 }
 
 func (cc *containerCache) all() []knownContainer {

@@ -12,20 +12,21 @@ func TestDriverOptLabels(t *testing.T) {
 		opts    map[string]interface{}
 		want    map[string]string
 		wantErr bool
+		wantIs  error // the error wraps it (nil: any error)
 	}{
-		{"none", map[string]interface{}{"com.docker.network.portmap": nil}, nil, false},
-		{"labels", map[string]interface{}{LabelPrefix + "role": "web", LabelPrefix + "example.com/tier": "", "other": "x"}, map[string]string{"role": "web", "example.com/tier": ""}, false},
-		{"not a string", map[string]interface{}{LabelPrefix + "role": 1.0}, nil, true},
-		{"empty name", map[string]interface{}{LabelPrefix: "web"}, nil, true},
-		{"space in value", map[string]interface{}{LabelPrefix + "role": "a b"}, nil, true},
-		{"too long", map[string]interface{}{LabelPrefix + "role": string(make([]byte, 64))}, nil, true},
-		{"implicit", map[string]interface{}{LabelPrefix + LabelContainer: "c"}, nil, true},
+		{"none", map[string]interface{}{"com.docker.network.portmap": nil}, nil, false, nil},
+		{"labels", map[string]interface{}{LabelPrefix + "role": "web", LabelPrefix + "example.com/tier": "", "other": "x"}, map[string]string{"role": "web", "example.com/tier": ""}, false, nil},
+		{"not a string", map[string]interface{}{LabelPrefix + "role": 1.0}, nil, true, nil},
+		{"empty name", map[string]interface{}{LabelPrefix: "web"}, nil, true, ErrInvalidLabel},
+		{"space in value", map[string]interface{}{LabelPrefix + "role": "a b"}, nil, true, ErrInvalidLabel},
+		{"too long", map[string]interface{}{LabelPrefix + "role": string(make([]byte, 64))}, nil, true, ErrInvalidLabel},
+		{"implicit", map[string]interface{}{LabelPrefix + LabelContainer: "c"}, nil, true, ErrInvalidLabel},
 	}
 	for _, tc := range tests {
 		got, err := DriverOptLabels(tc.opts)
 		if tc.wantErr {
-			if err == nil || tc.name != "not a string" && !errors.Is(err, ErrInvalidLabel) {
-				t.Errorf("%s: err %v, want an invalid label", tc.name, err)
+			if err == nil || tc.wantIs != nil && !errors.Is(err, tc.wantIs) {
+				t.Errorf("%s: err %v, want an error wrapping %v", tc.name, err, tc.wantIs)
 			}
 			continue
 		}
