@@ -220,3 +220,71 @@ func TestNFTCounters(t *testing.T) {
 		t.Errorf("denied counters %v", denied)
 	}
 }
+
+// TestHostFailsafeBeforeAnyDrop: in each host chain, the failsafe ports
+// and the cluster's tunnels (VXLAN with the nodes, this node's WireGuard
+// port) are accepted before any drop or policy jump, under deny-all
+// policies of every kind, and the tunnels stay open when the failsafe
+// lists are emptied.
+func TestHostFailsafeBeforeAnyDrop(t *testing.T) {
+	denyAll, err := api.DecodeResources(strings.NewReader(`
+apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: deny-prednat}
+spec: {order: 0, selector: all(), preDNAT: true, applyOnForward: true, types: [Ingress], ingress: [{action: Deny}]}
+---
+apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: deny-host}
+spec: {order: 0, selector: all(), types: [Ingress, Egress], ingress: [{action: Deny}], egress: [{action: Deny}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		failsafe Failsafe
+		want     map[string][]string // chain: comments that must come first
+	}{
+		{"default failsafe", DefaultFailsafe(), map[string][]string{
+			chainHostPre:    {"failsafe inbound tcp:22", "failsafe inbound tcp:179", "failsafe inbound tcp:2380", "cluster: VXLAN from a node", "cluster: WireGuard to this node"},
+			chainHostInput:  {"failsafe inbound tcp:22", "failsafe inbound tcp:2379", "cluster: VXLAN from a node", "cluster: WireGuard to this node"},
+			chainHostOutput: {"failsafe outbound tcp:179", "failsafe outbound tcp:2380", "cluster: VXLAN to a node", "cluster: WireGuard from this node"},
+		}},
+		{"no failsafe ports", Failsafe{}, map[string][]string{
+			chainHostPre:    {"cluster: VXLAN from a node", "cluster: WireGuard to this node"},
+			chainHostInput:  {"cluster: VXLAN from a node", "cluster: WireGuard to this node"},
+			chainHostOutput: {"cluster: VXLAN to a node", "cluster: WireGuard from this node"},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := hostState(t)
+			st.Policies = append(st.Policies, denyAll.Policies...)
+			st.Failsafe = tc.failsafe
+			st.Nodes[0].WireGuardPublicKey = "bm90IGEga2V5IGJ1dCBsb25nIGVub3VnaCB0byBwYXNzISE="
+			tb := mustTable(t, mustDesired(t, st), IPv4)
+			for chain, wants := range tc.want {
+				c, ok := tb.Chain(chain)
+				if !ok {
+					t.Fatalf("no chain %s", chain)
+				}
+				firstCut := -1
+				for i, r := range c.Rules {
+					if r.Verdict == Drop || r.Verdict == Jump && strings.HasPrefix(r.Target, hostDispatchPref) {
+						firstCut = i
+						break
+					}
+				}
+				if firstCut < 0 {
+					t.Fatalf("%s: no policy jump or drop under deny-all:\n%s", chain, strings.Join(rulesOf(t, tb, chain), "\n"))
+				}
+				for _, w := range wants {
+					at := slices.IndexFunc(c.Rules, func(r Rule) bool { return r.Comment == w && r.Verdict == Accept })
+					if at < 0 || at > firstCut {
+						t.Errorf("%s: %q at %d, the first drop or policy jump at %d:\n%s", chain, w, at, firstCut, strings.Join(rulesOf(t, tb, chain), "\n"))
+					}
+				}
+			}
+		})
+	}
+}
