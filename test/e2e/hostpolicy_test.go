@@ -111,7 +111,8 @@ next:
 // another client is refused, a container of the network on another host
 // still reaches the container's own port, and the policy's counters in
 // /metrics move. Then a deny-all host policy: the failsafe port (BGP 179)
-// stays reachable while a host service on another port is cut.
+// stays reachable while a host service on another port is cut; and so it
+// does under a deny-all pre-DNAT policy.
 func TestHostEndpointPreDNAT(t *testing.T) {
 	t.Parallel()
 	c := newBGPCluster(t)
@@ -175,6 +176,17 @@ func TestHostEndpointPreDNAT(t *testing.T) {
 	service := net.JoinHostPort(a.IP.String(), "8099")
 	a.StartProcess(t, "hostweb", nil, harness.TCPReady(service), "/bin/busybox", "httpd", "-f", "-p", "8099", "-h", dir)
 	bgp := net.JoinHostPort(a.IP.String(), "179")
+	failsafeAnswers := func(under string) {
+		t.Helper()
+		for _, h := range []*harness.Host{office, other, b.Host} {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			out, err := h.ExecCtx(ctx, "timeout", "2", "bash", "-c", "exec 3<>/dev/tcp/"+a.IP.String()+"/179")
+			cancel()
+			if err != nil {
+				t.Errorf("failsafe BGP port %s from %s under %s: %v %s", bgp, h.Name, under, err, out)
+			}
+		}
+	}
 	denyAll := `apiVersion: projectcalico.org/v3
 kind: GlobalNetworkPolicy
 metadata: {name: deny-all-host}
@@ -195,17 +207,40 @@ spec:
 		}
 		return nil
 	})
-	for _, h := range []*harness.Host{office, other, b.Host} {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		out, err := h.ExecCtx(ctx, "timeout", "2", "bash", "-c", "exec 3<>/dev/tcp/"+a.IP.String()+"/179")
-		cancel()
-		if err != nil {
-			t.Errorf("failsafe BGP port %s from %s under deny-all: %v %s", bgp, h.Name, err, out)
-		}
-	}
+	failsafeAnswers("a deny-all policy")
 	// The BGP session between the hosts survives: b's container still
 	// reaches a's through the routes it carries.
 	b.expect(t, "peer", webIP, 80, true, "across hosts under deny-all (BGP failsafe)")
+
+	// A deny-all pre-DNAT policy, ahead of web-from-office: once the office
+	// client is refused the published port it is in force, and the
+	// failsafe port still answers every host (prerouting accepts it before
+	// any pre-DNAT policy).
+	preDenyAll := `apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: deny-all-prednat}
+spec:
+  order: 1
+  selector: role == 'docker-host'
+  preDNAT: true
+  applyOnForward: true
+  types: [Ingress]
+  ingress: [{action: Deny}]
+`
+	if err := os.WriteFile(file, []byte(preDenyAll), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.mustCtl(t, "apply", "-f", file)
+	harness.Eventually(t, 10*time.Second, 100*time.Millisecond, "the office client is refused the published port by the deny-all pre-DNAT policy", func() error {
+		if out, err := tcpFrom(office, published); err == nil {
+			return fmt.Errorf("connected: %q", out)
+		}
+		return nil
+	})
+	failsafeAnswers("a deny-all pre-DNAT policy")
+	if n := metricSum(t, a.Host, "calico_cnm_policy_rule_packets_total", `policy="deny-all-prednat"`, `rule="ingress[0]"`, `action="Deny"`); n < 1 {
+		t.Errorf("/metrics: deny-all-prednat denied %v packets; want the refused connection counted", n)
+	}
 }
 
 // TestNetworkSetDenyList: the README's blocklist, updated while two
