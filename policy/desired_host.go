@@ -40,7 +40,8 @@ import (
 // there too, whatever the failsafe lists say (as Felix does): VXLAN to and
 // from the cluster's nodes, and this node's WireGuard port while its node
 // record publishes a key. A failsafe list is the user's to shorten; the
-// tunnels that carry every container's traffic between hosts are not.
+// tunnels that carry every container's traffic between hosts are not; nor
+// is IPv6 neighbor discovery, without which no IPv6 packet flows.
 
 // markPreDNAT is set on a packet a pre-DNAT policy allowed.
 const markPreDNAT uint32 = 0x00040000
@@ -190,7 +191,7 @@ func (pt *policyTable) hostChains(t *Table, forward *Chain, heps []api.HostEndpo
 	if len(heps) == 0 {
 		return
 	}
-	clIn, clOut := cl.rules()
+	clIn, clOut := cl.rules(pt.f)
 	var named []string
 	for _, h := range heps {
 		if h.Spec.InterfaceName != api.AllInterfaces {
@@ -245,10 +246,16 @@ func clusterOf(st State) clusterTraffic {
 	return clusterTraffic{}
 }
 
+// ndpTypes are ICMPv6 router solicitation and advertisement, neighbor
+// solicitation and advertisement: without them the host's neighbors
+// cannot be resolved, and no IPv6 packet (failsafe or allowed) flows.
+var ndpTypes = []uint8{133, 134, 135, 136}
+
 // rules accept the tunnels' packets: VXLAN from (inbound) and to
 // (outbound) the cluster's nodes, WireGuard to this node's port and from
-// it (the device sends from its listen port).
-func (cl clusterTraffic) rules() (in, out []Rule) {
+// it (the device sends from its listen port); in the ip6 table, neighbor
+// discovery both ways.
+func (cl clusterTraffic) rules(f Family) (in, out []Rule) {
 	udp := Match{Kind: MatchL4Proto, Proto: unix.IPPROTO_UDP}
 	vxlan := Match{Kind: MatchPort, Min: VXLANPort, Max: VXLANPort}
 	in = []Rule{{Matches: []Match{udp, vxlan, {Kind: MatchAddrSet, In: true, Value: setHosts}}, Verdict: Accept, Comment: "cluster: VXLAN from a node"}}
@@ -256,6 +263,13 @@ func (cl clusterTraffic) rules() (in, out []Rule) {
 	if p := cl.wireGuardPort; p != 0 {
 		in = append(in, Rule{Matches: []Match{udp, {Kind: MatchPort, Min: p, Max: p}}, Verdict: Accept, Comment: "cluster: WireGuard to this node"})
 		out = append(out, Rule{Matches: []Match{udp, {Kind: MatchPort, In: true, Min: p, Max: p}}, Verdict: Accept, Comment: "cluster: WireGuard from this node"})
+	}
+	if f == IPv6 {
+		for _, typ := range ndpTypes {
+			r := Rule{Matches: []Match{{Kind: MatchL4Proto, Proto: unix.IPPROTO_ICMPV6}, {Kind: MatchICMPType, Proto: typ}},
+				Verdict: Accept, Comment: "IPv6 neighbor discovery, type " + strconv.Itoa(int(typ))}
+			in, out = append(in, r), append(out, r)
+		}
 	}
 	return in, out
 }

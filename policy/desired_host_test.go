@@ -262,29 +262,42 @@ spec: {order: 0, selector: all(), types: [Ingress, Egress], ingress: [{action: D
 			st.Policies = append(st.Policies, denyAll.Policies...)
 			st.Failsafe = tc.failsafe
 			st.Nodes[0].WireGuardPublicKey = "bm90IGEga2V5IGJ1dCBsb25nIGVub3VnaCB0byBwYXNzISE="
-			tb := mustTable(t, mustDesired(t, st), IPv4)
-			for chain, wants := range tc.want {
-				c, ok := tb.Chain(chain)
-				if !ok {
-					t.Fatalf("no chain %s", chain)
-				}
-				firstCut := -1
-				for i, r := range c.Rules {
-					if r.Verdict == Drop || r.Verdict == Jump && strings.HasPrefix(r.Target, hostDispatchPref) {
-						firstCut = i
-						break
-					}
-				}
-				if firstCut < 0 {
-					t.Fatalf("%s: no policy jump or drop under deny-all:\n%s", chain, strings.Join(rulesOf(t, tb, chain), "\n"))
-				}
-				for _, w := range wants {
-					at := slices.IndexFunc(c.Rules, func(r Rule) bool { return r.Comment == w && r.Verdict == Accept })
-					if at < 0 || at > firstCut {
-						t.Errorf("%s: %q at %d, the first drop or policy jump at %d:\n%s", chain, w, at, firstCut, strings.Join(rulesOf(t, tb, chain), "\n"))
-					}
-				}
+			st.IPv6 = true
+			rs := mustDesired(t, st)
+			first(t, mustTable(t, rs, IPv4), tc.want)
+			ndp := map[string][]string{}
+			for _, chain := range []string{chainHostPre, chainHostInput, chainHostOutput} {
+				ndp[chain] = []string{"IPv6 neighbor discovery, type 135", "IPv6 neighbor discovery, type 136"}
 			}
+			first(t, mustTable(t, rs, IPv6), ndp)
 		})
+	}
+}
+
+// first checks that in each chain the rules commented wants accept before
+// any drop or policy jump.
+func first(t *testing.T, tb Table, want map[string][]string) {
+	t.Helper()
+	for chain, wants := range want {
+		c, ok := tb.Chain(chain)
+		if !ok {
+			t.Fatalf("no chain %s", chain)
+		}
+		firstCut := -1
+		for i, r := range c.Rules {
+			if r.Verdict == Drop || r.Verdict == Jump && strings.HasPrefix(r.Target, hostDispatchPref) {
+				firstCut = i
+				break
+			}
+		}
+		if firstCut < 0 {
+			t.Fatalf("%s: no policy jump or drop under deny-all:\n%s", chain, strings.Join(rulesOf(t, tb, chain), "\n"))
+		}
+		for _, w := range wants {
+			at := slices.IndexFunc(c.Rules, func(r Rule) bool { return r.Comment == w && r.Verdict == Accept })
+			if at < 0 || at > firstCut {
+				t.Errorf("%s %s: %q at %d, the first drop or policy jump at %d:\n%s", tb.Family, chain, w, at, firstCut, strings.Join(rulesOf(t, tb, chain), "\n"))
+			}
+		}
 	}
 }
