@@ -168,7 +168,14 @@ func localHostEndpoints(st State) ([]api.HostEndpoint, []string) {
 	})
 	for _, h := range heps {
 		ifc := h.Spec.InterfaceName
-		if h.Spec.Node != st.Node || ifc == "" {
+		if h.Spec.Node != st.Node {
+			continue
+		}
+		if ifc == "" {
+			// Calico would find the interface holding an expected IP;
+			// here such an endpoint only lends its addresses to rule
+			// selectors, and says so.
+			warnings = append(warnings, fmt.Sprintf("host endpoint %s names no interfaceName: no traffic of this host is under its policy (its expectedIPs only match rule selectors)", h.Metadata.Name))
 			continue
 		}
 		if prev, dup := seen[ifc]; dup {

@@ -301,3 +301,20 @@ func first(t *testing.T, tb Table, want map[string][]string) {
 		}
 	}
 }
+
+// TestHostEndpointWithoutInterface: an endpoint of this host that names
+// no interface puts nothing under policy, and Desired says so.
+func TestHostEndpointWithoutInterface(t *testing.T) {
+	st := hostState(t)
+	st.HostEndpoints[0].Spec.InterfaceName = ""
+	rs, warnings := Desired(st)
+	tb := mustTable(t, rs, IPv4)
+	if _, ok := tb.Chain(chainHostInput); ok {
+		t.Errorf("host chains for an endpoint without an interface")
+	}
+	if !slices.ContainsFunc(warnings, func(w string) bool {
+		return strings.Contains(w, "host endpoint h1-eth0 names no interfaceName")
+	}) {
+		t.Errorf("no warning about the endpoint without an interface: %q", warnings)
+	}
+}
