@@ -54,11 +54,6 @@ func TestSyncerAppliesATransactionWhole(t *testing.T) {
 	defer cancel()
 	res, err := api.DecodeResources(strings.NewReader(`
 apiVersion: projectcalico.org/v3
-kind: HostEndpoint
-metadata: {name: h1-eth0, labels: {role: host}}
-spec: {node: h1, interfaceName: eth0, expectedIPs: [10.0.0.11]}
----
-apiVersion: projectcalico.org/v3
 kind: GlobalNetworkPolicy
 metadata: {name: host-open}
 spec: {selector: role == 'host', types: [Ingress, Egress], ingress: [{action: Allow}], egress: [{action: Allow}]}
@@ -66,6 +61,7 @@ spec: {selector: role == 'host', types: [Ingress, Egress], ingress: [{action: Al
 	if err != nil {
 		t.Fatal(err)
 	}
+	res.HostEndpoints = hostState(t).HostEndpoints[:1] // h1-eth0, role host
 	hep, pol := res.HostEndpoints[0], res.Policies[0]
 	dp := &halfDataplane{}
 	s, err := NewSyncer(Config{Store: m.Client(t), Node: "h1", Dataplane: dp, ResyncInterval: time.Hour, Log: testLog(t)})

@@ -187,26 +187,25 @@ func TestHostEndpointPreDNAT(t *testing.T) {
 			}
 		}
 	}
-	denyAll := `apiVersion: projectcalico.org/v3
-kind: GlobalNetworkPolicy
-metadata: {name: deny-all-host}
-spec:
-  order: 1
-  selector: role == 'docker-host'
-  types: [Ingress]
-  ingress: [{action: Deny}]
-`
+	// denyAll applies a deny-all ingress policy of the host endpoint (pre-DNAT
+	// or not) and waits until from is refused addr: then it is in force.
 	file := filepath.Join(dir, "deny.yaml")
-	if err := os.WriteFile(file, []byte(denyAll), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c.mustCtl(t, "apply", "-f", file)
-	harness.Eventually(t, 10*time.Second, 100*time.Millisecond, "the host's service on 8099 is cut by the deny-all policy", func() error {
-		if out, err := tcpFrom(other, service); err == nil {
-			return fmt.Errorf("connected: %q", out)
+	denyAll := func(name, kind string, from *harness.Host, addr string) {
+		t.Helper()
+		y := "apiVersion: projectcalico.org/v3\nkind: GlobalNetworkPolicy\nmetadata: {name: " + name + "}\n" +
+			"spec:\n  order: 1\n  selector: role == 'docker-host'\n" + kind + "  types: [Ingress]\n  ingress: [{action: Deny}]\n"
+		if err := os.WriteFile(file, []byte(y), 0o644); err != nil {
+			t.Fatal(err)
 		}
-		return nil
-	})
+		c.mustCtl(t, "apply", "-f", file)
+		harness.Eventually(t, 10*time.Second, 100*time.Millisecond, from.Name+" is refused "+addr+" under "+name, func() error {
+			if out, err := tcpFrom(from, addr); err == nil {
+				return fmt.Errorf("connected: %q", out)
+			}
+			return nil
+		})
+	}
+	denyAll("deny-all-host", "", other, service)
 	failsafeAnswers("a deny-all policy")
 	// The BGP session between the hosts survives: b's container still
 	// reaches a's through the routes it carries.
@@ -216,27 +215,7 @@ spec:
 	// client is refused the published port it is in force, and the
 	// failsafe port still answers every host (prerouting accepts it before
 	// any pre-DNAT policy).
-	preDenyAll := `apiVersion: projectcalico.org/v3
-kind: GlobalNetworkPolicy
-metadata: {name: deny-all-prednat}
-spec:
-  order: 1
-  selector: role == 'docker-host'
-  preDNAT: true
-  applyOnForward: true
-  types: [Ingress]
-  ingress: [{action: Deny}]
-`
-	if err := os.WriteFile(file, []byte(preDenyAll), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c.mustCtl(t, "apply", "-f", file)
-	harness.Eventually(t, 10*time.Second, 100*time.Millisecond, "the office client is refused the published port by the deny-all pre-DNAT policy", func() error {
-		if out, err := tcpFrom(office, published); err == nil {
-			return fmt.Errorf("connected: %q", out)
-		}
-		return nil
-	})
+	denyAll("deny-all-prednat", "  preDNAT: true\n  applyOnForward: true\n", office, published)
 	failsafeAnswers("a deny-all pre-DNAT policy")
 	if n := metricSum(t, a.Host, "calico_cnm_policy_rule_packets_total", `policy="deny-all-prednat"`, `rule="ingress[0]"`, `action="Deny"`); n < 1 {
 		t.Errorf("/metrics: deny-all-prednat denied %v packets; want the refused connection counted", n)
