@@ -45,6 +45,11 @@ func newPolicy(cfg Config, store *datastore.Store, log logrus.FieldLogger) (*pol
 		nft.Close()
 		return nil, err
 	}
+	failsafe := policy.DefaultFailsafe()
+	if cfg.Failsafe != nil {
+		failsafe = *cfg.Failsafe
+	}
+	failsafe = withOwnPorts(failsafe, cfg)
 	syncer, err := policy.NewSyncer(policy.Config{
 		Store:          store,
 		Node:           cfg.NodeName,
@@ -53,7 +58,7 @@ func newPolicy(cfg Config, store *datastore.Store, log logrus.FieldLogger) (*pol
 		IPv6:           ipv6Available(cfg.ProcSys),
 		ResyncInterval: cfg.ResyncInterval,
 		Log:            log,
-		Failsafe:       cfg.Failsafe,
+		Failsafe:       &failsafe,
 	})
 	if err != nil {
 		nft.Close()

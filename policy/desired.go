@@ -250,7 +250,7 @@ func Desired(st State) (Ruleset, []string) {
 	}
 	var rs Ruleset
 	for _, f := range families {
-		t := desiredTable(f, locals, members, pools[f], natPools[f], hosts[f], vteps[f], plan, heps, st.Failsafe)
+		t := desiredTable(f, locals, members, pools[f], natPools[f], hosts[f], vteps[f], plan, heps, st.Failsafe, clusterOf(st))
 		rs.Tables = append(rs.Tables, t)
 	}
 	rs.Tables[0].Chains = append(rs.Tables[0].Chains, vxlanChains(st.Pools)...) // IPv4 only, as VXLAN
@@ -410,7 +410,7 @@ func familyOf(a netip.Addr) Family {
 	return IPv6
 }
 
-func desiredTable(f Family, locals []localEndpoint, members map[string]map[Family][]netip.Addr, pools, natPools []netip.Prefix, hosts, vteps []netip.Addr, plan policyPlan, heps []api.HostEndpoint, fs Failsafe) Table {
+func desiredTable(f Family, locals []localEndpoint, members map[string]map[Family][]netip.Addr, pools, natPools []netip.Prefix, hosts, vteps []netip.Addr, plan policyPlan, heps []api.HostEndpoint, fs Failsafe, cl clusterTraffic) Table {
 	pt := newPolicyTable(f, plan)
 	t := Table{Family: f, Sets: fixedSets(locals, pools, natPools, hosts, vteps), Chains: []Chain{natChain()}}
 	forward := forwardChain()
@@ -443,7 +443,7 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 			t.Chains = append(t.Chains, egressChain(EgressChainName(l.network.ID), set, name))
 		}
 	}
-	pt.hostChains(&t, &forward, heps, fs)
+	pt.hostChains(&t, &forward, heps, fs, cl)
 	t.Chains = append(t.Chains, forward)
 	pt.finish(&t)
 	return t

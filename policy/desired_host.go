@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/calico-cnm/calico-cnm/policy/api"
+	"github.com/calico-cnm/calico-cnm/wireguard"
 )
 
 // Host endpoints (api.HostEndpoint) put the host's own interfaces under
@@ -35,7 +36,12 @@ import (
 //
 // Failsafe ports (State.Failsafe) are accepted before any of it, so that a
 // policy cannot cut a host off its cluster; replies of allowed
-// connections pass (conntrack).
+// connections pass (conntrack). The cluster's own data plane is accepted
+// there too, whatever the failsafe lists say (as Felix does): VXLAN to and
+// from the cluster's nodes, and this node's WireGuard port while its node
+// record publishes a key. A failsafe list is the user's to shorten; the
+// tunnels that carry every container's traffic between hosts are not; nor
+// is IPv6 neighbor discovery, without which no IPv6 packet flows.
 
 // markPreDNAT is set on a packet a pre-DNAT policy allowed.
 const markPreDNAT uint32 = 0x00040000
@@ -162,7 +168,14 @@ func localHostEndpoints(st State) ([]api.HostEndpoint, []string) {
 	})
 	for _, h := range heps {
 		ifc := h.Spec.InterfaceName
-		if h.Spec.Node != st.Node || ifc == "" {
+		if h.Spec.Node != st.Node {
+			continue
+		}
+		if ifc == "" {
+			// Calico would find the interface holding an expected IP;
+			// here such an endpoint only lends its addresses to rule
+			// selectors, and says so.
+			warnings = append(warnings, fmt.Sprintf("host endpoint %s names no interfaceName: no traffic of this host is under its policy (its expectedIPs only match rule selectors)", h.Metadata.Name))
 			continue
 		}
 		if prev, dup := seen[ifc]; dup {
@@ -181,10 +194,11 @@ func localHostEndpoints(st State) ([]api.HostEndpoint, []string) {
 
 // hostChains adds the host endpoint program to t (see above) and the
 // forward rules to forward.
-func (pt *policyTable) hostChains(t *Table, forward *Chain, heps []api.HostEndpoint, fs Failsafe) {
+func (pt *policyTable) hostChains(t *Table, forward *Chain, heps []api.HostEndpoint, fs Failsafe, cl clusterTraffic) {
 	if len(heps) == 0 {
 		return
 	}
+	clIn, clOut := cl.rules(pt.f)
 	var named []string
 	for _, h := range heps {
 		if h.Spec.InterfaceName != api.AllInterfaces {
@@ -195,17 +209,17 @@ func (pt *policyTable) hostChains(t *Table, forward *Chain, heps []api.HostEndpo
 	established := Rule{Matches: []Match{{Kind: MatchCtEstablished}}, Verdict: Accept, Comment: "replies of allowed connections"}
 	fromWorkload := Rule{Matches: []Match{{Kind: MatchIfname, In: true, Value: workloadIfPrefix, Prefix: true}}, Verdict: Accept, Comment: "from containers: their own policy"}
 	pre := Chain{Name: chainHostPre, Base: &BaseChain{Type: "filter", Hook: "prerouting", Priority: priorityMangle},
-		Rules: append([]Rule{established, fromWorkload}, failsafeRules(fs.Inbound, false)...)}
+		Rules: append(append([]Rule{established, fromWorkload}, clIn...), failsafeRules(fs.Inbound, false)...)}
 	in := Chain{Name: chainHostInput, Base: &BaseChain{Type: "filter", Hook: "input", Priority: priorityFilter},
 		Rules: []Rule{established, fromWorkload,
 			{Matches: []Match{{Kind: MatchIfname, In: true, Value: loopbackIf}}, Verdict: Accept, Comment: "the host to itself"},
 			{Matches: []Match{{Kind: MatchMark, Mark: markPreDNAT}}, Verdict: Accept, Comment: "allowed by a pre-DNAT policy"}}}
-	in.Rules = append(in.Rules, failsafeRules(fs.Inbound, false)...)
+	in.Rules = append(append(in.Rules, clIn...), failsafeRules(fs.Inbound, false)...)
 	out := Chain{Name: chainHostOutput, Base: &BaseChain{Type: "filter", Hook: "output", Priority: priorityFilter},
 		Rules: []Rule{established,
 			{Matches: []Match{{Kind: MatchIfname, Value: workloadIfPrefix, Prefix: true}}, Verdict: Accept, Comment: "the host to its containers (not filtered, as in Calico)"},
 			{Matches: []Match{{Kind: MatchIfname, Value: loopbackIf}}, Verdict: Accept, Comment: "the host to itself"}}}
-	out.Rules = append(out.Rules, failsafeRules(fs.Outbound, true)...)
+	out.Rules = append(append(out.Rules, clOut...), failsafeRules(fs.Outbound, true)...)
 	for _, h := range heps {
 		pre.Rules = append(pre.Rules, pt.hostRules(h, hostKinds.preDNAT)...)
 		in.Rules = append(in.Rules, pt.hostRules(h, hostKinds.in)...)
@@ -214,6 +228,57 @@ func (pt *policyTable) hostChains(t *Table, forward *Chain, heps []api.HostEndpo
 		forward.Rules = append(forward.Rules, pt.hostRules(h, hostKinds.fwdOut)...)
 	}
 	t.Chains = append(t.Chains, pre, in, out)
+}
+
+// clusterTraffic is what the cluster's own tunnels need of this host.
+type clusterTraffic struct {
+	// wireGuardPort is this node's WireGuard listen port; 0 while its
+	// node record publishes no key.
+	wireGuardPort uint16
+}
+
+// clusterOf reads this node's WireGuard port from its node record (0 in
+// the record is the device's default port).
+func clusterOf(st State) clusterTraffic {
+	for _, n := range st.Nodes {
+		if n.Name != st.Node || n.WireGuardPublicKey == "" {
+			continue
+		}
+		port := n.WireGuardPort
+		if port <= 0 || port > 65535 {
+			port = wireguard.DefaultPort
+		}
+		return clusterTraffic{wireGuardPort: uint16(port)}
+	}
+	return clusterTraffic{}
+}
+
+// ndpTypes are ICMPv6 router solicitation and advertisement, neighbor
+// solicitation and advertisement: without them the host's neighbors
+// cannot be resolved, and no IPv6 packet (failsafe or allowed) flows.
+var ndpTypes = []uint8{133, 134, 135, 136}
+
+// rules accept the tunnels' packets: VXLAN from (inbound) and to
+// (outbound) the cluster's nodes, WireGuard to this node's port and from
+// it (the device sends from its listen port); in the ip6 table, neighbor
+// discovery both ways.
+func (cl clusterTraffic) rules(f Family) (in, out []Rule) {
+	udp := Match{Kind: MatchL4Proto, Proto: unix.IPPROTO_UDP}
+	vxlan := Match{Kind: MatchPort, Min: VXLANPort, Max: VXLANPort}
+	in = []Rule{{Matches: []Match{udp, vxlan, {Kind: MatchAddrSet, In: true, Value: setHosts}}, Verdict: Accept, Comment: "cluster: VXLAN from a node"}}
+	out = []Rule{{Matches: []Match{udp, vxlan, {Kind: MatchAddrSet, Value: setHosts}}, Verdict: Accept, Comment: "cluster: VXLAN to a node"}}
+	if p := cl.wireGuardPort; p != 0 {
+		in = append(in, Rule{Matches: []Match{udp, {Kind: MatchPort, Min: p, Max: p}}, Verdict: Accept, Comment: "cluster: WireGuard to this node"})
+		out = append(out, Rule{Matches: []Match{udp, {Kind: MatchPort, In: true, Min: p, Max: p}}, Verdict: Accept, Comment: "cluster: WireGuard from this node"})
+	}
+	if f == IPv6 {
+		for _, typ := range ndpTypes {
+			r := Rule{Matches: []Match{{Kind: MatchL4Proto, Proto: unix.IPPROTO_ICMPV6}, {Kind: MatchICMPType, Proto: typ}},
+				Verdict: Accept, Comment: "IPv6 neighbor discovery, type " + strconv.Itoa(int(typ))}
+			in, out = append(in, r), append(out, r)
+		}
+	}
+	return in, out
 }
 
 // failsafeRules accept the failsafe ports: inbound by destination port,

@@ -220,3 +220,101 @@ func TestNFTCounters(t *testing.T) {
 		t.Errorf("denied counters %v", denied)
 	}
 }
+
+// TestHostFailsafeBeforeAnyDrop: in each host chain, the failsafe ports
+// and the cluster's tunnels (VXLAN with the nodes, this node's WireGuard
+// port) are accepted before any drop or policy jump, under deny-all
+// policies of every kind, and the tunnels stay open when the failsafe
+// lists are emptied.
+func TestHostFailsafeBeforeAnyDrop(t *testing.T) {
+	denyAll, err := api.DecodeResources(strings.NewReader(`
+apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: deny-prednat}
+spec: {order: 0, selector: all(), preDNAT: true, applyOnForward: true, types: [Ingress], ingress: [{action: Deny}]}
+---
+apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: deny-host}
+spec: {order: 0, selector: all(), types: [Ingress, Egress], ingress: [{action: Deny}], egress: [{action: Deny}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		failsafe Failsafe
+		want     map[string][]string // chain: comments that must come first
+	}{
+		{"default failsafe", DefaultFailsafe(), map[string][]string{
+			chainHostPre:    {"failsafe inbound tcp:22", "failsafe inbound tcp:179", "failsafe inbound tcp:2380", "cluster: VXLAN from a node", "cluster: WireGuard to this node"},
+			chainHostInput:  {"failsafe inbound tcp:22", "failsafe inbound tcp:2379", "cluster: VXLAN from a node", "cluster: WireGuard to this node"},
+			chainHostOutput: {"failsafe outbound tcp:179", "failsafe outbound tcp:2380", "cluster: VXLAN to a node", "cluster: WireGuard from this node"},
+		}},
+		{"no failsafe ports", Failsafe{}, map[string][]string{
+			chainHostPre:    {"cluster: VXLAN from a node", "cluster: WireGuard to this node"},
+			chainHostInput:  {"cluster: VXLAN from a node", "cluster: WireGuard to this node"},
+			chainHostOutput: {"cluster: VXLAN to a node", "cluster: WireGuard from this node"},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := hostState(t)
+			st.Policies = append(st.Policies, denyAll.Policies...)
+			st.Failsafe = tc.failsafe
+			st.Nodes[0].WireGuardPublicKey = "bm90IGEga2V5IGJ1dCBsb25nIGVub3VnaCB0byBwYXNzISE="
+			st.IPv6 = true
+			rs := mustDesired(t, st)
+			first(t, mustTable(t, rs, IPv4), tc.want)
+			ndp := map[string][]string{}
+			for _, chain := range []string{chainHostPre, chainHostInput, chainHostOutput} {
+				ndp[chain] = []string{"IPv6 neighbor discovery, type 135", "IPv6 neighbor discovery, type 136"}
+			}
+			first(t, mustTable(t, rs, IPv6), ndp)
+		})
+	}
+}
+
+// first checks that in each chain the rules commented wants accept before
+// any drop or policy jump.
+func first(t *testing.T, tb Table, want map[string][]string) {
+	t.Helper()
+	for chain, wants := range want {
+		c, ok := tb.Chain(chain)
+		if !ok {
+			t.Fatalf("no chain %s", chain)
+		}
+		firstCut := -1
+		for i, r := range c.Rules {
+			if r.Verdict == Drop || r.Verdict == Jump && strings.HasPrefix(r.Target, hostDispatchPref) {
+				firstCut = i
+				break
+			}
+		}
+		if firstCut < 0 {
+			t.Fatalf("%s: no policy jump or drop under deny-all:\n%s", chain, strings.Join(rulesOf(t, tb, chain), "\n"))
+		}
+		for _, w := range wants {
+			at := slices.IndexFunc(c.Rules, func(r Rule) bool { return r.Comment == w && r.Verdict == Accept })
+			if at < 0 || at > firstCut {
+				t.Errorf("%s %s: %q at %d, the first drop or policy jump at %d:\n%s", tb.Family, chain, w, at, firstCut, strings.Join(rulesOf(t, tb, chain), "\n"))
+			}
+		}
+	}
+}
+
+// TestHostEndpointWithoutInterface: an endpoint of this host that names
+// no interface puts nothing under policy, and Desired says so.
+func TestHostEndpointWithoutInterface(t *testing.T) {
+	st := hostState(t)
+	st.HostEndpoints[0].Spec.InterfaceName = ""
+	rs, warnings := Desired(st)
+	tb := mustTable(t, rs, IPv4)
+	if _, ok := tb.Chain(chainHostInput); ok {
+		t.Errorf("host chains for an endpoint without an interface")
+	}
+	if !slices.ContainsFunc(warnings, func(w string) bool {
+		return strings.Contains(w, "host endpoint h1-eth0 names no interfaceName")
+	}) {
+		t.Errorf("no warning about the endpoint without an interface: %q", warnings)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -64,8 +65,9 @@ const (
 )
 
 // Syncer keeps the tables in step with the datastore: it follows pools,
-// networks, endpoints and nodes with etcd watches (re-listing when a watch
-// breaks) and applies the desired tables after every burst of changes.
+// networks, endpoints, nodes and the policy resources with etcd watches
+// (re-listing when a watch breaks) and applies the desired tables after
+// every burst of changes.
 type Syncer struct {
 	cfg Config
 	log logrus.FieldLogger
@@ -172,8 +174,19 @@ func (s *Syncer) setProgrammed(rev int64, why string) {
 	}
 }
 
-var followed = []string{ipam.PoolsPrefix, datastore.NetworksPrefix, datastore.EndpointsPrefix, datastore.NodesPrefix, api.PoliciesPrefix,
-	api.HostEndpointsPrefix, api.NetworkSetsPrefix}
+// followed are the prefixes whose records Desired reads: each but the
+// policy kinds followed by its own watch; the policy kinds (policyKinds)
+// together.
+var followed = append([]string{ipam.PoolsPrefix, datastore.NetworksPrefix, datastore.EndpointsPrefix, datastore.NodesPrefix}, policyKinds...)
+
+// policyKinds are the prefixes of the policy resources under api.Prefix.
+// One apply -f writes several kinds in one transaction (a host endpoint
+// and the policy that opens it, a policy and the network set it names),
+// and a pass must see all of it or none: one per-kind watch delivering
+// its event before another would program the endpoint with its default
+// deny and without its policy for a moment. So they are followed as one:
+// each change re-reads api.Prefix whole, at one revision.
+var policyKinds = []string{api.PoliciesPrefix, api.HostEndpointsPrefix, api.NetworkSetsPrefix}
 
 // update is what a prefix follower tells the main loop: a full snapshot
 // (after a (re-)list) or one event.
@@ -182,6 +195,10 @@ type update struct {
 	snapshot map[string][]byte // non-nil: replaces the prefix's records
 	rev      int64             // the snapshot's revision
 	event    *datastore.Event
+	// snapshots, from the policy follower, replace several prefixes'
+	// records at once (prefix and snapshot are then unused; rev is the
+	// revision of the event that caused the list).
+	snapshots map[string]map[string][]byte
 }
 
 // Run syncs until ctx is done. Until the datastore has been read once the
@@ -254,12 +271,20 @@ type syncState struct {
 func (s *Syncer) startHelpers(ctx context.Context, wg *sync.WaitGroup) (updates chan update, names chan map[string]bool) {
 	updates = make(chan update, 256)
 	for _, p := range followed {
+		if slices.Contains(policyKinds, p) {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			s.follow(ctx, p, updates)
 		}()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.followPolicy(ctx, updates)
+	}()
 	if s.cfg.Names != nil {
 		names = make(chan map[string]bool, 1)
 		wg.Add(1)
@@ -352,6 +377,10 @@ func (s *Syncer) merge(records map[string]map[string][]byte, loaded map[string]b
 	if u.event != nil {
 		s.seenRev = max(s.seenRev, u.event.ModRevision)
 	}
+	if u.snapshots != nil {
+		// The policy follower's lists stand for its events.
+		s.seenRev = max(s.seenRev, u.rev)
+	}
 	if u.prefix == datastore.EndpointsPrefix {
 		rev = u.rev
 		if u.event != nil {
@@ -359,9 +388,15 @@ func (s *Syncer) merge(records map[string]map[string][]byte, loaded map[string]b
 		}
 	}
 	if u.snapshot != nil {
-		changed := !loaded[u.prefix] || !maps.EqualFunc(records[u.prefix], u.snapshot, bytes.Equal)
-		records[u.prefix] = u.snapshot
-		loaded[u.prefix] = true
+		u.snapshots = map[string]map[string][]byte{u.prefix: u.snapshot}
+	}
+	if u.snapshots != nil {
+		changed := false
+		for prefix, snap := range u.snapshots {
+			changed = changed || !loaded[prefix] || !maps.EqualFunc(records[prefix], snap, bytes.Equal)
+			records[prefix] = snap
+			loaded[prefix] = true
+		}
 		return rev, changed
 	}
 	if records[u.prefix] == nil {
@@ -419,6 +454,68 @@ func (s *Syncer) follow(ctx context.Context, prefix string, out chan<- update) {
 			}
 		}
 		cancel()
+		if !delay.Wait(ctx) {
+			return
+		}
+	}
+}
+
+// followPolicy follows the policy kinds (policyKinds) as one: a list of
+// api.Prefix, then at each watch event a new list, at one revision, that
+// replaces all their records at once; the events the list already holds
+// are skipped. A broken watch or list starts over (with backoff).
+func (s *Syncer) followPolicy(ctx context.Context, out chan<- update) {
+	delay := retry.New(retry.Standard())
+	// list sends the records; cause is the revision of the event that
+	// called for it (0 for the first), which the pass is then known to
+	// have taken in (passedRev).
+	list := func(cause int64) (int64, bool) {
+		kvs, rev, err := s.cfg.Store.ListWithRevision(ctx, api.Prefix)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.WithError(err).WithField("prefix", api.Prefix).Warn("reading the datastore; retrying")
+			}
+			return 0, false
+		}
+		snaps := make(map[string]map[string][]byte, len(policyKinds))
+		for _, p := range policyKinds {
+			snaps[p] = map[string][]byte{}
+		}
+		for _, kv := range kvs {
+			for _, p := range policyKinds {
+				if strings.HasPrefix(kv.Key, p) {
+					snaps[p][kv.Key] = kv.Value
+				}
+			}
+		}
+		select {
+		case out <- update{snapshots: snaps, rev: cause}:
+			return rev, true
+		case <-ctx.Done():
+			return 0, false
+		}
+	}
+	for ctx.Err() == nil {
+		rev, ok := list(0)
+		if ok {
+			wctx, cancel := context.WithCancel(ctx)
+			for ev := range s.cfg.Store.Watch(wctx, api.Prefix, rev) {
+				if ev.Err != nil {
+					if ctx.Err() == nil {
+						s.log.WithError(ev.Err).WithField("prefix", api.Prefix).Warn("datastore watch broke; re-reading")
+					}
+					break
+				}
+				delay.Reset()
+				if ev.ModRevision <= rev {
+					continue // in the last list already
+				}
+				if rev, ok = list(ev.ModRevision); !ok {
+					break
+				}
+			}
+			cancel()
+		}
 		if !delay.Wait(ctx) {
 			return
 		}

@@ -55,8 +55,8 @@ func (r Resources) Len() int { return len(r.Policies) + len(r.HostEndpoints) + l
 // Where the datastore keeps host endpoints and network sets, one record
 // per resource (its JSON), keyed by name.
 const (
-	HostEndpointsPrefix = "policy/hostendpoints/"
-	NetworkSetsPrefix   = "policy/globalnetworksets/"
+	HostEndpointsPrefix = Prefix + "hostendpoints/"
+	NetworkSetsPrefix   = Prefix + "globalnetworksets/"
 )
 
 // HostEndpointKey is the datastore key of a host endpoint.

@@ -28,7 +28,12 @@ const (
 
 // PoliciesPrefix is where the datastore keeps policies, one record per
 // policy (the resource's JSON), keyed by name.
-const PoliciesPrefix = "policy/globalnetworkpolicies/"
+const PoliciesPrefix = Prefix + "globalnetworkpolicies/"
+
+// Prefix holds every policy resource kind's records: one watch and one
+// list of it see an apply -f of several kinds as the one transaction it
+// is.
+const Prefix = "policy/"
 
 // PolicyKey is the datastore key of a policy.
 func PolicyKey(name string) string { return PoliciesPrefix + name }

@@ -111,7 +111,8 @@ next:
 // another client is refused, a container of the network on another host
 // still reaches the container's own port, and the policy's counters in
 // /metrics move. Then a deny-all host policy: the failsafe port (BGP 179)
-// stays reachable while a host service on another port is cut.
+// stays reachable while a host service on another port is cut; and so it
+// does under a deny-all pre-DNAT policy.
 func TestHostEndpointPreDNAT(t *testing.T) {
 	t.Parallel()
 	c := newBGPCluster(t)
@@ -175,37 +176,50 @@ func TestHostEndpointPreDNAT(t *testing.T) {
 	service := net.JoinHostPort(a.IP.String(), "8099")
 	a.StartProcess(t, "hostweb", nil, harness.TCPReady(service), "/bin/busybox", "httpd", "-f", "-p", "8099", "-h", dir)
 	bgp := net.JoinHostPort(a.IP.String(), "179")
-	denyAll := `apiVersion: projectcalico.org/v3
-kind: GlobalNetworkPolicy
-metadata: {name: deny-all-host}
-spec:
-  order: 1
-  selector: role == 'docker-host'
-  types: [Ingress]
-  ingress: [{action: Deny}]
-`
+	failsafeAnswers := func(under string) {
+		t.Helper()
+		for _, h := range []*harness.Host{office, other, b.Host} {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			out, err := h.ExecCtx(ctx, "timeout", "2", "bash", "-c", "exec 3<>/dev/tcp/"+a.IP.String()+"/179")
+			cancel()
+			if err != nil {
+				t.Errorf("failsafe BGP port %s from %s under %s: %v %s", bgp, h.Name, under, err, out)
+			}
+		}
+	}
+	// denyAll applies a deny-all ingress policy of the host endpoint (pre-DNAT
+	// or not) and waits until from is refused addr: then it is in force.
 	file := filepath.Join(dir, "deny.yaml")
-	if err := os.WriteFile(file, []byte(denyAll), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c.mustCtl(t, "apply", "-f", file)
-	harness.Eventually(t, 10*time.Second, 100*time.Millisecond, "the host's service on 8099 is cut by the deny-all policy", func() error {
-		if out, err := tcpFrom(other, service); err == nil {
-			return fmt.Errorf("connected: %q", out)
+	denyAll := func(name, kind string, from *harness.Host, addr string) {
+		t.Helper()
+		y := "apiVersion: projectcalico.org/v3\nkind: GlobalNetworkPolicy\nmetadata: {name: " + name + "}\n" +
+			"spec:\n  order: 1\n  selector: role == 'docker-host'\n" + kind + "  types: [Ingress]\n  ingress: [{action: Deny}]\n"
+		if err := os.WriteFile(file, []byte(y), 0o644); err != nil {
+			t.Fatal(err)
 		}
-		return nil
-	})
-	for _, h := range []*harness.Host{office, other, b.Host} {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		out, err := h.ExecCtx(ctx, "timeout", "2", "bash", "-c", "exec 3<>/dev/tcp/"+a.IP.String()+"/179")
-		cancel()
-		if err != nil {
-			t.Errorf("failsafe BGP port %s from %s under deny-all: %v %s", bgp, h.Name, err, out)
-		}
+		c.mustCtl(t, "apply", "-f", file)
+		harness.Eventually(t, 10*time.Second, 100*time.Millisecond, from.Name+" is refused "+addr+" under "+name, func() error {
+			if out, err := tcpFrom(from, addr); err == nil {
+				return fmt.Errorf("connected: %q", out)
+			}
+			return nil
+		})
 	}
+	denyAll("deny-all-host", "", other, service)
+	failsafeAnswers("a deny-all policy")
 	// The BGP session between the hosts survives: b's container still
 	// reaches a's through the routes it carries.
 	b.expect(t, "peer", webIP, 80, true, "across hosts under deny-all (BGP failsafe)")
+
+	// A deny-all pre-DNAT policy, ahead of web-from-office: once the office
+	// client is refused the published port it is in force, and the
+	// failsafe port still answers every host (prerouting accepts it before
+	// any pre-DNAT policy).
+	denyAll("deny-all-prednat", "  preDNAT: true\n  applyOnForward: true\n", office, published)
+	failsafeAnswers("a deny-all pre-DNAT policy")
+	if n := metricSum(t, a.Host, "calico_cnm_policy_rule_packets_total", `policy="deny-all-prednat"`, `rule="ingress[0]"`, `action="Deny"`); n < 1 {
+		t.Errorf("/metrics: deny-all-prednat denied %v packets; want the refused connection counted", n)
+	}
 }
 
 // TestNetworkSetDenyList: the README's blocklist, updated while two

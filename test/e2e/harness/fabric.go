@@ -5,10 +5,12 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -284,9 +286,25 @@ func StartEtcd(t testing.TB, listenIP string) *Etcd {
 	return e
 }
 
+// Ports freePort picks from: below the kernel's default ephemeral range
+// (32768-60999), so that the outgoing connection of another process on
+// the shared machine cannot take a port between freePort and the bind of
+// the process it is for (etcd's peer port on 127.0.0.1 was lost so).
+const (
+	freePortMin  = 20000
+	freePortSpan = 12000
+)
+
 // freePort returns a TCP port that is free on ip right now.
 func freePort(t testing.TB, ip string) int {
 	t.Helper()
+	for range 50 {
+		p := freePortMin + rand.IntN(freePortSpan)
+		if l, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(p))); err == nil {
+			l.Close()
+			return p
+		}
+	}
 	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
 		t.Fatalf("harness: free port on %s: %v", ip, err)
