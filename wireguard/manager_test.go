@@ -275,8 +275,8 @@ func TestManagerLifecycle(t *testing.T) {
 	}
 	f.set(t, Change{Mode: strPtr(ModePreferred)})
 	f.sync(t)
-	if _, ok := f.kernel.routes[p("10.0.3.0/26")]; ok {
-		t.Errorf("preferred: c's blocks still in table %d: %v", RouteTable, f.kernel.routes)
+	if r := f.kernel.routes[p("10.0.3.0/26")]; r.Type != RouteThrow {
+		t.Errorf("preferred: c's blocks not thrown to the main table in table %d: %v", RouteTable, f.kernel.routes)
 	}
 
 	// Rotation: a new key on the device and in the record.

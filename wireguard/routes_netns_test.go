@@ -1,0 +1,128 @@
+package wireguard
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"maps"
+	"net/netip"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// netnsKernel is Netlink in a throw-away network namespace holding a
+// stand-in wireguard.cali (one end of a veth: routes through it need a
+// device, not WireGuard).
+func netnsKernel(t *testing.T) *Netlink {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("!!!!!! SKIPPED under -short: this integration test creates a network namespace; table 99 and its rules are NOT verified by this run !!!!!!")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("!!!!!! SKIPPED: this integration test needs root to create a network namespace; table 99 and its rules are NOT verified by this run !!!!!!")
+	}
+	b := make([]byte, 4)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	name := "wgtest-" + hex.EncodeToString(b)
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Skipf("!!!!!! SKIPPED: cannot create a network namespace (%v: %s) !!!!!!", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	ns, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	la := netlink.NewLinkAttrs()
+	la.Name = Device
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "wgtestpeer"}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := h.LinkByName(Device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		t.Fatal(err)
+	}
+	return &Netlink{h: h}
+}
+
+// ourRules counts the rules to RouteTable per family.
+func ourRules(t *testing.T, k *Netlink) map[int]int {
+	t.Helper()
+	out := map[int]int{}
+	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rules, err := k.h.RuleList(family)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rules {
+			if r.Table == RouteTable && r.Priority == RulePriority && r.Invert && r.Mark == FirewallMark {
+				out[family]++
+			}
+		}
+	}
+	return out
+}
+
+// TestNetlinkBothFamilies: IPv6 destinations get the same treatment as
+// IPv4 ones (a rule per family, tunnel and unreachable routes in table
+// 99): IPv6 blocks are routed between the hosts too, and without these
+// they would leave in clear in required mode.
+func TestNetlinkBothFamilies(t *testing.T) {
+	k := netnsKernel(t)
+	for range 2 { // idempotent
+		if err := k.EnsureRule(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := ourRules(t, k); got[netlink.FAMILY_V4] != 1 || got[netlink.FAMILY_V6] != 1 {
+		t.Fatalf("rules to table %d per family: %v, want one IPv4 and one IPv6", RouteTable, got)
+	}
+	p := netip.MustParsePrefix
+	want := map[netip.Prefix]Route{}
+	for _, r := range []Route{
+		{Dst: p("10.0.1.0/26"), Type: RouteTunnel},
+		{Dst: p("10.0.3.0/26"), Type: RouteUnreachable},
+		{Dst: p("fd00::/122"), Type: RouteTunnel},
+		{Dst: p("fd00::40/122"), Type: RouteUnreachable},
+		{Dst: p("fd00::85/128"), Type: RouteThrow},
+	} {
+		if err := k.SetRoute(r); err != nil {
+			t.Fatalf("SetRoute(%+v): %v", r, err)
+		}
+		want[r.Dst] = r
+	}
+	got, err := k.Routes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("table %d:\n got %v\nwant %v", RouteTable, got, want)
+	}
+	if err := k.DelRoute(p("fd00::/122")); err != nil {
+		t.Fatal(err)
+	}
+	delete(want, p("fd00::/122"))
+	if got, err = k.Routes(); err != nil || !maps.Equal(got, want) {
+		t.Fatalf("after deleting fd00::/122: %v, %v; want %v", got, err, want)
+	}
+	if err := k.RemoveRule(); err != nil {
+		t.Fatal(err)
+	}
+	if got := ourRules(t, k); len(got) != 0 {
+		t.Fatalf("rules left after RemoveRule: %v", got)
+	}
+}
