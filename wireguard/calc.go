@@ -97,6 +97,7 @@ type Input struct {
 	Mode      string
 	Nodes     []datastore.Node
 	Owners    map[netip.Prefix]string // block -> host
+	Pools     []netip.Prefix          // every IP pool's CIDR
 	Endpoints []datastore.Endpoint    // every node's, Node set
 }
 
@@ -150,12 +151,34 @@ func Compute(in Input) Desired {
 			d.Routes[dst] = Route{Dst: dst, Type: RouteTunnel}
 		}
 	}
+	if in.Mode != ModePreferred {
+		closePools(in, d.Routes)
+	}
 	for _, p := range peers {
 		slices.SortFunc(p.AllowedIPs, comparePrefix)
 		d.Peers = append(d.Peers, *p)
 	}
 	slices.SortFunc(d.Peers, func(a, b Peer) int { return strings.Compare(a.Node, b.Node) })
 	return d
+}
+
+// closePools makes, in required mode, every pool address that routes
+// has no more specific route for unreachable, and throws this node's own
+// blocks to the main table: a block another node has just claimed, which
+// BGP may route before this node's datastore watch has told the manager,
+// is dropped until its tunnel route is in, never sent in clear.
+func closePools(in Input, routes map[netip.Prefix]Route) {
+	for _, pool := range in.Pools {
+		pool = pool.Masked()
+		if _, ok := routes[pool]; !ok {
+			routes[pool] = Route{Dst: pool, Type: RouteUnreachable}
+		}
+	}
+	for block, owner := range in.Owners {
+		if owner == in.Self {
+			routes[block.Masked()] = Route{Dst: block.Masked(), Type: RouteThrow}
+		}
+	}
 }
 
 // peerCandidates fills peers with the remote nodes that can be peers and
@@ -209,7 +232,8 @@ func peerCandidates(in Input, peers map[string]*Peer) map[string]string {
 // destinations maps each node to the destinations its workloads live
 // in: its blocks and, more specific, the addresses its workloads borrowed
 // from a block of another node (or of none). This node's entry holds only
-// such borrowed addresses (throw routes: they are local). IPv6 is among
+// such borrowed addresses (throw routes: they are local, and must not
+// fall under a pool's unreachable route). IPv6 is among
 // them: the tunnel between IPv4 node addresses carries both families, and
 // BGP routes IPv6 blocks between the hosts as it does IPv4 ones, so
 // leaving them out would send IPv6 in clear in required mode.
@@ -245,7 +269,7 @@ func destinations(in Input) map[string][]netip.Prefix {
 					break
 				}
 			}
-			if owner == ep.Node || (owner == "" && ep.Node == in.Self) {
+			if owner == ep.Node {
 				continue
 			}
 			out[ep.Node] = append(out[ep.Node], netip.PrefixFrom(a, a.BitLen()))

@@ -26,6 +26,7 @@ type Blocks interface {
 	IPsByHandle(ctx context.Context, handleID string) ([]net.IP, error)
 	AutoAssign(ctx context.Context, a ipam.AutoAssignArgs) (net.IPNet, error)
 	ReleaseByHandle(ctx context.Context, handleID string) error
+	ListPools(ctx context.Context) ([]ipam.Pool, error)
 }
 
 // AttrTypeTunnel marks the device's address in IPAM (ipam.AttrType),
@@ -258,7 +259,11 @@ func (m *Manager) Sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	want := Compute(Input{Self: m.d.NodeName, SelfKey: m.key.PublicKey(), Mode: mode, Nodes: nodes, Owners: owners, Endpoints: endpoints})
+	pools, err := m.poolCIDRs(ctx)
+	if err != nil {
+		return err
+	}
+	want := Compute(Input{Self: m.d.NodeName, SelfKey: m.key.PublicKey(), Mode: mode, Nodes: nodes, Owners: owners, Endpoints: endpoints, Pools: pools})
 	m.noteUnencrypted(want, mode)
 	m.learnPeers(want)
 	state, err := m.linkState()
@@ -273,6 +278,24 @@ func (m *Manager) Sync(ctx context.Context) error {
 	m.peerStatesLocked()
 	m.mu.Unlock()
 	return err
+}
+
+// poolCIDRs lists every pool, disabled ones too (their addresses may
+// still be in use).
+func (m *Manager) poolCIDRs(ctx context.Context) ([]netip.Prefix, error) {
+	pools, err := m.d.Blocks.ListPools(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing the IP pools: %w", err)
+	}
+	out := make([]netip.Prefix, 0, len(pools))
+	for _, p := range pools {
+		cidr, err := netip.ParsePrefix(p.CIDR)
+		if err != nil {
+			return nil, fmt.Errorf("IP pool %q: %w", p.CIDR, err)
+		}
+		out = append(out, cidr)
+	}
+	return out, nil
 }
 
 // prepare finds the node address and the key and makes the device.
@@ -542,15 +565,19 @@ func (m *Manager) syncRoutes(want Desired) error {
 		return err
 	}
 	var errs []error
-	for dst, w := range want.Routes {
-		if have[dst] == w {
-			continue
+	// Unreachable routes last: a pool's goes in after the throw routes of
+	// this node's blocks inside it, so local traffic is never dropped.
+	for _, last := range []bool{false, true} {
+		for dst, w := range want.Routes {
+			if have[dst] == w || (w.Type == RouteUnreachable) != last {
+				continue
+			}
+			if err := m.d.Kernel.SetRoute(w); err != nil {
+				errs = append(errs, fmt.Errorf("routing %s: %w", dst, err))
+				continue
+			}
+			m.log.WithFields(logrus.Fields{"block": dst.String(), "type": w.Type}).Debug("WireGuard route installed")
 		}
-		if err := m.d.Kernel.SetRoute(w); err != nil {
-			errs = append(errs, fmt.Errorf("routing %s: %w", dst, err))
-			continue
-		}
-		m.log.WithFields(logrus.Fields{"block": dst.String(), "type": w.Type}).Debug("WireGuard route installed")
 	}
 	for dst := range have {
 		if _, ok := want.Routes[dst]; ok {

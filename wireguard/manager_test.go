@@ -30,6 +30,7 @@ import (
 type fakeBlocks struct {
 	owners  map[netip.Prefix]string
 	handles map[string][]net.IP
+	pools   []string
 	next    byte
 }
 
@@ -45,6 +46,13 @@ func (b *fakeBlocks) AutoAssign(_ context.Context, a ipam.AutoAssignArgs) (net.I
 	b.handles[a.HandleID] = append(b.handles[a.HandleID], ip)
 	return net.IPNet{IP: ip, Mask: net.CIDRMask(32, 32)}, nil
 }
+func (b *fakeBlocks) ListPools(context.Context) ([]ipam.Pool, error) {
+	var out []ipam.Pool
+	for _, p := range b.pools {
+		out = append(out, ipam.Pool{CIDR: p})
+	}
+	return out, nil
+}
 func (b *fakeBlocks) ReleaseByHandle(_ context.Context, h string) error {
 	delete(b.handles, h)
 	return nil
@@ -53,6 +61,7 @@ func (b *fakeBlocks) ReleaseByHandle(_ context.Context, h string) error {
 // fakeKernel is RouteTable, the rule and the uplink.
 type fakeKernel struct {
 	routes  map[netip.Prefix]Route
+	order   []netip.Prefix // SetRoute's destinations, in turn
 	rule    bool
 	removed int
 	addr    netip.Addr
@@ -68,7 +77,11 @@ func (k *fakeKernel) Routes() (map[netip.Prefix]Route, error) {
 	}
 	return out, nil
 }
-func (k *fakeKernel) SetRoute(r Route) error          { k.routes[r.Dst] = r; return nil }
+func (k *fakeKernel) SetRoute(r Route) error {
+	k.routes[r.Dst] = r
+	k.order = append(k.order, r.Dst)
+	return nil
+}
 func (k *fakeKernel) DelRoute(dst netip.Prefix) error { delete(k.routes, dst); return nil }
 func (k *fakeKernel) EnsureRule() error               { k.rule = true; return nil }
 func (k *fakeKernel) RemoveRule() error               { k.rule = false; return nil }
@@ -210,6 +223,7 @@ func TestManagerLifecycle(t *testing.T) {
 	f := newManagerFixture(t)
 	p := netip.MustParsePrefix
 	f.blocks.owners = map[netip.Prefix]string{p("10.0.0.0/26"): "a", p("10.0.1.0/26"): "b", p("10.0.2.0/26"): "c"}
+	f.blocks.pools = []string{"10.0.0.0/16"}
 	kb, kc := mustKey(t), mustKey(t)
 	f.putNode(t, datastore.Node{Name: "b", WireGuardPublicKey: kb.String(), WireGuardAddr: "172.16.0.2", WireGuardPort: 51820})
 	f.putNode(t, datastore.Node{Name: "c", WireGuardPublicKey: kc.String(), WireGuardAddr: "172.16.1.3", WireGuardPort: 51820})
@@ -248,8 +262,14 @@ func TestManagerLifecycle(t *testing.T) {
 	if strings.Contains(string(raw), priv.String()) {
 		t.Error("the private key is in the node record")
 	}
-	if !f.kernel.rule || f.kernel.routes[p("10.0.1.0/26")].Type != RouteTunnel || f.kernel.routes[p("10.0.2.0/26")].Type != RouteTunnel || len(f.kernel.routes) != 2 {
+	// Required: the pool is closed (a block not seen yet is dropped, not
+	// routed in clear), a's own block thrown to the main table.
+	if !f.kernel.rule || f.kernel.routes[p("10.0.1.0/26")].Type != RouteTunnel || f.kernel.routes[p("10.0.2.0/26")].Type != RouteTunnel ||
+		f.kernel.routes[p("10.0.0.0/16")].Type != RouteUnreachable || f.kernel.routes[p("10.0.0.0/26")].Type != RouteThrow || len(f.kernel.routes) != 4 {
 		t.Errorf("rule %v, routes %v", f.kernel.rule, f.kernel.routes)
+	}
+	if f.kernel.order[len(f.kernel.order)-1] != p("10.0.0.0/16") {
+		t.Errorf("routes installed in the order %v: the pool's unreachable route must come after a's own block's throw", f.kernel.order)
 	}
 	if len(f.link.peers) != 2 || f.link.peers[kb].Endpoint.String() != "172.16.0.2:51820" {
 		t.Errorf("peers %+v", f.link.peers)
