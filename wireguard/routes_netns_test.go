@@ -1,17 +1,13 @@
 package wireguard
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"maps"
 	"net/netip"
-	"os"
-	"os/exec"
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
+
+	"github.com/calico-cnm/calico-cnm/internal/netnstest"
 )
 
 // netnsKernel is Netlink in a throw-away network namespace holding a
@@ -19,31 +15,7 @@ import (
 // device, not WireGuard).
 func netnsKernel(t *testing.T) *Netlink {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("!!!!!! SKIPPED under -short: this integration test creates a network namespace; table 99 and its rules are NOT verified by this run !!!!!!")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("!!!!!! SKIPPED: this integration test needs root to create a network namespace; table 99 and its rules are NOT verified by this run !!!!!!")
-	}
-	b := make([]byte, 4)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	name := "wgtest-" + hex.EncodeToString(b)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Skipf("!!!!!! SKIPPED: cannot create a network namespace (%v: %s) !!!!!!", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.Close)
+	h := netnstest.New(t, "wgtest", "table 99 and its rules")
 	la := netlink.NewLinkAttrs()
 	la.Name = Device
 	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "wgtestpeer"}); err != nil {
