@@ -76,7 +76,7 @@ type Manager struct {
 	clean     bool                       // off, and everything removed
 	silent    map[wgtypes.Key]time.Time  // peer -> when it was first seen sending without a handshake
 	warned    map[wgtypes.Key]bool       // silent peers already logged
-	invalidAt map[string]time.Time       // endpoint -> last logged unverifiable handshake
+	invalidAt map[string]time.Time       // node (or notANode) -> last logged unverifiable handshake
 	byAddr    map[netip.Addr]string      // peer address -> node, for those logs
 	prevHS    map[wgtypes.Key]time.Time  // last handshake seen per peer (counting)
 	hsCount   map[wgtypes.Key]uint64     // handshakes seen per peer
@@ -464,24 +464,29 @@ func (m *Manager) learnPeers(want Desired) {
 	m.mu.Unlock()
 }
 
-// invalidHandshake logs, at most every 30 s per sender, a handshake the
-// device could not verify (called by wireguard-go's goroutines).
+// notANode names, in logs, a handshake sender that is no node's address.
+const notANode = "(not a node)"
+
+// invalidHandshake logs, at most every 30 s per node, a handshake the
+// device could not verify (called by wireguard-go's goroutines). Senders
+// that are no node share one entry: anyone can send initiations from
+// any address and port, and must grow neither the map nor the log.
 func (m *Manager) invalidHandshake(from string) {
 	ap, err := netip.ParseAddrPort(from)
 	if err != nil {
 		return
 	}
 	m.mu.Lock()
-	node := m.byAddr[ap.Addr()]
-	if time.Since(m.invalidAt[from]) < 30*time.Second {
+	node := m.byAddr[ap.Addr().Unmap()]
+	if node == "" {
+		node = notANode
+	}
+	if time.Since(m.invalidAt[node]) < 30*time.Second {
 		m.mu.Unlock()
 		return
 	}
-	m.invalidAt[from] = time.Now()
+	m.invalidAt[node] = time.Now()
 	m.mu.Unlock()
-	if node == "" {
-		node = "(not a node)"
-	}
 	m.log.WithFields(logrus.Fields{"peer": node, "from": from}).Warn("WireGuard handshake from " + node + " could not be verified: the public key in one of the two nodes' records is not the key that node holds (see its log); traffic between them is dropped")
 }
 

@@ -416,3 +416,30 @@ func TestStatusAndMetrics(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestInvalidHandshakeLog: an unverifiable handshake is logged once per
+// 30 s per node, naming it; senders that are no node (any address and
+// port anyone can forge) share one entry, so a spray of them costs one
+// log line and one map entry.
+func TestInvalidHandshakeLog(t *testing.T) {
+	f := newManagerFixture(t)
+	f.m.learnPeers(Desired{Peers: []Peer{{Node: "b", PublicKey: mustKey(t), Endpoint: netip.MustParseAddrPort("172.16.0.2:51820")}}})
+	for i := range 1000 {
+		f.m.invalidHandshake(fmt.Sprintf("198.51.100.%d:%d", i%250, 1024+i))
+		f.m.invalidHandshake(fmt.Sprintf("172.16.0.2:%d", 1024+i))
+	}
+	byPeer := map[string]int{}
+	for _, e := range f.logs.AllEntries() {
+		if strings.Contains(e.Message, "could not be verified") {
+			byPeer[fmt.Sprint(e.Data["peer"])]++
+		}
+	}
+	if len(byPeer) != 2 || byPeer["b"] != 1 || byPeer[notANode] != 1 {
+		t.Errorf("warnings per peer %v, want one for b and one for %s", byPeer, notANode)
+	}
+	f.m.mu.Lock()
+	defer f.m.mu.Unlock()
+	if len(f.m.invalidAt) != 2 {
+		t.Errorf("%d senders remembered, want 2", len(f.m.invalidAt))
+	}
+}
