@@ -602,7 +602,10 @@ func (m *Manager) syncOff(ctx context.Context) error {
 		m.publish(datastore.ClusterConfig{}, "", 0)
 		return nil
 	}
-	var errs []error
+	// The rule first: with it gone table 99 is no longer consulted, so
+	// deleting its routes one by one never leaves a pool's unreachable
+	// route without the throw routes of this node's blocks under it.
+	errs := []error{m.d.Kernel.RemoveRule()}
 	if have, err := m.d.Kernel.Routes(); err != nil {
 		errs = append(errs, err)
 	} else {
@@ -612,7 +615,6 @@ func (m *Manager) syncOff(ctx context.Context) error {
 			}
 		}
 	}
-	errs = append(errs, m.d.Kernel.RemoveRule())
 	m.mu.Lock()
 	if m.link != nil {
 		errs = append(errs, m.link.Close())

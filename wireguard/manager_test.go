@@ -60,11 +60,14 @@ func (b *fakeBlocks) ReleaseByHandle(_ context.Context, h string) error {
 
 // fakeKernel is RouteTable, the rule and the uplink.
 type fakeKernel struct {
-	routes  map[netip.Prefix]Route
-	order   []netip.Prefix // SetRoute's destinations, in turn
-	rule    bool
-	removed int
-	addr    netip.Addr
+	routes map[netip.Prefix]Route
+	order  []netip.Prefix // SetRoute's destinations, in turn
+	// delUnderRule counts routes deleted while the rule still sent
+	// traffic to the table.
+	delUnderRule int
+	rule         bool
+	removed      int
+	addr         netip.Addr
 }
 
 func (k *fakeKernel) SetDeviceAddr(a netip.Addr) error { k.addr = a; return nil }
@@ -82,10 +85,16 @@ func (k *fakeKernel) SetRoute(r Route) error {
 	k.order = append(k.order, r.Dst)
 	return nil
 }
-func (k *fakeKernel) DelRoute(dst netip.Prefix) error { delete(k.routes, dst); return nil }
-func (k *fakeKernel) EnsureRule() error               { k.rule = true; return nil }
-func (k *fakeKernel) RemoveRule() error               { k.rule = false; return nil }
-func (k *fakeKernel) RemoveDevice() error             { k.removed++; return nil }
+func (k *fakeKernel) DelRoute(dst netip.Prefix) error {
+	if k.rule {
+		k.delUnderRule++
+	}
+	delete(k.routes, dst)
+	return nil
+}
+func (k *fakeKernel) EnsureRule() error   { k.rule = true; return nil }
+func (k *fakeKernel) RemoveRule() error   { k.rule = false; return nil }
+func (k *fakeKernel) RemoveDevice() error { k.removed++; return nil }
 
 // fakeLink applies configurations like a device: peers by key.
 type fakeLink struct {
@@ -321,7 +330,11 @@ func TestManagerLifecycle(t *testing.T) {
 	}
 
 	f.set(t, Change{Enabled: off()})
+	f.kernel.delUnderRule = 0
 	f.sync(t)
+	if f.kernel.delUnderRule != 0 {
+		t.Errorf("off: %d routes deleted while the rule still consulted table %d (local traffic dropped meanwhile)", f.kernel.delUnderRule, RouteTable)
+	}
 	rec = f.node(t, "a")
 	if _, held := f.blocks.handles[ipam.WireGuardTunnelHandle("a")]; held {
 		t.Error("off: the device address is still assigned")
