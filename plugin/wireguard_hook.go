@@ -66,6 +66,9 @@ func startWireGuard(ctx context.Context, cfg Config, w *wgRunner, log logrus.Fie
 		<-done
 		// The device, its routes and the rule stay: containers keep
 		// their tunnels while the daemon restarts.
+		if err := w.mgr.Release(); err != nil {
+			log.WithError(err).Warn("WireGuard: releasing the device")
+		}
 		w.kernel.Close()
 	}
 }

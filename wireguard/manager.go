@@ -163,6 +163,24 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 }
 
+// Release lets go of the device once Run has returned, leaving it and
+// its routes in place for the next daemon (see Run); without it
+// wireguard-go's goroutines and sockets outlive a stopped daemon in this
+// process, and hold the TUN a new one would attach to.
+func (m *Manager) Release() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.link == nil {
+		return nil
+	}
+	err := m.link.Detach()
+	m.link = nil
+	if err != nil {
+		return fmt.Errorf("releasing %s: %w", Device, err)
+	}
+	return nil
+}
+
 // drain empties what else is queued, so that a burst costs one pass.
 func drain(dirty <-chan string) {
 	for {

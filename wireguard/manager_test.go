@@ -105,6 +105,8 @@ type fakeLink struct {
 	peers   map[wgtypes.Key]PeerState
 	touched []wgtypes.Key // peers added or changed, in order
 	closed  bool
+	// detached: let go of, left in place (Release).
+	detached bool
 }
 
 func (l *fakeLink) Implementation() string { return ImplUserspace }
@@ -144,7 +146,8 @@ func (l *fakeLink) State() (DeviceState, error) {
 	}
 	return st, nil
 }
-func (l *fakeLink) Close() error { l.closed = true; return nil }
+func (l *fakeLink) Close() error  { l.closed = true; return nil }
+func (l *fakeLink) Detach() error { l.detached = true; return nil }
 
 type managerFixture struct {
 	store  *datastore.Store
@@ -454,5 +457,30 @@ func TestInvalidHandshakeLog(t *testing.T) {
 	defer f.m.mu.Unlock()
 	if len(f.m.invalidAt) != 2 {
 		t.Errorf("%d senders remembered, want 2", len(f.m.invalidAt))
+	}
+}
+
+// TestRelease: a stopping daemon lets go of the device without removing
+// it, its routes or the rule (containers keep their tunnels), and the next
+// pass, as a restarted daemon's, attaches again.
+func TestRelease(t *testing.T) {
+	f := newManagerFixture(t)
+	f.blocks.owners = map[netip.Prefix]string{netip.MustParsePrefix("10.0.1.0/26"): "b"}
+	f.putNode(t, datastore.Node{Name: "b", WireGuardPublicKey: mustKey(t).String(), WireGuardAddr: "172.16.0.2"})
+	f.set(t, Change{Enabled: on()})
+	f.sync(t)
+	first := f.link
+	if err := f.m.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if !first.detached || first.closed || !f.kernel.rule || len(f.kernel.routes) != 1 {
+		t.Fatalf("released: detached %v, removed %v, rule %v, routes %v; want detached, not removed, rule and route kept", first.detached, first.closed, f.kernel.rule, f.kernel.routes)
+	}
+	if err := f.m.Release(); err != nil {
+		t.Fatalf("a second Release: %v", err)
+	}
+	f.sync(t)
+	if f.opened != 2 || f.link == first {
+		t.Errorf("after Release the device was opened %d times, want again by the next pass", f.opened)
 	}
 }
