@@ -166,19 +166,18 @@ func (m *Manager) Run(ctx context.Context) error {
 // Release lets go of the device once Run has returned, leaving it and
 // its routes in place for the next daemon (see Run); without it
 // wireguard-go's goroutines and sockets outlive a stopped daemon in this
-// process, and hold the TUN a new one would attach to.
-func (m *Manager) Release() error {
+// process, and hold the TUN a new one would attach to. A failure is
+// logged: the daemon is stopping, nobody else could act on it.
+func (m *Manager) Release() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.link == nil {
-		return nil
+		return
 	}
-	err := m.link.Detach()
+	if err := m.link.Detach(); err != nil {
+		m.log.WithError(err).WithField("device", Device).Warn("WireGuard: releasing the device")
+	}
 	m.link = nil
-	if err != nil {
-		return fmt.Errorf("releasing %s: %w", Device, err)
-	}
-	return nil
 }
 
 // drain empties what else is queued, so that a burst costs one pass.
