@@ -2,11 +2,13 @@ package wireguard
 
 import (
 	"maps"
+	"net"
 	"net/netip"
 	"testing"
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/internal/netnstest"
 )
 
@@ -96,5 +98,67 @@ func TestNetlinkBothFamilies(t *testing.T) {
 	}
 	if got := ourRules(t, k); len(got) != 0 {
 		t.Fatalf("rules left after RemoveRule: %v", got)
+	}
+}
+
+// TestClosedPoolLookups asks the kernel itself where packets go with the
+// routes of required mode: a block BGP routes in the main table before
+// the manager has seen it is unreachable (not sent in clear), this node's
+// own block is looked up in the main table, and a block with a tunnel
+// route goes through wireguard.cali.
+func TestClosedPoolLookups(t *testing.T) {
+	k := netnsKernel(t)
+	up, err := k.h.LinkByName("wgtestpeer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.h.LinkSetUp(up); err != nil {
+		t.Fatal(err)
+	}
+	p := netip.MustParsePrefix
+	// The main table as BGP and the dataplane leave it: every block
+	// through the uplink stand-in.
+	for _, block := range []string{"10.0.0.0/26", "10.0.5.0/26", "10.0.6.0/26"} {
+		dst := p(block)
+		r := &netlink.Route{LinkIndex: up.Attrs().Index, Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), 32)}}
+		if err := k.h.RouteAdd(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := Compute(Input{
+		Self: "self", Mode: ModeRequired, Pools: []netip.Prefix{p("10.0.0.0/16")},
+		Owners: map[netip.Prefix]string{p("10.0.0.0/26"): "self", p("10.0.6.0/26"): "b"},
+		Nodes:  []datastore.Node{{Name: "b", WireGuardPublicKey: mustKey(t).String(), WireGuardAddr: "172.16.0.2"}},
+	})
+	if err := k.EnsureRule(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range want.Routes {
+		if err := k.SetRoute(r); err != nil {
+			t.Fatalf("SetRoute(%+v): %v", r, err)
+		}
+	}
+	dev, err := k.h.LinkByName(Device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		dst  string
+		via  int // link index; 0: unreachable
+		what string
+	}{
+		{"10.0.5.1", 0, "a block no node record names yet (BGP routes it)"},
+		{"10.0.0.5", up.Attrs().Index, "this node's own block"},
+		{"10.0.6.7", dev.Attrs().Index, "a block of an encrypted node"},
+	} {
+		rs, err := k.h.RouteGet(net.ParseIP(tc.dst))
+		switch {
+		case tc.via == 0 && err == nil:
+			t.Errorf("%s (%s) is routed, via link %d: it would leave in clear", tc.dst, tc.what, rs[0].LinkIndex)
+		case tc.via != 0 && err != nil:
+			t.Errorf("%s (%s): %v, want via link %d", tc.dst, tc.what, err, tc.via)
+		case tc.via != 0 && rs[0].LinkIndex != tc.via:
+			t.Errorf("%s (%s) goes via link %d, want %d", tc.dst, tc.what, rs[0].LinkIndex, tc.via)
+		}
 	}
 }
