@@ -340,6 +340,21 @@ func (m *Manager) prepare(port int) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.link != nil {
+		// Deleted under us (an operator, a script): its tunnel routes
+		// went with it. Made again rather than left failing every pass.
+		ok, err := m.d.Kernel.DeviceExists()
+		if err != nil {
+			return err
+		}
+		if !ok {
+			m.log.WithField("device", Device).Warn("WireGuard device disappeared; creating it again")
+			if err := m.link.Detach(); err != nil {
+				m.log.WithError(err).WithField("device", Device).Debug("releasing the vanished device")
+			}
+			m.link = nil
+		}
+	}
 	if m.link == nil {
 		link, err := m.d.OpenLink(m.uplinkMTU-Overhead, m.log, m.invalidHandshake)
 		if err != nil {

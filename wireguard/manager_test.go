@@ -65,6 +65,7 @@ type fakeKernel struct {
 	// delUnderRule counts routes deleted while the rule still sent
 	// traffic to the table.
 	delUnderRule int
+	gone         bool // wireguard.cali was deleted behind the manager
 	rule         bool
 	removed      int
 	addr         netip.Addr
@@ -95,6 +96,9 @@ func (k *fakeKernel) DelRoute(dst netip.Prefix) error {
 func (k *fakeKernel) EnsureRule() error   { k.rule = true; return nil }
 func (k *fakeKernel) RemoveRule() error   { k.rule = false; return nil }
 func (k *fakeKernel) RemoveDevice() error { k.removed++; return nil }
+func (k *fakeKernel) DeviceExists() (bool, error) {
+	return !k.gone, nil
+}
 
 // fakeLink applies configurations like a device: peers by key.
 type fakeLink struct {
@@ -174,6 +178,7 @@ func newManagerFixture(t *testing.T) *managerFixture {
 		Store: f.store, Blocks: f.blocks, Kernel: f.kernel, NodeName: "a", StateDir: f.dir, NodeIP: "172.16.0.1", Log: log,
 		OpenLink: func(mtu int, _ logrus.FieldLogger, _ InvalidHandshake) (Link, error) {
 			f.opened++
+			f.kernel.gone = false
 			f.link = &fakeLink{mtu: mtu, peers: map[wgtypes.Key]PeerState{}}
 			return f.link, nil
 		},
@@ -478,5 +483,29 @@ func TestRelease(t *testing.T) {
 	f.sync(t)
 	if f.opened != 2 || f.link == first {
 		t.Errorf("after Release the device was opened %d times, want again by the next pass", f.opened)
+	}
+}
+
+// TestDeviceDeletedBehindTheManager: a wireguard.cali deleted by someone
+// else is made again at the next pass, with its key and peers, instead of
+// every pass failing on it.
+func TestDeviceDeletedBehindTheManager(t *testing.T) {
+	f := newManagerFixture(t)
+	kb := mustKey(t)
+	f.blocks.owners = map[netip.Prefix]string{netip.MustParsePrefix("10.0.1.0/26"): "b"}
+	f.putNode(t, datastore.Node{Name: "b", WireGuardPublicKey: kb.String(), WireGuardAddr: "172.16.0.2"})
+	f.set(t, Change{Enabled: on()})
+	f.sync(t)
+	first := f.link
+	f.kernel.gone = true
+	f.sync(t)
+	if f.opened != 2 || !first.detached {
+		t.Fatalf("device opened %d times (old one released: %v), want made again", f.opened, first.detached)
+	}
+	if _, ok := f.link.peers[kb]; !ok || f.link.priv != first.priv {
+		t.Errorf("the new device has peers %v and key %v, want b and the node's key", f.link.peers, f.link.priv.PublicKey())
+	}
+	if !f.logged("WireGuard device disappeared") {
+		t.Error("the log does not say the device disappeared")
 	}
 }

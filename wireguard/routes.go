@@ -30,6 +30,8 @@ type Kernel interface {
 	// RemoveDevice deletes wireguard.cali if it is there (left by an
 	// earlier run while WireGuard was turned off).
 	RemoveDevice() error
+	// DeviceExists says whether wireguard.cali is there.
+	DeviceExists() (bool, error)
 	// SetDeviceAddr makes addr (a /32; invalid: none) the only address
 	// of wireguard.cali.
 	SetDeviceAddr(addr netip.Addr) error
@@ -134,6 +136,19 @@ func (k *Netlink) Routes() (map[netip.Prefix]Route, error) {
 		}
 	}
 	return out, nil
+}
+
+// DeviceExists says whether wireguard.cali is there.
+func (k *Netlink) DeviceExists() (bool, error) {
+	_, err := k.h.LinkByName(Device)
+	var nf netlink.LinkNotFoundError
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.As(err, &nf):
+		return false, nil
+	}
+	return false, fmt.Errorf("reading %s: %w", Device, err)
 }
 
 func (k *Netlink) deviceIndex() int {
