@@ -4,13 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"os"
-	"os/exec"
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/calico-cnm/calico-cnm/internal/netnstest"
 )
 
 // newTestNetns makes a throw-away network namespace with one workload-like
@@ -18,32 +17,12 @@ import (
 // endpoint id. Everything goes when the test ends.
 func newTestNetns(t *testing.T) (*netlink.Handle, string, string) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("!!!!!! SKIPPED under -short: this integration test creates a network namespace; the netlink shaping is NOT verified by this run !!!!!!")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("!!!!!! SKIPPED: this integration test needs root to create a network namespace; the netlink shaping is NOT verified by this run !!!!!!")
-	}
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {
 		t.Fatal(err)
 	}
 	id := hex.EncodeToString(b)
-	name := "bwtest-" + id[:8]
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Skipf("!!!!!! SKIPPED: cannot create a network namespace (%v: %s) !!!!!!", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.Close)
+	h := netnstest.New(t, "bwtest", "the netlink shaping")
 	host := "cali" + id[:11]
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name, attrs.MTU = host, 1500

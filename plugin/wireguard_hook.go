@@ -44,8 +44,8 @@ func newWireGuard(cfg Config, store *datastore.Store, engine *ipam.Engine, log l
 
 // startWireGuard runs the manager and serves <state-dir>/wireguard.sock
 // (`node status`, `node rotate-key`) under sup, the socket as an optional
-// service; the returned function releases the netlink handle once sup has
-// stopped.
+// service; the returned function releases the device (left in place) and
+// the netlink handle once sup has stopped.
 func startWireGuard(sup *supervisor, cfg Config, w *wgRunner) (release func()) {
 	sup.Service("WireGuard", w.mgr.Run)
 	sup.Optional("WireGuard socket", func(ctx context.Context) error {
@@ -54,6 +54,7 @@ func startWireGuard(sup *supervisor, cfg Config, w *wgRunner) (release func()) {
 	return func() {
 		// The device, its routes and the rule stay: containers keep
 		// their tunnels while the daemon restarts.
+		w.mgr.Release()
 		w.kernel.Close()
 	}
 }

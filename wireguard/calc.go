@@ -71,7 +71,8 @@ const (
 	// required mode; the sender gets an ICMP error, nothing leaves.
 	RouteUnreachable RouteType = "unreachable"
 	// RouteThrow: dst is a local workload inside another node's block
-	// (borrowed here); the lookup goes on in the main table.
+	// (borrowed here), or, in preferred mode, belongs to a node without a
+	// valid key; the lookup goes on in the main table.
 	RouteThrow RouteType = "throw"
 )
 
@@ -96,6 +97,7 @@ type Input struct {
 	Mode      string
 	Nodes     []datastore.Node
 	Owners    map[netip.Prefix]string // block -> host
+	Pools     []netip.Prefix          // every IP pool's CIDR
 	Endpoints []datastore.Endpoint    // every node's, Node set
 }
 
@@ -111,8 +113,8 @@ type Desired struct {
 
 // Compute derives peers and routes. A remote node is a peer when its
 // record has a parseable public key (not this node's, not another node's)
-// and an address; its allowed IPs are its IPv4 blocks and the addresses
-// its workloads borrowed from other nodes' blocks.
+// and an address; its allowed IPs are its blocks (IPv4 and IPv6) and the
+// addresses its workloads borrowed from other nodes' blocks.
 func Compute(in Input) Desired {
 	d := Desired{Routes: map[netip.Prefix]Route{}, Unencrypted: map[string]string{}}
 	dsts := destinations(in)
@@ -132,10 +134,15 @@ func Compute(in Input) Desired {
 			if _, known := d.Unencrypted[node]; !known {
 				d.Unencrypted[node] = "no node record"
 			}
+			// Preferred: throw, so that a /32 this node borrowed from an
+			// encrypted node's block is not caught by that block's tunnel
+			// route (the owner's peer would not accept it).
+			typ := RouteThrow
 			if in.Mode != ModePreferred {
-				for _, dst := range list {
-					d.Routes[dst] = Route{Dst: dst, Type: RouteUnreachable}
-				}
+				typ = RouteUnreachable
+			}
+			for _, dst := range list {
+				d.Routes[dst] = Route{Dst: dst, Type: typ}
 			}
 			continue
 		}
@@ -144,12 +151,34 @@ func Compute(in Input) Desired {
 			d.Routes[dst] = Route{Dst: dst, Type: RouteTunnel}
 		}
 	}
+	if in.Mode != ModePreferred {
+		closePools(in, d.Routes)
+	}
 	for _, p := range peers {
 		slices.SortFunc(p.AllowedIPs, comparePrefix)
 		d.Peers = append(d.Peers, *p)
 	}
 	slices.SortFunc(d.Peers, func(a, b Peer) int { return strings.Compare(a.Node, b.Node) })
 	return d
+}
+
+// closePools makes, in required mode, every pool address that routes
+// has no more specific route for unreachable, and throws this node's own
+// blocks to the main table: a block another node has just claimed, which
+// BGP may route before this node's datastore watch has told the manager,
+// is dropped until its tunnel route is in, never sent in clear.
+func closePools(in Input, routes map[netip.Prefix]Route) {
+	for _, pool := range in.Pools {
+		pool = pool.Masked()
+		if _, ok := routes[pool]; !ok {
+			routes[pool] = Route{Dst: pool, Type: RouteUnreachable}
+		}
+	}
+	for block, owner := range in.Owners {
+		if owner == in.Self {
+			routes[block.Masked()] = Route{Dst: block.Masked(), Type: RouteThrow}
+		}
+	}
 }
 
 // peerCandidates fills peers with the remote nodes that can be peers and
@@ -200,14 +229,18 @@ func peerCandidates(in Input, peers map[string]*Peer) map[string]string {
 	return bad
 }
 
-// destinations maps each node to the IPv4 destinations its workloads
-// live in: its blocks and, more specific, the addresses its workloads
-// borrowed from a block of another node (or of none). This node's entry
-// holds only such borrowed addresses (throw routes: they are local).
+// destinations maps each node to the destinations its workloads live
+// in: its blocks and, more specific, the addresses its workloads borrowed
+// from a block of another node (or of none). This node's entry holds only
+// such borrowed addresses (throw routes: they are local, and must not
+// fall under a pool's unreachable route). IPv6 is among
+// them: the tunnel between IPv4 node addresses carries both families, and
+// BGP routes IPv6 blocks between the hosts as it does IPv4 ones, so
+// leaving them out would send IPv6 in clear in required mode.
 func destinations(in Input) map[string][]netip.Prefix {
 	out := map[string][]netip.Prefix{}
 	for block, owner := range in.Owners {
-		if owner == "" || owner == in.Self || !block.Addr().Is4() {
+		if owner == "" || owner == in.Self {
 			continue
 		}
 		out[owner] = append(out[owner], block.Masked())
@@ -220,22 +253,27 @@ func destinations(in Input) map[string][]netip.Prefix {
 		}
 	}
 	for _, ep := range eps {
-		p, err := netip.ParsePrefix(ep.IPv4)
-		if err != nil || !p.Addr().Is4() || ep.Node == "" {
+		if ep.Node == "" {
 			continue
 		}
-		a := p.Addr()
-		owner := ""
-		for block, host := range in.Owners {
-			if block.Contains(a) {
-				owner = host
-				break
+		for _, cidr := range []string{ep.IPv4, ep.IPv6} {
+			p, err := netip.ParsePrefix(cidr)
+			if err != nil {
+				continue
 			}
+			a := p.Addr().Unmap()
+			owner := ""
+			for block, host := range in.Owners {
+				if block.Contains(a) {
+					owner = host
+					break
+				}
+			}
+			if owner == ep.Node {
+				continue
+			}
+			out[ep.Node] = append(out[ep.Node], netip.PrefixFrom(a, a.BitLen()))
 		}
-		if owner == ep.Node || (owner == "" && ep.Node == in.Self) {
-			continue
-		}
-		out[ep.Node] = append(out[ep.Node], netip.PrefixFrom(a, 32))
 	}
 	return out
 }

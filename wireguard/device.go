@@ -50,6 +50,10 @@ type Link interface {
 	State() (DeviceState, error)
 	// Close removes the device.
 	Close() error
+	// Detach lets go of the device and leaves it, with its routes, for
+	// the next daemon (userspace: wireguard-go's goroutines and sockets
+	// end, the persistent TUN stays and drops what is routed to it).
+	Detach() error
 }
 
 // InvalidHandshake is told the endpoint a handshake came from that the
@@ -137,6 +141,8 @@ func (k *kernelLink) Close() error {
 	_ = k.client.Close()
 	return deleteLink()
 }
+
+func (k *kernelLink) Detach() error { return k.client.Close() }
 
 // userspaceLink is wireguard-go in this process: the TUN device lives as
 // long as the process (a restarted daemon makes a new one at once, with
@@ -232,8 +238,15 @@ func (u *userspaceLink) State() (DeviceState, error) {
 }
 
 func (u *userspaceLink) Close() error {
-	u.dev.Close() // closes the TUN, which removes the interface
+	u.dev.Close()
 	return deleteLink()
+}
+
+// Detach stops wireguard-go; the TUN is persistent, so closing it leaves
+// the interface and its routes as a process exit does.
+func (u *userspaceLink) Detach() error {
+	u.dev.Close()
+	return nil
 }
 
 // setUp sets the device's MTU and brings it up.

@@ -15,6 +15,9 @@ import (
 // datastore: the node record carries only the public key.
 const KeyFile = "wireguard/private.key"
 
+// keyMode is the key file's mode: readable by the daemon's user only.
+const keyMode = 0o600
+
 // LoadOrCreateKey reads the private key from stateDir, generating and
 // saving one the first time.
 func LoadOrCreateKey(stateDir string) (wgtypes.Key, error) {
@@ -25,6 +28,11 @@ func LoadOrCreateKey(stateDir string) (wgtypes.Key, error) {
 		k, err := wgtypes.ParseKey(strings.TrimSpace(string(b)))
 		if err != nil {
 			return wgtypes.Key{}, fmt.Errorf("reading the WireGuard key %s: %w", path, err)
+		}
+		// A key restored or copied with a wider mode is narrowed
+		// before use, not trusted as it is.
+		if err := os.Chmod(path, keyMode); err != nil {
+			return wgtypes.Key{}, fmt.Errorf("restricting the WireGuard key %s to mode 0600: %w", path, err)
 		}
 		return k, nil
 	case !errors.Is(err, os.ErrNotExist):
@@ -45,7 +53,18 @@ func NewKey(stateDir string) (wgtypes.Key, error) {
 		return wgtypes.Key{}, fmt.Errorf("saving the WireGuard key: %w", err)
 	}
 	tmp := path + ".new"
-	if err := os.WriteFile(tmp, []byte(k.String()+"\n"), 0o600); err != nil {
+	// A .new left by a crash may have any mode, and WriteFile keeps the
+	// mode of a file that exists: start from none.
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return wgtypes.Key{}, fmt.Errorf("saving the WireGuard key: %w", err)
+	}
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, keyMode)
+	if err != nil {
+		return wgtypes.Key{}, fmt.Errorf("saving the WireGuard key: %w", err)
+	}
+	_, werr := f.WriteString(k.String() + "\n")
+	if err := errors.Join(werr, f.Sync(), f.Close()); err != nil {
+		_ = os.Remove(tmp)
 		return wgtypes.Key{}, fmt.Errorf("saving the WireGuard key: %w", err)
 	}
 	if err := os.Rename(tmp, path); err != nil {

@@ -26,6 +26,7 @@ type Blocks interface {
 	IPsByHandle(ctx context.Context, handleID string) ([]net.IP, error)
 	AutoAssign(ctx context.Context, a ipam.AutoAssignArgs) (net.IPNet, error)
 	ReleaseByHandle(ctx context.Context, handleID string) error
+	ListPools(ctx context.Context) ([]ipam.Pool, error)
 }
 
 // AttrTypeTunnel marks the device's address in IPAM (ipam.AttrType),
@@ -75,7 +76,7 @@ type Manager struct {
 	clean     bool                       // off, and everything removed
 	silent    map[wgtypes.Key]time.Time  // peer -> when it was first seen sending without a handshake
 	warned    map[wgtypes.Key]bool       // silent peers already logged
-	invalidAt map[string]time.Time       // endpoint -> last logged unverifiable handshake
+	invalidAt map[string]time.Time       // node (or notANode) -> last logged unverifiable handshake
 	byAddr    map[netip.Addr]string      // peer address -> node, for those logs
 	prevHS    map[wgtypes.Key]time.Time  // last handshake seen per peer (counting)
 	hsCount   map[wgtypes.Key]uint64     // handshakes seen per peer
@@ -160,6 +161,23 @@ func (m *Manager) Run(ctx context.Context) error {
 		}
 		drain(dirty)
 	}
+}
+
+// Release lets go of the device once Run has returned, leaving it and
+// its routes in place for the next daemon (see Run); without it
+// wireguard-go's goroutines and sockets outlive a stopped daemon in this
+// process, and hold the TUN a new one would attach to. A failure is
+// logged: the daemon is stopping, nobody else could act on it.
+func (m *Manager) Release() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.link == nil {
+		return
+	}
+	if err := m.link.Detach(); err != nil {
+		m.log.WithError(err).WithField("device", Device).Warn("WireGuard: releasing the device")
+	}
+	m.link = nil
 }
 
 // drain empties what else is queued, so that a burst costs one pass.
@@ -258,7 +276,11 @@ func (m *Manager) Sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	want := Compute(Input{Self: m.d.NodeName, SelfKey: m.key.PublicKey(), Mode: mode, Nodes: nodes, Owners: owners, Endpoints: endpoints})
+	pools, err := m.poolCIDRs(ctx)
+	if err != nil {
+		return err
+	}
+	want := Compute(Input{Self: m.d.NodeName, SelfKey: m.key.PublicKey(), Mode: mode, Nodes: nodes, Owners: owners, Endpoints: endpoints, Pools: pools})
 	m.noteUnencrypted(want, mode)
 	m.learnPeers(want)
 	state, err := m.linkState()
@@ -273,6 +295,24 @@ func (m *Manager) Sync(ctx context.Context) error {
 	m.peerStatesLocked()
 	m.mu.Unlock()
 	return err
+}
+
+// poolCIDRs lists every pool, disabled ones too (their addresses may
+// still be in use).
+func (m *Manager) poolCIDRs(ctx context.Context) ([]netip.Prefix, error) {
+	pools, err := m.d.Blocks.ListPools(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing the IP pools: %w", err)
+	}
+	out := make([]netip.Prefix, 0, len(pools))
+	for _, p := range pools {
+		cidr, err := netip.ParsePrefix(p.CIDR)
+		if err != nil {
+			return nil, fmt.Errorf("IP pool %q: %w", p.CIDR, err)
+		}
+		out = append(out, cidr)
+	}
+	return out, nil
 }
 
 // prepare finds the node address and the key and makes the device.
@@ -300,6 +340,21 @@ func (m *Manager) prepare(port int) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.link != nil {
+		// Deleted under us (an operator, a script): its tunnel routes
+		// went with it. Made again rather than left failing every pass.
+		ok, err := m.d.Kernel.DeviceExists()
+		if err != nil {
+			return err
+		}
+		if !ok {
+			m.log.WithField("device", Device).Warn("WireGuard device disappeared; creating it again")
+			if err := m.link.Detach(); err != nil {
+				m.log.WithError(err).WithField("device", Device).Debug("releasing the vanished device")
+			}
+			m.link = nil
+		}
+	}
 	if m.link == nil {
 		link, err := m.d.OpenLink(m.uplinkMTU-Overhead, m.log, m.invalidHandshake)
 		if err != nil {
@@ -441,24 +496,29 @@ func (m *Manager) learnPeers(want Desired) {
 	m.mu.Unlock()
 }
 
-// invalidHandshake logs, at most every 30 s per sender, a handshake the
-// device could not verify (called by wireguard-go's goroutines).
+// notANode names, in logs, a handshake sender that is no node's address.
+const notANode = "(not a node)"
+
+// invalidHandshake logs, at most every 30 s per node, a handshake the
+// device could not verify (called by wireguard-go's goroutines). Senders
+// that are no node share one entry: anyone can send initiations from
+// any address and port, and must grow neither the map nor the log.
 func (m *Manager) invalidHandshake(from string) {
 	ap, err := netip.ParseAddrPort(from)
 	if err != nil {
 		return
 	}
 	m.mu.Lock()
-	node := m.byAddr[ap.Addr()]
-	if time.Since(m.invalidAt[from]) < 30*time.Second {
+	node := m.byAddr[ap.Addr().Unmap()]
+	if node == "" {
+		node = notANode
+	}
+	if time.Since(m.invalidAt[node]) < 30*time.Second {
 		m.mu.Unlock()
 		return
 	}
-	m.invalidAt[from] = time.Now()
+	m.invalidAt[node] = time.Now()
 	m.mu.Unlock()
-	if node == "" {
-		node = "(not a node)"
-	}
 	m.log.WithFields(logrus.Fields{"peer": node, "from": from}).Warn("WireGuard handshake from " + node + " could not be verified: the public key in one of the two nodes' records is not the key that node holds (see its log); traffic between them is dropped")
 }
 
@@ -542,15 +602,19 @@ func (m *Manager) syncRoutes(want Desired) error {
 		return err
 	}
 	var errs []error
-	for dst, w := range want.Routes {
-		if have[dst] == w {
-			continue
+	// Unreachable routes last: a pool's goes in after the throw routes of
+	// this node's blocks inside it, so local traffic is never dropped.
+	for _, last := range []bool{false, true} {
+		for dst, w := range want.Routes {
+			if have[dst] == w || (w.Type == RouteUnreachable) != last {
+				continue
+			}
+			if err := m.d.Kernel.SetRoute(w); err != nil {
+				errs = append(errs, fmt.Errorf("routing %s: %w", dst, err))
+				continue
+			}
+			m.log.WithFields(logrus.Fields{"block": dst.String(), "type": w.Type}).Debug("WireGuard route installed")
 		}
-		if err := m.d.Kernel.SetRoute(w); err != nil {
-			errs = append(errs, fmt.Errorf("routing %s: %w", dst, err))
-			continue
-		}
-		m.log.WithFields(logrus.Fields{"block": dst.String(), "type": w.Type}).Debug("WireGuard route installed")
 	}
 	for dst := range have {
 		if _, ok := want.Routes[dst]; ok {
@@ -570,7 +634,10 @@ func (m *Manager) syncOff(ctx context.Context) error {
 		m.publish(datastore.ClusterConfig{}, "", 0)
 		return nil
 	}
-	var errs []error
+	// The rule first: with it gone table 99 is no longer consulted, so
+	// deleting its routes one by one never leaves a pool's unreachable
+	// route without the throw routes of this node's blocks under it.
+	errs := []error{m.d.Kernel.RemoveRule()}
 	if have, err := m.d.Kernel.Routes(); err != nil {
 		errs = append(errs, err)
 	} else {
@@ -580,7 +647,6 @@ func (m *Manager) syncOff(ctx context.Context) error {
 			}
 		}
 	}
-	errs = append(errs, m.d.Kernel.RemoveRule())
 	m.mu.Lock()
 	if m.link != nil {
 		errs = append(errs, m.link.Close())

@@ -30,6 +30,7 @@ import (
 type fakeBlocks struct {
 	owners  map[netip.Prefix]string
 	handles map[string][]net.IP
+	pools   []string
 	next    byte
 }
 
@@ -45,6 +46,13 @@ func (b *fakeBlocks) AutoAssign(_ context.Context, a ipam.AutoAssignArgs) (net.I
 	b.handles[a.HandleID] = append(b.handles[a.HandleID], ip)
 	return net.IPNet{IP: ip, Mask: net.CIDRMask(32, 32)}, nil
 }
+func (b *fakeBlocks) ListPools(context.Context) ([]ipam.Pool, error) {
+	var out []ipam.Pool
+	for _, p := range b.pools {
+		out = append(out, ipam.Pool{CIDR: p})
+	}
+	return out, nil
+}
 func (b *fakeBlocks) ReleaseByHandle(_ context.Context, h string) error {
 	delete(b.handles, h)
 	return nil
@@ -52,10 +60,15 @@ func (b *fakeBlocks) ReleaseByHandle(_ context.Context, h string) error {
 
 // fakeKernel is RouteTable, the rule and the uplink.
 type fakeKernel struct {
-	routes  map[netip.Prefix]Route
-	rule    bool
-	removed int
-	addr    netip.Addr
+	routes map[netip.Prefix]Route
+	order  []netip.Prefix // SetRoute's destinations, in turn
+	// delUnderRule counts routes deleted while the rule still sent
+	// traffic to the table.
+	delUnderRule int
+	gone         bool // wireguard.cali was deleted behind the manager
+	rule         bool
+	removed      int
+	addr         netip.Addr
 }
 
 func (k *fakeKernel) SetDeviceAddr(a netip.Addr) error { k.addr = a; return nil }
@@ -68,11 +81,24 @@ func (k *fakeKernel) Routes() (map[netip.Prefix]Route, error) {
 	}
 	return out, nil
 }
-func (k *fakeKernel) SetRoute(r Route) error          { k.routes[r.Dst] = r; return nil }
-func (k *fakeKernel) DelRoute(dst netip.Prefix) error { delete(k.routes, dst); return nil }
-func (k *fakeKernel) EnsureRule() error               { k.rule = true; return nil }
-func (k *fakeKernel) RemoveRule() error               { k.rule = false; return nil }
-func (k *fakeKernel) RemoveDevice() error             { k.removed++; return nil }
+func (k *fakeKernel) SetRoute(r Route) error {
+	k.routes[r.Dst] = r
+	k.order = append(k.order, r.Dst)
+	return nil
+}
+func (k *fakeKernel) DelRoute(dst netip.Prefix) error {
+	if k.rule {
+		k.delUnderRule++
+	}
+	delete(k.routes, dst)
+	return nil
+}
+func (k *fakeKernel) EnsureRule() error   { k.rule = true; return nil }
+func (k *fakeKernel) RemoveRule() error   { k.rule = false; return nil }
+func (k *fakeKernel) RemoveDevice() error { k.removed++; return nil }
+func (k *fakeKernel) DeviceExists() (bool, error) {
+	return !k.gone, nil
+}
 
 // fakeLink applies configurations like a device: peers by key.
 type fakeLink struct {
@@ -83,6 +109,8 @@ type fakeLink struct {
 	peers   map[wgtypes.Key]PeerState
 	touched []wgtypes.Key // peers added or changed, in order
 	closed  bool
+	// detached: let go of, left in place (Release).
+	detached bool
 }
 
 func (l *fakeLink) Implementation() string { return ImplUserspace }
@@ -122,7 +150,8 @@ func (l *fakeLink) State() (DeviceState, error) {
 	}
 	return st, nil
 }
-func (l *fakeLink) Close() error { l.closed = true; return nil }
+func (l *fakeLink) Close() error  { l.closed = true; return nil }
+func (l *fakeLink) Detach() error { l.detached = true; return nil }
 
 type managerFixture struct {
 	store  *datastore.Store
@@ -149,6 +178,7 @@ func newManagerFixture(t *testing.T) *managerFixture {
 		Store: f.store, Blocks: f.blocks, Kernel: f.kernel, NodeName: "a", StateDir: f.dir, NodeIP: "172.16.0.1", Log: log,
 		OpenLink: func(mtu int, _ logrus.FieldLogger, _ InvalidHandshake) (Link, error) {
 			f.opened++
+			f.kernel.gone = false
 			f.link = &fakeLink{mtu: mtu, peers: map[wgtypes.Key]PeerState{}}
 			return f.link, nil
 		},
@@ -210,6 +240,7 @@ func TestManagerLifecycle(t *testing.T) {
 	f := newManagerFixture(t)
 	p := netip.MustParsePrefix
 	f.blocks.owners = map[netip.Prefix]string{p("10.0.0.0/26"): "a", p("10.0.1.0/26"): "b", p("10.0.2.0/26"): "c"}
+	f.blocks.pools = []string{"10.0.0.0/16"}
 	kb, kc := mustKey(t), mustKey(t)
 	f.putNode(t, datastore.Node{Name: "b", WireGuardPublicKey: kb.String(), WireGuardAddr: "172.16.0.2", WireGuardPort: 51820})
 	f.putNode(t, datastore.Node{Name: "c", WireGuardPublicKey: kc.String(), WireGuardAddr: "172.16.1.3", WireGuardPort: 51820})
@@ -248,8 +279,14 @@ func TestManagerLifecycle(t *testing.T) {
 	if strings.Contains(string(raw), priv.String()) {
 		t.Error("the private key is in the node record")
 	}
-	if !f.kernel.rule || f.kernel.routes[p("10.0.1.0/26")].Type != RouteTunnel || f.kernel.routes[p("10.0.2.0/26")].Type != RouteTunnel || len(f.kernel.routes) != 2 {
+	// Required: the pool is closed (a block not seen yet is dropped, not
+	// routed in clear), a's own block thrown to the main table.
+	if !f.kernel.rule || f.kernel.routes[p("10.0.1.0/26")].Type != RouteTunnel || f.kernel.routes[p("10.0.2.0/26")].Type != RouteTunnel ||
+		f.kernel.routes[p("10.0.0.0/16")].Type != RouteUnreachable || f.kernel.routes[p("10.0.0.0/26")].Type != RouteThrow || len(f.kernel.routes) != 4 {
 		t.Errorf("rule %v, routes %v", f.kernel.rule, f.kernel.routes)
+	}
+	if f.kernel.order[len(f.kernel.order)-1] != p("10.0.0.0/16") {
+		t.Errorf("routes installed in the order %v: the pool's unreachable route must come after a's own block's throw", f.kernel.order)
 	}
 	if len(f.link.peers) != 2 || f.link.peers[kb].Endpoint.String() != "172.16.0.2:51820" {
 		t.Errorf("peers %+v", f.link.peers)
@@ -275,8 +312,8 @@ func TestManagerLifecycle(t *testing.T) {
 	}
 	f.set(t, Change{Mode: strPtr(ModePreferred)})
 	f.sync(t)
-	if _, ok := f.kernel.routes[p("10.0.3.0/26")]; ok {
-		t.Errorf("preferred: c's blocks still in table %d: %v", RouteTable, f.kernel.routes)
+	if r := f.kernel.routes[p("10.0.3.0/26")]; r.Type != RouteThrow {
+		t.Errorf("preferred: c's blocks not thrown to the main table in table %d: %v", RouteTable, f.kernel.routes)
 	}
 
 	// Rotation: a new key on the device and in the record.
@@ -301,7 +338,11 @@ func TestManagerLifecycle(t *testing.T) {
 	}
 
 	f.set(t, Change{Enabled: off()})
+	f.kernel.delUnderRule = 0
 	f.sync(t)
+	if f.kernel.delUnderRule != 0 {
+		t.Errorf("off: %d routes deleted while the rule still consulted table %d (local traffic dropped meanwhile)", f.kernel.delUnderRule, RouteTable)
+	}
 	rec = f.node(t, "a")
 	if _, held := f.blocks.handles[ipam.WireGuardTunnelHandle("a")]; held {
 		t.Error("off: the device address is still assigned")
@@ -394,5 +435,77 @@ func TestStatusAndMetrics(t *testing.T) {
 `, MetricHandshakes, MetricRxBytes, kb)
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), MetricHandshakes, MetricRxBytes); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestInvalidHandshakeLog: an unverifiable handshake is logged once per
+// 30 s per node, naming it; senders that are no node (any address and
+// port anyone can forge) share one entry, so a spray of them costs one
+// log line and one map entry.
+func TestInvalidHandshakeLog(t *testing.T) {
+	f := newManagerFixture(t)
+	f.m.learnPeers(Desired{Peers: []Peer{{Node: "b", PublicKey: mustKey(t), Endpoint: netip.MustParseAddrPort("172.16.0.2:51820")}}})
+	for i := range 1000 {
+		f.m.invalidHandshake(fmt.Sprintf("198.51.100.%d:%d", i%250, 1024+i))
+		f.m.invalidHandshake(fmt.Sprintf("172.16.0.2:%d", 1024+i))
+	}
+	byPeer := map[string]int{}
+	for _, e := range f.logs.AllEntries() {
+		if strings.Contains(e.Message, "could not be verified") {
+			byPeer[fmt.Sprint(e.Data["peer"])]++
+		}
+	}
+	if len(byPeer) != 2 || byPeer["b"] != 1 || byPeer[notANode] != 1 {
+		t.Errorf("warnings per peer %v, want one for b and one for %s", byPeer, notANode)
+	}
+	f.m.mu.Lock()
+	defer f.m.mu.Unlock()
+	if len(f.m.invalidAt) != 2 {
+		t.Errorf("%d senders remembered, want 2", len(f.m.invalidAt))
+	}
+}
+
+// TestRelease: a stopping daemon lets go of the device without removing
+// it, its routes or the rule (containers keep their tunnels), and the next
+// pass, as a restarted daemon's, attaches again.
+func TestRelease(t *testing.T) {
+	f := newManagerFixture(t)
+	f.blocks.owners = map[netip.Prefix]string{netip.MustParsePrefix("10.0.1.0/26"): "b"}
+	f.putNode(t, datastore.Node{Name: "b", WireGuardPublicKey: mustKey(t).String(), WireGuardAddr: "172.16.0.2"})
+	f.set(t, Change{Enabled: on()})
+	f.sync(t)
+	first := f.link
+	f.m.Release()
+	if !first.detached || first.closed || !f.kernel.rule || len(f.kernel.routes) != 1 {
+		t.Fatalf("released: detached %v, removed %v, rule %v, routes %v; want detached, not removed, rule and route kept", first.detached, first.closed, f.kernel.rule, f.kernel.routes)
+	}
+	f.m.Release() // a second time: nothing to release
+	f.sync(t)
+	if f.opened != 2 || f.link == first {
+		t.Errorf("after Release the device was opened %d times, want again by the next pass", f.opened)
+	}
+}
+
+// TestDeviceDeletedBehindTheManager: a wireguard.cali deleted by someone
+// else is made again at the next pass, with its key and peers, instead of
+// every pass failing on it.
+func TestDeviceDeletedBehindTheManager(t *testing.T) {
+	f := newManagerFixture(t)
+	kb := mustKey(t)
+	f.blocks.owners = map[netip.Prefix]string{netip.MustParsePrefix("10.0.1.0/26"): "b"}
+	f.putNode(t, datastore.Node{Name: "b", WireGuardPublicKey: kb.String(), WireGuardAddr: "172.16.0.2"})
+	f.set(t, Change{Enabled: on()})
+	f.sync(t)
+	first := f.link
+	f.kernel.gone = true
+	f.sync(t)
+	if f.opened != 2 || !first.detached {
+		t.Fatalf("device opened %d times (old one released: %v), want made again", f.opened, first.detached)
+	}
+	if _, ok := f.link.peers[kb]; !ok || f.link.priv != first.priv {
+		t.Errorf("the new device has peers %v and key %v, want b and the node's key", f.link.peers, f.link.priv.PublicKey())
+	}
+	if !f.logged("WireGuard device disappeared") {
+		t.Error("the log does not say the device disappeared")
 	}
 }

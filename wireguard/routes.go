@@ -30,6 +30,8 @@ type Kernel interface {
 	// RemoveDevice deletes wireguard.cali if it is there (left by an
 	// earlier run while WireGuard was turned off).
 	RemoveDevice() error
+	// DeviceExists says whether wireguard.cali is there.
+	DeviceExists() (bool, error)
 	// SetDeviceAddr makes addr (a /32; invalid: none) the only address
 	// of wireguard.cali.
 	SetDeviceAddr(addr netip.Addr) error
@@ -107,7 +109,7 @@ func (k *Netlink) SetDeviceAddr(addr netip.Addr) error {
 
 // Routes lists RouteTable.
 func (k *Netlink) Routes() (map[netip.Prefix]Route, error) {
-	rs, err := k.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: RouteTable}, netlink.RT_FILTER_TABLE)
+	rs, err := k.h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: RouteTable}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil, fmt.Errorf("listing table %d: %w", RouteTable, err)
 	}
@@ -134,6 +136,19 @@ func (k *Netlink) Routes() (map[netip.Prefix]Route, error) {
 		}
 	}
 	return out, nil
+}
+
+// DeviceExists says whether wireguard.cali is there.
+func (k *Netlink) DeviceExists() (bool, error) {
+	_, err := k.h.LinkByName(Device)
+	var nf netlink.LinkNotFoundError
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.As(err, &nf):
+		return false, nil
+	}
+	return false, fmt.Errorf("reading %s: %w", Device, err)
 }
 
 func (k *Netlink) deviceIndex() int {
@@ -175,18 +190,38 @@ func (k *Netlink) DelRoute(dst netip.Prefix) error {
 	return err
 }
 
-func rule() *netlink.Rule {
+// families are those RouteTable serves: IPv6 blocks are routed between
+// the hosts as IPv4 ones are, and must not bypass the tunnel.
+var families = [...]int{netlink.FAMILY_V4, netlink.FAMILY_V6}
+
+func rule(family int) *netlink.Rule {
 	r := netlink.NewRule()
-	r.Family = netlink.FAMILY_V4
+	r.Family = family
 	r.Priority, r.Table = RulePriority, RouteTable
 	mask := uint32(FirewallMark)
 	r.Mark, r.Mask, r.Invert = FirewallMark, &mask, true
 	return r
 }
 
-// EnsureRule: `not fwmark 0x100000/0x100000 lookup 99`, priority 99.
+// noIPv6 is a kernel without IPv6 (nothing to route, nothing to leak).
+func noIPv6(family int, err error) bool {
+	return family == netlink.FAMILY_V6 && errors.Is(err, unix.EAFNOSUPPORT)
+}
+
+// EnsureRule: `not fwmark 0x100000/0x100000 lookup 99`, priority 99, for
+// IPv4 and IPv6.
 func (k *Netlink) EnsureRule() error {
-	rules, err := k.h.RuleList(netlink.FAMILY_V4)
+	var errs []error
+	for _, family := range families {
+		if err := k.ensureRule(family); err != nil && !noIPv6(family, err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (k *Netlink) ensureRule(family int) error {
+	rules, err := k.h.RuleList(family)
 	if err != nil {
 		return fmt.Errorf("listing rules: %w", err)
 	}
@@ -195,17 +230,20 @@ func (k *Netlink) EnsureRule() error {
 			return nil
 		}
 	}
-	if err := k.h.RuleAdd(rule()); err != nil {
+	if err := k.h.RuleAdd(rule(family)); err != nil {
 		return fmt.Errorf("adding the rule to table %d: %w", RouteTable, err)
 	}
 	return nil
 }
 
-// RemoveRule deletes the rule if it is there.
+// RemoveRule deletes the rules if they are there.
 func (k *Netlink) RemoveRule() error {
-	err := k.h.RuleDel(rule())
-	if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ESRCH) {
-		return fmt.Errorf("removing the rule to table %d: %w", RouteTable, err)
+	var errs []error
+	for _, family := range families {
+		err := k.h.RuleDel(rule(family))
+		if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ESRCH) && !noIPv6(family, err) {
+			errs = append(errs, fmt.Errorf("removing the rule to table %d: %w", RouteTable, err))
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
