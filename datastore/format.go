@@ -28,6 +28,10 @@ type Format struct {
 	// WrittenBy is the calico-cnm version that wrote the record last.
 	WrittenBy string    `json:"writtenBy,omitempty"`
 	Updated   time.Time `json:"updated"`
+	// Restore, while set, holds new address assignments back: a restore
+	// is being written or its nodes have not reconciled yet (see
+	// RestoreHold).
+	Restore *RestoreHold `json:"restore,omitempty"`
 }
 
 // ErrFormatTooNew: the datastore (or a backup) was written by a newer

@@ -57,6 +57,11 @@ func ensureFormat(ctx context.Context, cfg Config, store *datastore.Store, log l
 	return f, nil
 }
 
+// restoreHoldWait is how long an address request waits for a restore's
+// reconcile passes before it is refused: well within Docker's timeout for
+// a plugin call.
+const restoreHoldWait = 15 * time.Second
+
 // retryUnavailable runs fn until it answers something else than
 // ErrUnavailable, or for at most d.
 func retryUnavailable(ctx context.Context, d time.Duration, fn func(context.Context) error) error {
