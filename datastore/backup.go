@@ -239,13 +239,14 @@ func (s *Store) rawTxn(ctx context.Context, ops []clientv3.Op) error {
 	return s.wrap(err)
 }
 
-// WatchFormat signals every change of the format record (a restore ends
-// with one) until ctx is done. The channel is closed when the watch ends.
-func (s *Store) WatchFormat(ctx context.Context) <-chan struct{} {
+// WatchFormat signals every change of the format record after revision
+// fromRev (0: from now; a restore ends with one) until ctx is done. The
+// channel is closed when the watch ends.
+func (s *Store) WatchFormat(ctx context.Context, fromRev int64) <-chan struct{} {
 	out := make(chan struct{}, 1)
 	go func() {
 		defer close(out)
-		for ev := range s.Watch(ctx, FormatKey, 0) {
+		for ev := range s.Watch(ctx, FormatKey, fromRev) {
 			if ev.Err != nil {
 				return
 			}

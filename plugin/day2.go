@@ -107,11 +107,14 @@ func followFormat(ctx context.Context, store *datastore.Store, resync time.Durat
 		default:
 		}
 	}
-	check()
 	poll := time.NewTicker(resync)
 	defer poll.Stop()
 	for ctx.Err() == nil {
-		watch := store.WatchFormat(ctx)
+		// Read before each watch, and watch from the record read: a
+		// rewrite while no watch ran (the last one broke, e.g. because the
+		// store went back) is seen now, not at the next poll.
+		check()
+		watch := store.WatchFormat(ctx, max(last, 0))
 		for watch != nil {
 			select {
 			case <-ctx.Done():
