@@ -129,9 +129,7 @@ func (a *app) withStore(ctx context.Context, fn func(*datastore.Store, *ipam.Eng
 	if err := store.CheckFormat(ctx); errors.Is(err, datastore.ErrFormatTooNew) {
 		return err
 	}
-	// Like the daemons, an operator is handed no address a restore may
-	// not have reclaimed yet.
-	return fn(store, ipam.New(store, ipam.Options{Log: a.log(), AssignGate: store.CheckRestoreHold}))
+	return fn(store, ipam.New(store, ipam.Options{Log: a.log()}))
 }
 
 // log is the logger of one operator command: the command prints its own
