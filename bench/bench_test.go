@@ -58,6 +58,7 @@ func TestBenchReport(t *testing.T) {
 	// The IPAM micro-benchmark first, before dockerd competes for the CPU.
 	if !joinOnly {
 		ipamBench(t, &res)
+		ipamOwnedBlocksBench(t, &res)
 	}
 
 	fab := harness.NewFabric(t, "")

@@ -11,6 +11,11 @@
 //	res.Add(bench.Series{Plot: "BGP scale", Name: "convergence", XLabel: "nodes",
 //		YLabel: "ms", X: nodes, Y: ms, Kind: bench.Line, LogY: true})      // anything else
 //
+// A series with a Target (or a benchmark metric "<m>-target-<unit>" next to
+// "<m>-<unit>", "ratio-target" next to "ratio") is also a row of the
+// targets panel that opens the PNG and of the "Targets" table: its value
+// against its target, nothing else to write.
+//
 // Series with the same Plot title share one plot (axes, legend); a new title
 // is a new plot. Each added series also gets a row (median, min, max) under
 // "Other figures" in report.md. Figures from `go test -bench` output (the
@@ -24,6 +29,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -167,8 +173,8 @@ func (r Results) WriteMarkdown(w io.Writer, pngName string) error {
 	p("| ratio calico / default bridge | | %.2fx | %.2fx |", ratio(cm, bm), ratio(c99, b99))
 	p("")
 	p("A calico network is a user-defined network, so Docker does the same extra work for it as for a user-defined bridge (embedded DNS resolver in the container, network-scoped aliases); the default `bridge` network skips that. Against the user-defined bridge: median ratio %.2fx, %s; median of the per-round ratios %.2fx. Against the default bridge: median ratio %.2fx, %s; per-round %.2fx.",
-		ratio(cm, um), verdict(ratio(cm, um), 1.10), PairedRatio(r.RunCalico, r.RunUserBridge),
-		ratio(cm, bm), verdict(ratio(cm, bm), 1.10), PairedRatio(r.RunCalico, r.RunBridge))
+		ratio(cm, um), verdict(ratio(cm, um), TargetRunRatio), PairedRatio(r.RunCalico, r.RunUserBridge),
+		ratio(cm, bm), verdict(ratio(cm, bm), TargetRunRatio), PairedRatio(r.RunCalico, r.RunBridge))
 	p("")
 	p("## IPAM (ipam.BenchmarkAutoAssign, embedded etcd)")
 	p("")
@@ -189,7 +195,7 @@ func (r Results) WriteMarkdown(w io.Writer, pngName string) error {
 	}
 	first, last := r.JoinWindow(1, 10), r.JoinWindow(len(r.Joins)-9, len(r.Joins))
 	p("")
-	p("Endpoint %d vs endpoint 10 (medians of 10): %.2fx: %s.", len(r.Joins), ratio(last, first), verdict(ratio(last, first), 1.5))
+	p("Endpoint %d vs endpoint 10 (medians of 10): %.2fx: %s.", len(r.Joins), ratio(last, first), verdict(ratio(last, first), TargetJoinRatio))
 	if len(r.Joins) >= 100 {
 		f50, l50 := r.JoinWindow(1, 50), r.JoinWindow(len(r.Joins)-49, len(r.Joins))
 		p("Less noisy, medians of 50: first 50 %s, last 50 %s, %.2fx.", ms(f50), ms(l50), ratio(l50, f50))
@@ -202,9 +208,40 @@ func (r Results) WriteMarkdown(w io.Writer, pngName string) error {
 	p("| idle (after start, no endpoints) | %.1f MiB |", float64(r.RSSIdleKiB)/1024)
 	p("| with %d endpoints | %.1f MiB |", len(r.Joins), float64(r.RSSLoadedKiB)/1024)
 	p("")
+	r.markdownGoals(p)
 	r.markdownPlots(p)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// markdownGoals tabulates Goals, as the first panel of the PNG draws them.
+func (r Results) markdownGoals(p func(format string, a ...any)) {
+	goals := r.Goals()
+	if len(goals) == 0 {
+		return
+	}
+	p("## Targets")
+	p("")
+	p("| figure | value | target | |")
+	p("|---|---|---|---|")
+	for _, g := range goals {
+		p("| %s | %s | %s %s | %s |", g.Name, goalFigure(g.Value, g.Unit), g.bound(), goalFigure(g.Target, g.Unit), map[bool]string{true: "meets", false: "**misses**"}[g.Met()])
+	}
+	p("")
+}
+
+func (g Goal) bound() string {
+	if g.AtLeast {
+		return ">="
+	}
+	return "<="
+}
+
+func goalFigure(v float64, unit string) string {
+	if unit == "x" {
+		return fmt.Sprintf("%.2fx", v)
+	}
+	return figure(v, unit)
 }
 
 // markdownPlots writes the added series' figures and names the plots.
@@ -270,6 +307,61 @@ type Series struct {
 	// LogY makes the plot's Y axis logarithmic (when any of its series
 	// asks); values <= 0 are then left out. Bars are always linear.
 	LogY bool
+	// Target, when set, is the goal of the series' figure (its median):
+	// the series is then also a row of the targets panel (Goals). The
+	// figure must stay at or under it, or reach it with AtLeast.
+	Target  float64
+	AtLeast bool
+}
+
+// Goal is one figure against its target: a row of the targets panel that
+// opens report.png and of the "Targets" table.
+type Goal struct {
+	Name    string
+	Value   float64
+	Target  float64
+	Unit    string // "x" for ratios
+	AtLeast bool   // the value must reach Target; else stay at or under it
+}
+
+// Met tells whether the value meets its target.
+func (g Goal) Met() bool {
+	if g.AtLeast {
+		return g.Value >= g.Target
+	}
+	return g.Value <= g.Target
+}
+
+// Targets of the built-in ratios (lower is better).
+const (
+	TargetRunRatio  = 1.10 // docker run on calico / on a bridge
+	TargetJoinRatio = 1.5  // Join of the last endpoint / of the 10th
+)
+
+// Goals are every figure of the report that has a target: the built-in
+// ratios, then every series with a Target, in the order they were added.
+// A figure that was not measured (NaN) is left out.
+func (r Results) Goals() []Goal {
+	var out []Goal
+	add := func(g Goal) {
+		if !math.IsNaN(g.Value) && !math.IsInf(g.Value, 0) && g.Target > 0 {
+			out = append(out, g)
+		}
+	}
+	cm, bm, um := Median(r.RunCalico), Median(r.RunBridge), Median(r.RunUserBridge)
+	add(Goal{Name: "docker run: calico / user-defined bridge", Value: ratio(cm, um), Target: TargetRunRatio, Unit: "x"})
+	add(Goal{Name: "docker run: calico / default bridge", Value: ratio(cm, bm), Target: TargetRunRatio, Unit: "x"})
+	if len(r.Joins) >= 20 {
+		first, last := r.JoinWindow(1, 10), r.JoinWindow(len(r.Joins)-9, len(r.Joins))
+		add(Goal{Name: fmt.Sprintf("Join: endpoint %d / endpoint 10", len(r.Joins)), Value: ratio(last, first), Target: TargetJoinRatio, Unit: "x"})
+	}
+	for _, s := range r.Series() {
+		if s.Target == 0 || len(s.Y) == 0 {
+			continue
+		}
+		add(Goal{Name: s.Plot + ": " + s.Name, Value: medianOf(s.Y), Target: s.Target, Unit: s.YLabel, AtLeast: s.AtLeast})
+	}
+	return out
 }
 
 // Add puts a series in the report: a plot of its own (or a place in the
@@ -365,15 +457,31 @@ const (
 	plotDPI      = 96
 )
 
-// WritePNG draws every plot of the report into one PNG.
+// WritePNG draws every plot of the report into one PNG. It opens, across
+// the whole width, with the targets panel (Goals) when any figure has a
+// target.
 func (r Results) WritePNG(w io.Writer) error {
 	groups := plotGroups(r.Series())
 	if len(groups) == 0 {
 		return errors.New("nothing to plot")
 	}
 	rows := (len(groups) + plotCols - 1) / plotCols
-	img := vgimg.NewWith(vgimg.UseWH(plotCols*plotW, vg.Length(rows)*plotH), vgimg.UseDPI(plotDPI))
+	goals := r.Goals()
+	var goalsH vg.Length
+	if len(goals) > 0 {
+		goalsH = max(plotH, vg.Length(len(goals))*goalRowH+1.5*vg.Inch)
+	}
+	img := vgimg.NewWith(vgimg.UseWH(plotCols*plotW, vg.Length(rows)*plotH+goalsH), vgimg.UseDPI(plotDPI))
 	dc := draw.New(img)
+	if len(goals) > 0 {
+		gp, err := goalsPlot(goals)
+		if err != nil {
+			return fmt.Errorf("targets panel: %w", err)
+		}
+		top := draw.Crop(dc, 0, 0, vg.Length(rows)*plotH, 0)
+		gp.Draw(draw.Crop(top, vg.Millimeter*3, -vg.Millimeter*3, vg.Millimeter*3, -vg.Millimeter*3))
+		dc = draw.Crop(dc, 0, 0, 0, -goalsH)
+	}
 	tiles := draw.Tiles{Rows: rows, Cols: plotCols, PadTop: vg.Millimeter * 3, PadBottom: vg.Millimeter * 3, PadLeft: vg.Millimeter * 3, PadRight: vg.Millimeter * 3, PadX: vg.Millimeter * 8, PadY: vg.Millimeter * 8}
 	for i, g := range groups {
 		p, err := makePlot(g)
@@ -384,6 +492,60 @@ func (r Results) WritePNG(w io.Writer) error {
 	}
 	_, err := vgimg.PngCanvas{Canvas: img}.WriteTo(w)
 	return err
+}
+
+// goalRowH is the height of one row of the targets panel.
+const goalRowH = 0.35 * vg.Inch
+
+// Colours of the targets panel's bars.
+var (
+	goalMet    = color.RGBA{R: 0x2e, G: 0x9e, B: 0x4f, A: 0xff}
+	goalMissed = color.RGBA{R: 0xd6, G: 0x3b, B: 0x2f, A: 0xff}
+)
+
+// goalsPlot draws one horizontal bar per goal, its value as a share of its
+// target (so every target is the line at 1), green when met, red when
+// missed; each row's label carries the value and the target.
+func goalsPlot(goals []Goal) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = "every figure against its target (bar: value / target; the line at 1 is the target)"
+	p.X.Label.Text = "value / target"
+	labels := make([]string, len(goals))
+	maxX := 1.0
+	for i, g := range goals {
+		// The first goal at the top.
+		row := len(goals) - 1 - i
+		labels[row] = fmt.Sprintf("%s: %s (target %s %s)", g.Name, goalFigure(g.Value, g.Unit), g.bound(), goalFigure(g.Target, g.Unit))
+		share := g.Value / g.Target
+		b, err := plotter.NewBarChart(plotter.Values{share}, goalRowH*0.6)
+		if err != nil {
+			return nil, err
+		}
+		b.Horizontal, b.XMin, b.LineStyle.Width = true, float64(row), 0
+		b.Color = goalMissed
+		if g.Met() {
+			b.Color = goalMet
+		}
+		p.Add(b)
+		maxX = max(maxX, share)
+	}
+	target := &plotter.Line{XYs: plotter.XYs{{X: 1, Y: -0.5}, {X: 1, Y: float64(len(goals)) - 0.5}}, LineStyle: plotter.DefaultLineStyle}
+	target.Width, target.Dashes = vg.Points(2), []vg.Length{vg.Points(6), vg.Points(3)}
+	p.Add(target)
+	p.NominalY(labels...)
+	p.X.Min, p.X.Max = 0, maxX*1.1
+	// Ticks every 0.25, labelled every 0.5: 1, the target, always has one.
+	var ticks []plot.Tick
+	for v := 0.0; v <= p.X.Max; v += 0.25 {
+		t := plot.Tick{Value: v}
+		if math.Mod(v, 0.5) == 0 {
+			t.Label = strconv.FormatFloat(v, 'f', -1, 64)
+		}
+		ticks = append(ticks, t)
+	}
+	p.X.Tick.Marker = plot.ConstantTicks(ticks)
+	p.Y.Min, p.Y.Max = -0.5, float64(len(goals))-0.5
+	return p, nil
 }
 
 // makePlot draws one group of series with shared axes and a legend.
@@ -500,6 +662,7 @@ func seriesXYs(s Series, logY bool) plotter.XYs {
 // is a plot of its own.
 func (r *Results) AddBenchOutput(in io.Reader, fileName string) error {
 	br := benchfmt.NewReader(in, fileName)
+	var targets []benchTarget
 	for br.Scan() {
 		res, ok := br.Result().(*benchfmt.Result)
 		if !ok {
@@ -519,8 +682,38 @@ func (r *Results) AddBenchOutput(in io.Reader, fileName string) error {
 			if i := strings.LastIndexByte(unit, '-'); i > 0 {
 				metric, per = unit[:i], unit[i+1:]
 			}
+			if of, ok := targetOf(metric, per); ok {
+				targets = append(targets, benchTarget{plot: fmt.Sprintf("%s (%s)", bench, of.per), metric: of.metric, value: value})
+				continue
+			}
 			r.AddValue(fmt.Sprintf("%s (%s)", bench, per), metric, per, value)
 		}
 	}
+	for _, t := range targets {
+		for i := range r.Extra {
+			if s := &r.Extra[i]; s.Plot == t.plot && s.Name == t.metric {
+				s.Target = t.value
+			}
+		}
+	}
 	return br.Err()
+}
+
+// benchTarget is the target a benchmark reported for one of its metrics.
+type benchTarget struct {
+	plot, metric string
+	value        float64
+}
+
+// targetOf tells a benchmark metric that is the target of another: unit
+// "p50-target-ms" is the target of "p50-ms", "ratio-target" that of
+// "ratio". Lower is better for those (times, ratios of times).
+func targetOf(metric, per string) (of struct{ metric, per string }, ok bool) {
+	if per == "target" { // "ratio-target": metric "ratio", no unit
+		return struct{ metric, per string }{metric, metric}, true
+	}
+	if m, found := strings.CutSuffix(metric, "-target"); found {
+		return struct{ metric, per string }{m, per}, true
+	}
+	return of, false
 }

@@ -79,9 +79,10 @@ func TestReportRendering(t *testing.T) {
 		t.Error("an \"Other figures\" section without added series")
 	}
 	m := renderPNG(t, r)
-	// Two rows of two plots: docker run, Join, IPAM, memory.
-	if b := m.Bounds(); b.Dx() != 2*576 || b.Dy() != 2*384 {
-		t.Errorf("plot is %v, want 1152x768 (two rows of two plots)", b.Size())
+	// The targets panel across the top, then two rows of two plots: docker
+	// run, Join, IPAM, memory.
+	if b := m.Bounds(); b.Dx() != 2*576 || b.Dy() != 3*384 {
+		t.Errorf("plot is %v, want 1152x1152 (the targets panel and two rows of two plots)", b.Size())
 	}
 	// The first series' colour (calico's points), not just a blank canvas.
 	if n := countColor(m, plotutil.Color(0)); n < 100 {

@@ -134,6 +134,18 @@ func startEmbedded(ctx context.Context, cfg Config, log logrus.FieldLogger) (*em
 		ec.AdvertisePeerUrls = []url.URL{{Scheme: "unix", Host: "localhost:0"}}
 	}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
+	// embed.NewConfig leaves the slow-request threshold at zero, which makes
+	// the member log every request as a "request stats" warning. A request
+	// (or its apply) is worth a warning once it has used a tenth of the
+	// time the daemon gives it: the lone member shares its host's disk with
+	// the containers, and etcd's 100 ms apply threshold fires on a busy
+	// host at every lease revoke of a clean stop.
+	ec.WarningUnaryRequestDuration = cfg.RequestTimeout / 10
+	ec.WarningApplyDuration = cfg.RequestTimeout / 10
+	// The member has no authentication (it listens on a root-only socket),
+	// so it needs no token provider: "" is etcd's none, where the default
+	// "simple" provider warns at start that its tokens are unsigned.
+	ec.AuthToken = ""
 	stopping := &atomic.Bool{}
 	zl, err := newEtcdLogger(log, cfg.EmbeddedLogLevel, stopping)
 	if err != nil {

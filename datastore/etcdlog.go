@@ -24,6 +24,37 @@ type logrusCore struct {
 // etcdServeFailed is what etcd logs when a listener's Serve returns.
 const etcdServeFailed = "setting up serving from embedded etcd failed."
 
+// etcdStopNoise are the messages etcd logs at warning or above for a
+// listener it closes itself: routine while the member stops, and then
+// logged at debug.
+var etcdStopNoise = [...]string{
+	etcdServeFailed,
+	"stopping insecure grpc server due to error",
+	"stopped insecure grpc server due to error",
+}
+
+// etcdSinglePort is etcd's warning that gRPC and HTTP share one listener.
+// That is how the lone embedded member is meant to serve (one root-only
+// socket, nothing else to open), so the line is logged at debug.
+const etcdSinglePort = "Running http and grpc server on single port. This is not recommended for production."
+
+// demoted tells an etcd warning or error that is routine for the embedded
+// member (see etcdStopNoise, etcdSinglePort).
+func (c *logrusCore) demoted(msg string) bool {
+	if msg == etcdSinglePort {
+		return true
+	}
+	if !c.stopping.Load() {
+		return false
+	}
+	for _, m := range etcdStopNoise {
+		if msg == m {
+			return true
+		}
+	}
+	return false
+}
+
 // newEtcdLogger builds the zap logger the embedded member logs through, at
 // the etcd level that maps to log's level (or level, when set).
 func newEtcdLogger(log logrus.FieldLogger, level string, stopping *atomic.Bool) (*zap.Logger, error) {
@@ -78,7 +109,7 @@ func (c *logrusCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 	addZapFields(all, fields)
 	entry := c.log.WithFields(all)
 	switch {
-	case c.stopping.Load() && e.Message == etcdServeFailed:
+	case c.demoted(e.Message):
 		entry.Debug(e.Message)
 	case e.Level >= zapcore.ErrorLevel:
 		// Panic and fatal levels stay errors here: zap itself panics or

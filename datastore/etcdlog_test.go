@@ -27,6 +27,9 @@ func TestEtcdLogger(t *testing.T) {
 		{"fields of With", logrus.InfoLevel, false, func(l *zap.Logger) { l.With(zap.String("local-member-id", "8e9e")).Warn("w") }, `level=warning msg=w component=etcd local-member-id=8e9e`},
 		{"serving failure is an error while running", logrus.InfoLevel, false, func(l *zap.Logger) { l.Error(etcdServeFailed, zap.String("error", "bind failed")) }, `level=error msg="` + etcdServeFailed + `"`},
 		{"serving failure while stopping is debug", logrus.InfoLevel, true, func(l *zap.Logger) { l.Error(etcdServeFailed, zap.String("error", "use of closed network connection")) }, ""},
+		{"single port is debug", logrus.InfoLevel, false, func(l *zap.Logger) { l.Warn(etcdSinglePort) }, ""},
+		{"grpc listener closed while stopping is debug", logrus.InfoLevel, true, func(l *zap.Logger) { l.Warn("stopped insecure grpc server due to error") }, ""},
+		{"grpc listener closed while running stays warning", logrus.InfoLevel, false, func(l *zap.Logger) { l.Warn("stopped insecure grpc server due to error") }, `level=warning msg="stopped insecure grpc server due to error"`},
 		{"other errors while stopping stay errors", logrus.InfoLevel, true, func(l *zap.Logger) { l.Error("failed to purge snap db file") }, `level=error msg="failed to purge snap db file" component=etcd`},
 	}
 	for _, tc := range tests {

@@ -17,12 +17,10 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/calico-cnm/calico-cnm/internal/retry"
@@ -413,21 +411,13 @@ func (s *Store) wrap(err error) error {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%w: no answer from etcd within %s%s", ErrUnavailable, s.timeout, why)
 	}
-	if st, ok := status.FromError(err); ok {
-		switch st.Code() {
-		case codes.Unavailable, codes.DeadlineExceeded:
-			return fmt.Errorf("%w: %s%s", ErrUnavailable, st.Message(), why)
+	if IsUnreachable(err) {
+		// The status's own message, not "rpc error: code = ... desc = ...".
+		msg := err.Error()
+		if st, ok := status.FromError(err); ok {
+			msg = st.Message()
 		}
-	}
-	// The client turns the server's own errors (a member that lost its
-	// leader, "etcdserver: request timed out" during an election) into
-	// EtcdError, which carries its gRPC code but no status.
-	var ee rpctypes.EtcdError
-	if errors.As(err, &ee) {
-		switch ee.Code() {
-		case codes.Unavailable, codes.DeadlineExceeded:
-			return fmt.Errorf("%w: %s%s", ErrUnavailable, ee.Error(), why)
-		}
+		return fmt.Errorf("%w: %s%s", ErrUnavailable, msg, why)
 	}
 	return fmt.Errorf("etcd: %w", err)
 }

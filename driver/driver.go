@@ -158,19 +158,19 @@ func userError(msg string, causes ...error) error {
 // storeErr words a datastore failure for the user; doing says what we were
 // doing ("recording network 0123456789ab").
 func storeErr(doing string, err error) error {
-	if errors.Is(err, datastore.ErrUnavailable) {
-		return fmt.Errorf("calico datastore (etcd) unreachable while %s: %w", doing, err)
+	if datastore.IsUnreachable(err) {
+		return fmt.Errorf("calico datastore (etcd) unreachable while %s: %w", doing, datastore.Unreachable(err))
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, context.Canceled) {
 		return fmt.Errorf("gave up %s (the request was cancelled): %w", doing, err)
 	}
 	return fmt.Errorf("failed %s: %w", doing, err)
 }
 
-// isStoreFailure tells transport trouble (etcd down, request cancelled) from
-// a logical refusal.
+// isStoreFailure tells transport trouble (etcd down or too slow, request
+// cancelled) from a logical refusal.
 func isStoreFailure(err error) bool {
-	return errors.Is(err, datastore.ErrUnavailable) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+	return datastore.IsUnreachable(err) || errors.Is(err, context.Canceled)
 }
 
 // short abbreviates a Docker id for messages, as docker does.

@@ -20,7 +20,7 @@ const readBackTimeout = 500 * time.Millisecond
 // have applied the transaction: no answer in time, the connection lost, the
 // request cancelled. A conflict or a refusal is a definite answer.
 func isAmbiguous(err error) bool {
-	return errors.Is(err, datastore.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+	return datastore.IsUnreachable(err) || errors.Is(err, context.Canceled)
 }
 
 // settleAmbiguous decides an assignment whose transaction failed

@@ -9,6 +9,7 @@ import (
 	"math/big"
 	"net"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -181,23 +182,19 @@ func (e *Engine) assignFromAffine(ctx context.Context, req assignReq) (netip.Add
 		if err != nil {
 			return netip.Addr{}, false, err
 		}
-		var chosen *cachedBlock
 		var pool poolEntry
-		ord := 0
-		for _, c := range e.affineCached(req.host) {
-			if c.b.prefix.Addr().Is6() != req.v6 || (req.within != nil && !req.within.Overlaps(c.b.prefix)) {
-				continue
+		chosen, ord, found := e.firstAffine(req.host, func(b *block) (int, bool) {
+			if b.prefix.Addr().Is6() != req.v6 || (req.within != nil && !req.within.Overlaps(b.prefix)) {
+				return 0, false
 			}
-			p, ok := poolOfBlock(pools, c.b.prefix)
+			p, ok := poolOfBlock(pools, b.prefix)
 			if !ok {
-				continue // its pool is disabled or gone
+				return 0, false // its pool is disabled or gone
 			}
-			if o, ok := c.b.freeOrdinal(req.within); ok {
-				chosen, pool, ord = &c, p, o
-				break
-			}
-		}
-		if chosen == nil {
+			pool = p
+			return b.freeOrdinal(req.within)
+		})
+		if !found {
 			return netip.Addr{}, false, nil
 		}
 		addr, _, err := e.commitAssign(ctx, req, chosen.b, chosen.rev, ord, pool)
@@ -255,7 +252,9 @@ func (e *Engine) commitAssign(ctx context.Context, req assignReq, b *block, rev 
 	if err != nil {
 		return netip.Addr{}, 0, err
 	}
-	e.cacheBlock(b, newRev)
+	// b is the caller's private copy, which nobody changes after a
+	// successful write (every caller returns): the cache takes it.
+	e.cacheOwnedBlock(b, newRev)
 	h.rev = newRev
 	e.cacheHandle(h)
 	addr := nthAddr(b.prefix, ord)
@@ -540,10 +539,8 @@ func (e *Engine) reloadHost(ctx context.Context, host string) (map[netip.Prefix]
 	}
 	aff := affinityOf(host)
 	e.mu.Lock()
-	for p, c := range e.blocks {
-		if c.b.Affinity == aff {
-			delete(e.blocks, p)
-		}
+	for _, p := range slices.Clone(e.affine[aff]) {
+		e.dropBlockLocked(p)
 	}
 	e.mu.Unlock()
 

@@ -10,7 +10,8 @@ import (
 	"time"
 )
 
-// Key layout, relative to the store prefix (see /work/shared/DESIGN.md).
+// Key layout, relative to the store prefix: every key IPAM owns is built
+// from these (blockKey, affinityKey, handleKey, poolKey).
 const (
 	// PoolsPrefix holds the pool records (Pool): routing and policy follow
 	// them too.

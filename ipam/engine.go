@@ -43,6 +43,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -103,10 +104,14 @@ type Engine struct {
 	grace time.Duration
 	gate  func(ctx context.Context) error
 
-	mu      sync.Mutex
-	hosts   map[string]*hostState
-	pools   []poolEntry // nil: not loaded
-	blocks  map[netip.Prefix]cachedBlock
+	mu     sync.Mutex
+	hosts  map[string]*hostState
+	pools  []poolEntry // nil: not loaded
+	blocks map[netip.Prefix]cachedBlock
+	// affine indexes blocks by affinity, each list lowest address first:
+	// the warm path looks at one host's blocks only, in order, without
+	// sorting or copying them (see firstAffine).
+	affine  map[string][]netip.Prefix
 	handles map[string]cachedHandle
 	// abandoned are handles of assignments answered as failed that may
 	// have landed (ReleaseAbandoned).
@@ -162,6 +167,7 @@ func New(store *datastore.Store, opts Options) *Engine {
 		gate:    opts.AssignGate,
 		hosts:   map[string]*hostState{},
 		blocks:  map[netip.Prefix]cachedBlock{},
+		affine:  map[string][]netip.Prefix{},
 		handles: map[string]cachedHandle{},
 	}
 }
@@ -207,22 +213,62 @@ func (h *hostState) unlock() { <-h.sem }
 // cacheBlock remembers b at rev if it is affine to a host this engine serves;
 // older revisions never replace newer ones.
 func (e *Engine) cacheBlock(b *block, rev int64) {
+	e.cacheOwnedBlock(b.clone(), rev)
+}
+
+// cacheOwnedBlock is cacheBlock of a block nobody else holds or changes
+// any more (the private copy an assignment just wrote): it is kept as it
+// is, not copied again.
+func (e *Engine) cacheOwnedBlock(b *block, rev int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if old, ok := e.blocks[b.prefix]; ok && old.rev > rev {
 		return
 	}
 	if _, served := e.hosts[b.host()]; !served || b.host() == "" {
-		delete(e.blocks, b.prefix)
+		e.dropBlockLocked(b.prefix)
 		return
 	}
-	e.blocks[b.prefix] = cachedBlock{b: b.clone(), rev: rev}
+	e.setBlockLocked(cachedBlock{b: b, rev: rev})
 }
 
 func (e *Engine) uncacheBlock(p netip.Prefix) {
 	e.mu.Lock()
-	delete(e.blocks, p)
+	e.dropBlockLocked(p)
 	e.mu.Unlock()
+}
+
+// setBlockLocked caches c, keeping the affinity index in step. e.mu held.
+func (e *Engine) setBlockLocked(c cachedBlock) {
+	p := c.b.prefix
+	if old, ok := e.blocks[p]; ok && old.b.Affinity != c.b.Affinity {
+		e.dropBlockLocked(p)
+	}
+	if _, ok := e.blocks[p]; !ok {
+		list := e.affine[c.b.Affinity]
+		i, _ := slices.BinarySearchFunc(list, p, comparePrefix)
+		e.affine[c.b.Affinity] = slices.Insert(list, i, p)
+	}
+	e.blocks[p] = c
+}
+
+// dropBlockLocked forgets block p and its place in the affinity index.
+// e.mu held.
+func (e *Engine) dropBlockLocked(p netip.Prefix) {
+	old, ok := e.blocks[p]
+	if !ok {
+		return
+	}
+	delete(e.blocks, p)
+	list := e.affine[old.b.Affinity]
+	if i, found := slices.BinarySearchFunc(list, p, comparePrefix); found {
+		list = slices.Delete(list, i, i+1)
+	}
+	if len(list) == 0 {
+		delete(e.affine, old.b.Affinity)
+	} else {
+		e.affine[old.b.Affinity] = list
+	}
 }
 
 func (e *Engine) cachedBlock(p netip.Prefix) (*block, int64, bool) {
@@ -235,23 +281,21 @@ func (e *Engine) cachedBlock(p netip.Prefix) (*block, int64, bool) {
 	return c.b.clone(), c.rev, true
 }
 
-// affineCached lists copies of the cached blocks affine to host, lowest
-// address first (so a host fills its first block before the next).
-func (e *Engine) affineCached(host string) []cachedBlock {
-	aff := affinityOf(host)
+// firstAffine is a private copy of the lowest cached block affine to host
+// (so a host fills its first block before the next) in which pick finds an
+// ordinal, and that ordinal. pick runs under e.mu, on the cached block
+// itself: it must only read it. Only the chosen block is copied, so an
+// assignment costs the same whether the host owns 1 block or 100.
+func (e *Engine) firstAffine(host string, pick func(b *block) (int, bool)) (cachedBlock, int, bool) {
 	e.mu.Lock()
-	var out []cachedBlock
-	for _, c := range e.blocks {
-		if c.b.Affinity == aff {
-			out = append(out, c)
+	defer e.mu.Unlock()
+	for _, p := range e.affine[affinityOf(host)] {
+		c := e.blocks[p]
+		if ord, ok := pick(c.b); ok {
+			return cachedBlock{b: c.b.clone(), rev: c.rev}, ord, true
 		}
 	}
-	e.mu.Unlock()
-	sortBlocks(out)
-	for i := range out {
-		out[i].b = out[i].b.clone()
-	}
-	return out
+	return cachedBlock{}, 0, false
 }
 
 // readBlock gets a block from etcd and refreshes the cache; ok is false when

@@ -3,6 +3,7 @@ package ipam
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -61,6 +62,11 @@ func confirmedAffinity(key string, value []byte) (netip.Prefix, bool) {
 	}
 	return p, true
 }
+
+// ErrHostBlocksEnded: a WatchHostBlocks stream closed while its context was
+// live (the host name is invalid), so its consumer follows the host's
+// blocks no more.
+var ErrHostBlocksEnded = errors.New("the stream of the host's blocks ended")
 
 // WatchHostBlocks streams the host's blocks: first an Added event for every
 // block it owns now, then one event per change (only confirmed affinities

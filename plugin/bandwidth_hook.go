@@ -34,15 +34,13 @@ func newBandwidth(cfg Config, store *datastore.Store, engineID func() string, lo
 }
 
 // startBandwidth follows the datastore (network defaults changed, labels
-// learnt after Join) until ctx ends; the returned function waits for it.
-// The reconcile pass does the periodic repair (Reconciler.Shaping).
-func startBandwidth(ctx context.Context, m *bandwidth.Manager) (wait func()) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+// learnt after Join) under sup. The reconcile pass does the periodic
+// repair (Reconciler.Shaping).
+func startBandwidth(sup *supervisor, m *bandwidth.Manager) {
+	sup.Service("bandwidth limits", func(ctx context.Context) error {
 		m.Run(ctx)
-	}()
-	return func() { <-done }
+		return ctx.Err()
+	})
 }
 
 // ShapingSyncer is the reconcile pass's hook into bandwidth shaping

@@ -1,13 +1,13 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -33,7 +33,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	}
 	lvl, _ := logrus.ParseLevel(cfg.LogLevel)
 	log.SetLevel(lvl)
-	d := &daemon{cfg: cfg, log: log.WithField("node", cfg.NodeName), errc: make(chan error, 4)}
+	d := &daemon{cfg: cfg, log: log.WithField("node", cfg.NodeName)}
 
 	if err := d.openDatastore(ctx); err != nil {
 		return err
@@ -73,27 +73,34 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 		return err
 	}
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	socketPaths := d.serveSockets(ctx)
-	d.serveMetrics(ctx)
-	d.startLoops(ctx, socketPaths, alive, lease)
+	// The services start in this order under one supervisor: the plugin
+	// sockets, /metrics and /healthz, the datastore format follower, the
+	// heartbeat, the reconciler (once the sockets answer), the blackhole
+	// routes, the liveness lease, Docker's engine ID, VXLAN, WireGuard, BGP
+	// routing, published ports, bandwidth limits, network policy. A
+	// failing one stops the daemon with its error (an optional one turns
+	// /healthz red). They stop together; what they used is released
+	// afterwards by the defers, the last made first.
+	d.sup = newSupervisor(ctx, d.log)
+	d.health.Require("daemon services", d.sup.Health)
+	socketPaths := d.serveSockets()
+	d.serveMetrics()
+	d.startLoops(socketPaths, alive, lease)
 
-	defer startVXLAN(ctx, cfg, d.vx, d.log)()
-	defer startWireGuard(ctx, cfg, d.wgd, d.log)()
-	stopRouting, err := startRouting(ctx, cfg, d.store, d.engine, d.vx.mgr, d.metrics.Routing, d.health, d.log)
+	defer startVXLAN(d.sup, cfg, d.vx, d.log)()
+	defer startWireGuard(d.sup, cfg, d.wgd)()
+	closeRouting, err := startRouting(d.sup, cfg, d.store, d.engine, d.vx.mgr, d.metrics.Routing, d.health, d.log)
 	if err != nil {
-		cancel()
-		d.wg.Wait()
+		_ = d.sup.Stop()
 		return fmt.Errorf("starting BGP: %w", err)
 	}
-	defer stopRouting()
-	defer startPorts(ctx, cfg, d.portsMgr)()
-	defer startBandwidth(ctx, d.bw)()
+	defer closeRouting()
+	startPorts(d.sup, cfg, d.portsMgr)
+	startBandwidth(d.sup, d.bw)
 	d.policyStarted = true
-	defer d.pol.start(ctx)()
+	defer d.pol.start(d.sup)()
 
-	return d.serveUntilDone(ctx, cancel)
+	return d.serveUntilDone(ctx)
 }
 
 // daemon is what Run wires together: each step of its start-up is a
@@ -123,10 +130,8 @@ type daemon struct {
 	reconciler      *Reconciler
 	metricsListener net.Listener // nil: no /metrics
 
-	// wg counts the goroutines serving until Run's ctx is cancelled; errc
-	// takes the error of a server that failed.
-	wg   sync.WaitGroup
-	errc chan error
+	// sup runs every service of the daemon (see Run for the order).
+	sup *supervisor
 }
 
 // openDatastore creates the socket directory and opens the datastore,
@@ -227,16 +232,14 @@ func (d *daemon) prepareAPIs() error {
 
 // serveSockets serves the plugin APIs on their unix sockets (one for both
 // with SingleSocket) until ctx is done, and returns the sockets' paths.
-func (d *daemon) serveSockets(ctx context.Context) []string {
+func (d *daemon) serveSockets() []string {
 	var socketPaths []string
 	serve := func(name string, implements ...string) {
 		path := filepath.Join(d.cfg.SocketDir, name)
 		socketPaths = append(socketPaths, path)
-		d.wg.Go(func() {
+		d.sup.Service("plugin socket "+path, func(ctx context.Context) error {
 			d.log.WithFields(logrus.Fields{"socket": path, "implements": implements}).Info("serving plugin API")
-			if err := d.srv.ServeUnix(ctx, path, d.srv.Handler(implements...)); err != nil {
-				d.errc <- fmt.Errorf("serving %s: %w", path, err)
-			}
+			return d.srv.ServeUnix(ctx, path, d.srv.Handler(implements...))
 		})
 	}
 	if d.cfg.SingleSocket != "" {
@@ -250,58 +253,71 @@ func (d *daemon) serveSockets(ctx context.Context) []string {
 
 // serveMetrics serves /metrics and /healthz, if configured, until ctx is
 // done.
-func (d *daemon) serveMetrics(ctx context.Context) {
+func (d *daemon) serveMetrics() {
 	if d.metricsListener == nil {
 		return
 	}
 	d.log.WithField("listen", d.metricsListener.Addr().String()).Info("serving /metrics and /healthz")
-	d.wg.Go(func() {
-		if err := ServeMetrics(ctx, d.metricsListener, MetricsHandler(d.metrics, d.health)); err != nil {
-			d.errc <- err
-		}
+	d.sup.Service("/metrics and /healthz", func(ctx context.Context) error {
+		return ServeMetrics(ctx, d.metricsListener, MetricsHandler(d.metrics, d.health))
 	})
 }
 
-// startLoops runs, until ctx is done, the reconciler (once the sockets at
-// socketPaths answer), the blackhole routes' sync, the liveness lease and
-// the follower of Docker's engine ID.
-func (d *daemon) startLoops(ctx context.Context, socketPaths []string, alive datastore.Alive, lease clientv3.LeaseID) {
+// startLoops runs under d.sup the follower of the datastore's format
+// record, the heartbeat, the reconciler (once the sockets at socketPaths
+// answer), the blackhole routes' sync, the liveness lease and the follower
+// of Docker's engine ID.
+func (d *daemon) startLoops(socketPaths []string, alive datastore.Alive, lease clientv3.LeaseID) {
 	// A restore rewrites the format record last: reconcile at once, so
 	// that addresses live containers use are reclaimed before anyone is
 	// handed them again.
 	kick := make(chan struct{}, 1)
 	d.reconciler.Kick = kick
-	d.wg.Go(func() { followFormat(ctx, d.store, d.cfg.ResyncInterval, kick, d.log) })
-	d.wg.Go(func() { heartbeat(ctx, d.cfg, d.store, d.log) })
+	d.sup.Service("datastore format", func(ctx context.Context) error {
+		followFormat(ctx, d.store, d.cfg.ResyncInterval, kick, d.log)
+		return ctx.Err()
+	})
+	d.sup.Service("heartbeat", func(ctx context.Context) error {
+		heartbeat(ctx, d.cfg, d.store, d.log)
+		return ctx.Err()
+	})
 	// Reconcile once the sockets answer: cleaning up may take a while and
 	// Docker must not wait for it (it may call us meanwhile).
-	d.wg.Go(func() {
+	d.sup.Service("reconcile", func(ctx context.Context) error {
 		if err := waitServed(ctx, socketPaths); err != nil {
-			return
+			return err
 		}
 		d.health.SetServing(nil)
 		d.reconciler.Run(ctx)
+		return ctx.Err()
 	})
-	d.wg.Go(func() { syncBlackholes(ctx, d.engine, d.dp, d.cfg, d.log) })
+	d.sup.Service("blackhole routes", func(ctx context.Context) error {
+		return syncBlackholes(ctx, d.engine, d.dp, d.cfg, d.log)
+	})
 	// The liveness lease tells `node list`/`node delete` this node is in
 	// use; cancelling ctx revokes it before the datastore closes.
-	d.wg.Go(func() { d.store.KeepAliveFrom(ctx, alive, lease, datastore.DefaultAliveTTL, d.log) })
-	d.wg.Go(func() { d.ident.Follow(ctx, 5*time.Second, d.log.WithField("component", "docker")) })
+	d.sup.Service("liveness lease", func(ctx context.Context) error {
+		d.store.KeepAliveFrom(ctx, alive, lease, datastore.DefaultAliveTTL, d.log)
+		return ctx.Err()
+	})
+	d.sup.Task("Docker engine ID", func(ctx context.Context) error {
+		d.ident.Follow(ctx, 5*time.Second, d.log.WithField("component", "docker"))
+		return nil
+	})
 }
 
-// serveUntilDone waits for ctx to end or a server to fail, then stops the
-// daemon's goroutines and waits for them.
-func (d *daemon) serveUntilDone(ctx context.Context, cancel context.CancelFunc) error {
-	var runErr error
-	select {
-	case <-ctx.Done():
+// serveUntilDone waits for ctx to end or a service to fail, then stops
+// every service and waits for them: the failure is Run's error.
+func (d *daemon) serveUntilDone(ctx context.Context) error {
+	<-d.sup.Done()
+	if ctx.Err() != nil {
 		d.log.Info("shutting down")
-	case runErr = <-d.errc:
-		d.log.WithError(runErr).Error("plugin server failed")
 	}
-	cancel()
-	d.wg.Wait()
-	return runErr
+	err := d.sup.Stop()
+	if err != nil {
+		d.log.WithError(err).Error("a service failed: the daemon stops")
+	}
+	return err
 }
 
 // claimNodeName marks the node alive, waiting while another live daemon
@@ -332,7 +348,7 @@ type blockRouter interface {
 // bouncing to a default route) and removes those of blocks we lost. The
 // watch reacts at once; the periodic pass repairs anything the watch missed
 // and gives back blocks that stayed empty past the grace period.
-func syncBlackholes(ctx context.Context, engine *ipam.Engine, dp blockRouter, cfg Config, log logrus.FieldLogger) {
+func syncBlackholes(ctx context.Context, engine *ipam.Engine, dp blockRouter, cfg Config, log logrus.FieldLogger) error {
 	events := engine.WatchHostBlocks(ctx, cfg.NodeName)
 	ticker := time.NewTicker(cfg.ResyncInterval)
 	defer ticker.Stop()
@@ -350,10 +366,10 @@ func syncBlackholes(ctx context.Context, engine *ipam.Engine, dp blockRouter, cf
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return ctx.Err()
 		case ev, ok := <-events:
 			if !ok {
-				return
+				return cmp.Or(ctx.Err(), ipam.ErrHostBlocksEnded)
 			}
 			bl := log.WithField("block", ev.Block.String())
 			if ev.Added {

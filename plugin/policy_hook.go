@@ -63,28 +63,15 @@ func newPolicy(cfg Config, store *datastore.Store, log logrus.FieldLogger) (*pol
 	return &policyRunner{syncer: syncer, labels: newDockerLabels(names.cli, store, cfg.NodeName, log), nft: nft, names: names, node: cfg.NodeName, log: log}, nil
 }
 
-// start runs the syncer until ctx ends; the returned function waits for it
-// and releases the handles.
-func (p *policyRunner) start(ctx context.Context) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	learnt := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := p.syncer.Run(ctx); err != nil {
-			p.log.WithError(err).Error("network policy stopped")
-		}
-	}()
-	go func() {
-		defer close(learnt)
+// start runs the syncer and the label learner under sup; the returned
+// function releases the handles once sup has stopped.
+func (p *policyRunner) start(sup *supervisor) (release func()) {
+	sup.Service("network policy", p.syncer.Run)
+	sup.Service("container labels", func(ctx context.Context) error {
 		p.labels.Run(ctx)
-	}()
-	return func() {
-		cancel()
-		<-done
-		<-learnt
-		p.close()
-	}
+		return ctx.Err()
+	})
+	return p.close
 }
 
 func (p *policyRunner) close() {

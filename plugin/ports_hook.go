@@ -22,13 +22,11 @@ func newPorts(cfg Config, store *datastore.Store, dp *dataplane.Linux, engineID 
 }
 
 // startPorts rebuilds the published ports' rules now and on every resync
-// until ctx ends; the returned function waits for that. The rules stay
-// when the daemon stops: the containers' ports keep working.
-func startPorts(ctx context.Context, cfg Config, m *ports.Manager) (wait func()) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+// under sup. The rules stay when the daemon stops: the containers' ports
+// keep working.
+func startPorts(sup *supervisor, cfg Config, m *ports.Manager) {
+	sup.Service("published ports", func(ctx context.Context) error {
 		m.Run(ctx, cfg.ResyncInterval)
-	}()
-	return func() { <-done }
+		return ctx.Err()
+	})
 }

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -61,6 +62,10 @@ func (d *dockerClient) View(ctx context.Context) (DockerView, error) {
 	// treats all records of this node name as its own (as before engine
 	// IDs were recorded).
 	if view.EngineID, err = d.engine.Lookup(ctx); err != nil {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			// The daemon is stopping: no view, and nothing to warn about.
+			return DockerView{}, ctx.Err()
+		}
 		d.log.WithError(err).Warn("Docker engine ID unknown")
 	}
 	for _, n := range nets {

@@ -13,13 +13,14 @@ import (
 	"github.com/calico-cnm/calico-cnm/routing"
 )
 
-// startRouting starts the BGP speaker and kernel route programming when
-// configured; the returned stop function waits for it to finish.
+// startRouting starts the BGP speaker and kernel route programming under
+// sup when configured; the returned function stops the speaker and
+// releases the routing table once sup has stopped.
 //
 // It only validates and spawns: node registration, address detection and
 // the speaker all retry in the background, so a slow datastore or a BGP
 // port still held by a dying predecessor never delays the plugin sockets.
-func startRouting(ctx context.Context, cfg Config, store *datastore.Store, engine *ipam.Engine, vxlan routing.VXLANRouter, rm RoutingMetrics, health *Health, log logrus.FieldLogger) (stop func(), err error) {
+func startRouting(sup *supervisor, cfg Config, store *datastore.Store, engine *ipam.Engine, vxlan routing.VXLANRouter, rm RoutingMetrics, health *Health, log logrus.FieldLogger) (release func(), err error) {
 	if !cfg.BGP.Enabled {
 		return func() {}, nil
 	}
@@ -44,25 +45,14 @@ func startRouting(ctx context.Context, cfg Config, store *datastore.Store, engin
 		return nil, err
 	}
 	if health != nil {
-		health.Require("BGP routes", func() error { return routeHealth(agent.Status(ctx)) })
+		health.Require("BGP routes", func() error { return routeHealth(agent.Status(sup.ctx)) })
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := agent.Run(ctx); err != nil {
-			log.WithError(err).Error("BGP routing stopped")
-		}
-	}()
-	metricsDone := make(chan struct{})
-	go func() {
-		defer close(metricsDone)
+	sup.Service("BGP routing", agent.Run)
+	sup.Service("routing metrics", func(ctx context.Context) error {
 		exportRoutingMetrics(ctx, agent, rm, metricsInterval)
-	}()
+		return ctx.Err()
+	})
 	return func() {
-		cancel()
-		<-done
-		<-metricsDone
 		// Graceful: sessions end with the process, without a NOTIFICATION,
 		// so peers keep our routes through a restart (see GoBGP.Stop).
 		speaker.Stop(true)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/driver"
 )
 
@@ -191,7 +192,9 @@ func readBody(r *http.Request) ([]byte, int, error) {
 	return b, 0, nil
 }
 
-// call decodes Req, calls fn and encodes its answer or error.
+// call decodes Req, calls fn and encodes its answer or error. Both
+// drivers' errors pass datastore.Unreachable on the way out, so whatever
+// layer met a datastore failure, Docker reads "datastore unreachable".
 func call[Req any, Resp any](fn func(context.Context, *Req) (Resp, error)) func(r *http.Request) (int, any) {
 	return func(r *http.Request) (int, any) {
 		b, code, err := readBody(r)
@@ -207,7 +210,7 @@ func call[Req any, Resp any](fn func(context.Context, *Req) (Resp, error)) func(
 		}
 		resp, err := fn(r.Context(), req)
 		if err != nil {
-			return http.StatusInternalServerError, errorBody{Err: err.Error()}
+			return http.StatusInternalServerError, errorBody{Err: datastore.Unreachable(err).Error()}
 		}
 		return http.StatusOK, resp
 	}
@@ -228,7 +231,7 @@ func callNoReq[Resp any](fn func(context.Context) (Resp, error)) func(r *http.Re
 		}
 		resp, err := fn(r.Context())
 		if err != nil {
-			return http.StatusInternalServerError, errorBody{Err: err.Error()}
+			return http.StatusInternalServerError, errorBody{Err: datastore.Unreachable(err).Error()}
 		}
 		return http.StatusOK, resp
 	}

@@ -43,40 +43,22 @@ func newVXLAN(cfg Config, store *datastore.Store, engine *ipam.Engine, log logru
 	return &vxlanRunner{mgr: mgr, kernel: kernel, bgp: rc}, nil
 }
 
-// startVXLAN runs the manager until the returned stop is called. Like
-// startRouting it only spawns. Without BGP it also serves `node status`
-// (the BGP agent does otherwise, VXLAN included).
-func startVXLAN(ctx context.Context, cfg Config, v *vxlanRunner, log logrus.FieldLogger) func() {
+// startVXLAN runs the manager under sup; the returned function releases
+// its netlink handle once sup has stopped. Like startRouting it only
+// spawns. Without BGP it also serves `node status` (the BGP agent does
+// otherwise, VXLAN included), an optional service: `node status` not
+// answering does not stop the daemon.
+func startVXLAN(sup *supervisor, cfg Config, v *vxlanRunner, log logrus.FieldLogger) (release func()) {
 	mgr, kernel, rc := v.mgr, v.kernel, v.bgp
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{}, 2)
-	go func() {
-		defer func() { done <- struct{}{} }()
-		if err := mgr.Run(ctx); err != nil {
-			log.WithError(err).Error("VXLAN stopped")
-		}
-	}()
-	waits := 1
+	sup.Service("VXLAN", mgr.Run)
 	if !rc.Enabled {
-		waits++
 		path := rc.StatusSocket
 		if path == "" {
 			path = filepath.Join(cfg.StateDir, routing.StatusSocketName)
 		}
-		go func() {
-			defer func() { done <- struct{}{} }()
-			if err := routing.ServeVXLANStatus(ctx, path, cfg.NodeName, mgr, log); err != nil {
-				log.WithError(err).Warn("status socket failed; `node status` will not work")
-			}
-		}()
+		sup.Optional("VXLAN status socket", func(ctx context.Context) error {
+			return routing.ServeVXLANStatus(ctx, path, cfg.NodeName, mgr, log)
+		})
 	}
-	return func() {
-		cancel()
-		for range waits {
-			<-done
-		}
-		// The device and routes stay: containers keep talking while the
-		// daemon restarts, and the next start diffs against them.
-		kernel.Close()
-	}
+	return func() { kernel.Close() }
 }

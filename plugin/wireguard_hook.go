@@ -43,27 +43,15 @@ func newWireGuard(cfg Config, store *datastore.Store, engine *ipam.Engine, log l
 }
 
 // startWireGuard runs the manager and serves <state-dir>/wireguard.sock
-// (`node status`, `node rotate-key`) until the returned stop is called.
-func startWireGuard(ctx context.Context, cfg Config, w *wgRunner, log logrus.FieldLogger) func() {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{}, 2)
-	go func() {
-		defer func() { done <- struct{}{} }()
-		if err := w.mgr.Run(ctx); err != nil {
-			log.WithError(err).Error("WireGuard stopped")
-		}
-	}()
-	go func() {
-		defer func() { done <- struct{}{} }()
-		path := filepath.Join(cfg.StateDir, wireguard.SocketName)
-		if err := w.mgr.Serve(ctx, path); err != nil {
-			log.WithError(err).Warn("WireGuard socket failed; `node status` shows no WireGuard and `node rotate-key` will not work")
-		}
-	}()
+// (`node status`, `node rotate-key`) under sup, the socket as an optional
+// service; the returned function releases the netlink handle once sup has
+// stopped.
+func startWireGuard(sup *supervisor, cfg Config, w *wgRunner) (release func()) {
+	sup.Service("WireGuard", w.mgr.Run)
+	sup.Optional("WireGuard socket", func(ctx context.Context) error {
+		return w.mgr.Serve(ctx, filepath.Join(cfg.StateDir, wireguard.SocketName))
+	})
 	return func() {
-		cancel()
-		<-done
-		<-done
 		// The device, its routes and the rule stay: containers keep
 		// their tunnels while the daemon restarts.
 		w.kernel.Close()

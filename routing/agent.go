@@ -89,8 +89,10 @@ type Agent struct {
 	// blockEvents are this node's block changes (set by
 	// reconcileOnChanges; nil before and once closed). exportsDirty: block
 	// events were applied outside a pass (see readSpeaker), the next pass
-	// syncs the exports again.
+	// syncs the exports again. blocksEnded: blockEvents closed, which
+	// ends Run (the agent would follow the node's blocks no more).
 	blockEvents  <-chan ipam.BlockEvent
+	blocksEnded  bool
 	exportsDirty bool
 	// handover: topology changes in flight (see handover.go).
 	handover handover
@@ -161,13 +163,22 @@ func (a *Agent) retry(ctx context.Context, what string, fn func(ctx context.Cont
 	})
 }
 
-// Run works until ctx ends. It returns nil then; other errors only for
-// configuration that cannot work.
+// Run works until ctx ends, and returns nil then. The start-up steps
+// retry until they work; an error means the agent gave up (the stream of
+// the node's blocks ended) and routes are programmed no more.
 func (a *Agent) Run(ctx context.Context) error {
+	err := a.run(ctx)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func (a *Agent) run(ctx context.Context) error {
 	a.start = time.Now()
 	addr, err := a.detectNodeAddress(ctx)
 	if err != nil {
-		return nil // the start-up steps retry until ctx ends: that is the only error
+		return fmt.Errorf("detecting the node address: %w", err)
 	}
 	a.log = a.log.WithField("address", addr.String())
 	addr6 := a.ipv6NextHop(addr)
@@ -178,7 +189,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// is either in the first read of the nodes or signalled.
 	rev, err := storeRevision(ctx, a.d.Store, a.log)
 	if err != nil {
-		return nil // only when ctx ended
+		return fmt.Errorf("reading the datastore revision: %w", err)
 	}
 	dirty := make(chan string, 8)
 	for _, prefix := range []string{datastore.NodesPrefix, datastore.BGPPrefix, ipam.PoolsPrefix, datastore.EndpointsPrefix + a.d.NodeName + "/"} {
@@ -186,13 +197,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	if err := a.startSpeaker(ctx, addr, addr6); err != nil {
-		return nil
+		return err
 	}
 	if err := a.announceInitialState(ctx); err != nil {
-		return nil
+		return fmt.Errorf("announcing the node's routes: %w", err)
 	}
-	a.reconcileOnChanges(ctx, dirty)
-	return nil
+	return a.reconcileOnChanges(ctx, dirty)
 }
 
 // detectNodeAddress is Config.NodeIP, or else the autodetected address,
@@ -284,8 +294,8 @@ func (p *pendingPass) markDirty(prefix string) {
 
 // reconcileOnChanges runs a pass after every burst of block events,
 // datastore changes and speaker changes, and every ResyncInterval, until
-// ctx ends.
-func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) {
+// ctx ends (its error) or the stream of the node's blocks ends.
+func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) error {
 	a.blockEvents = a.d.Blocks.WatchHostBlocks(ctx, a.d.NodeName)
 	ticker := time.NewTicker(a.d.ResyncInterval)
 	defer ticker.Stop()
@@ -294,7 +304,7 @@ func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) {
 		var pass pendingPass
 		onBlock := func(ev ipam.BlockEvent, ok bool) {
 			if !ok {
-				a.blockEvents = nil
+				a.blockEvents, a.blocksEnded = nil, true
 				return
 			}
 			a.applyBlockEvent(ev)
@@ -302,7 +312,7 @@ func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) {
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return ctx.Err()
 		case ev, ok := <-a.blockEvents:
 			onBlock(ev, ok)
 		case prefix := <-dirty:
@@ -322,6 +332,9 @@ func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) {
 			default:
 				drained = true
 			}
+		}
+		if a.blocksEnded {
+			return ipam.ErrHostBlocksEnded
 		}
 		a.runPass(ctx, pass)
 		lastPass = time.Now()
@@ -872,7 +885,7 @@ func (a *Agent) readSpeaker(ctx context.Context) speakerRead {
 			return speakerRead{statesErr: ctx.Err(), pathsErr: ctx.Err()}
 		case ev, ok := <-a.blockEvents:
 			if !ok {
-				a.blockEvents = nil
+				a.blockEvents, a.blocksEnded = nil, true
 				continue
 			}
 			a.applyBlockEvent(ev)

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,12 +24,7 @@ func TestCleanStopLogsNoErrors(t *testing.T) {
 	bin := harness.BuildBinary(t)
 	h := harness.NewHost(t, "cleanstop", harness.HostOptions{NoDockerd: true})
 	p := h.StartPlugin(t, bin, nil) // --log-level debug: etcd's info lines too
-	if err := p.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Wait(harness.StopTimeout); err != nil {
-		t.Fatalf("daemon did not exit cleanly on SIGTERM: %v\n%s", err, p.LogTail(40))
-	}
+	stopCleanly(t, p)
 	etcdLines := 0
 	for _, line := range strings.Split(strings.TrimSpace(p.Log()), "\n") {
 		if strings.HasPrefix(line, "=== harness:") {

@@ -1,0 +1,90 @@
+package bench
+
+import (
+	"image"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestGoalsPanel: every figure with a target is a row of the targets panel
+// and table, whoever added it (the built-in ratios, a series with a Target,
+// a benchmark's "-target" metric), in order, each judged in its direction;
+// the PNG opens with that panel, green bars for the met, red for the
+// missed.
+func TestGoalsPanel(t *testing.T) {
+	r := Results{
+		RunCalico:     []time.Duration{110 * time.Millisecond, 120 * time.Millisecond},
+		RunBridge:     []time.Duration{100 * time.Millisecond, 100 * time.Millisecond},
+		RunUserBridge: []time.Duration{110 * time.Millisecond, 100 * time.Millisecond},
+	}
+	for i := range 100 {
+		r.Joins = append(r.Joins, time.Duration(5+i/50)*time.Millisecond)
+	}
+	r.Add(Series{Plot: "IPAM vs 382a2b2", Name: "1 host", YLabel: "x", Y: []float64{1.3}, Kind: Bars, Target: 1, AtLeast: true})
+	r.AddValue("no target", "plain", "ms", 5)
+	bench := `BenchmarkMultiHostJoinWithPolicies-2   	1	1 ns/op	1.40 ratio	1.30 ratio-target
+BenchmarkMultiHostPolicyUpdate-2   	1	1 ns/op	16.1 p50-ms	50 p50-target-ms	27.9 p99-ms
+`
+	if err := r.AddBenchOutput(strings.NewReader(bench), "bench.txt"); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, g := range r.Goals() {
+		got = append(got, g.Name+" "+map[bool]string{true: "met", false: "missed"}[g.Met()])
+	}
+	want := []string{
+		"docker run: calico / user-defined bridge met",
+		"docker run: calico / default bridge missed",
+		"Join: endpoint 100 / endpoint 10 met",
+		"IPAM vs 382a2b2: 1 host met",
+		"MultiHostJoinWithPolicies (ratio): ratio missed",
+		"MultiHostPolicyUpdate (ms): p50 met",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("goals:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	requireMarkdown(t, r,
+		"## Targets",
+		"| docker run: calico / default bridge | 1.15x | <= 1.10x | **misses** |",
+		"| IPAM vs 382a2b2: 1 host | 1.30x | >= 1.00x | meets |",
+		"| MultiHostPolicyUpdate (ms): p50 | 16.1 ms | <= 50 ms | meets |",
+	)
+	m := renderPNG(t, r)
+	// The panel is the top band: its green and red bars are there, above
+	// the first row of plots.
+	plots := len(plotGroups(r.Series()))
+	rowsH := (plots + plotCols - 1) / plotCols * 384
+	band := m.(interface {
+		SubImage(image.Rectangle) image.Image
+	}).SubImage(image.Rect(0, 0, m.Bounds().Dx(), m.Bounds().Dy()-rowsH))
+	if band.Bounds().Dy() < 384 {
+		t.Fatalf("no targets band above the %d plots: image %v", plots, m.Bounds().Size())
+	}
+	if n := countColor(band, goalMet); n < 200 {
+		t.Errorf("only %d pixels of met (green) bars in the targets band", n)
+	}
+	if n := countColor(band, goalMissed); n < 200 {
+		t.Errorf("only %d pixels of missed (red) bars in the targets band", n)
+	}
+}
+
+// TestOwnedBlocksRow: the owned-blocks benchmark's output becomes a line of
+// allocations per assignment and a targets row of the 100 / 1 ratio.
+func TestOwnedBlocksRow(t *testing.T) {
+	out := `BenchmarkAutoAssignOwnedBlocks/blocks=1-2         	     300	   5653176 ns/op	       176.9 assign/s	         1.000 roundtrips/op	  108218 B/op	     789 allocs/op
+BenchmarkAutoAssignOwnedBlocks/blocks=20-2        	     300	   1353819 ns/op	       738.7 assign/s	         1.000 roundtrips/op	  105637 B/op	     781 allocs/op
+BenchmarkAutoAssignOwnedBlocks/blocks=100-2       	     300	   2670177 ns/op	       374.5 assign/s	         1.000 roundtrips/op	  233725 B/op	    7528 allocs/op
+`
+	var r Results
+	if err := addOwnedBlocks(&r, strings.NewReader(out)); err != nil {
+		t.Fatal(err)
+	}
+	goals := r.Goals()
+	if len(goals) != 1 || goals[0].Met() || goals[0].Value < 9.5 || goals[0].Value > 9.6 {
+		t.Fatalf("goals = %+v, want one missed row of 7528/789", goals)
+	}
+	if err := addOwnedBlocks(&r, strings.NewReader("PASS\n")); err == nil {
+		t.Error("output without the benchmark's lines read as fine")
+	}
+}
