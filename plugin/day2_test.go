@@ -139,30 +139,15 @@ func TestFollowFormatSeesARestoreWhileItsWatchWasDown(t *testing.T) {
 	go func() { defer close(done); followFormat(fctx, daemon, time.Hour, kick, quietLogger()) }()
 	defer func() { stop(); <-done }()
 
-	_ = m.Store.Close()
-	cfg := m.Config
-	cfg.DataDir = t.TempDir()
-	fresh, err := datastore.Open(ctx, cfg, nil)
-	if err != nil {
-		t.Fatalf("replacement member: %v", err)
-	}
-	t.Cleanup(func() { _ = fresh.Close() })
-	if _, err := fresh.EnsureFormat(ctx, f.ClusterID, "v1"); err != nil {
+	m.Wipe(t)
+	if _, err := m.Store.EnsureFormat(ctx, f.ClusterID, "v1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := fresh.Restore(ctx, b, "v1"); err != nil {
+	if _, err := m.Store.Restore(ctx, b, "v1"); err != nil {
 		t.Fatal(err)
 	}
 	// The daemon's other traffic (heartbeat, passes) meets the new member.
-	for {
-		if _, err := daemon.Get(ctx, datastore.FormatKey); err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("the daemon's client never reached the new member")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	etcdtest.Reach(t, daemon)
 	select {
 	case <-kick:
 	case <-ctx.Done():
