@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -186,6 +187,9 @@ a format newer than this calico-cnm's.`,
 			}
 			fmt.Fprintf(a.stdout, "restored %s (taken %s) into cluster %s: %d records written, %d deleted, %d unchanged; format %d\n",
 				args[0], b.Taken.Format("2006-01-02T15:04:05Z07:00"), rep.Format.ClusterID, rep.Written, rep.Deleted, rep.Unchanged, rep.Format.Version)
+			if h := rep.Format.Restore; h.Holding(time.Now()) {
+				fmt.Fprintf(a.stdout, "new addresses are held back until %s have reconciled (see calico-cnm datastore info)\n", strings.Join(h.Pending, ", "))
+			}
 			return nil
 		})
 	}

@@ -96,6 +96,9 @@ func TestBackupRestoreEmbedded(t *testing.T) {
 
 	out := cli("datastore", "restore", file)
 	t.Logf("restore: %s", strings.TrimSpace(out))
+	if want := "new addresses are held back until " + h.Name + " have reconciled"; !strings.Contains(out, want) {
+		t.Errorf("restore did not say %q", want)
+	}
 	// The reconcile the restore triggers re-assigns c3's address to it.
 	harness.Eventually(t, 20*time.Second, 200*time.Millisecond, "c3's address re-assigned", func() error {
 		out, err := h.Exec(t, "etcdctl", "--endpoints", "http://127.0.0.1:2379", "get", "--prefix", datastore.DefaultPrefix+"ipam/")
