@@ -123,9 +123,9 @@ type RestoreReport struct {
 	Format    Format
 }
 
-// restoreBatch bounds the operations of one transaction (etcd refuses
-// more than --max-txn-ops, 128 by default).
-const restoreBatch = 100
+// restoreBatch bounds the operations of one transaction: etcd refuses
+// more than --max-txn-ops, 128 by default (the embedded member's too).
+const restoreBatch = 128
 
 // Restore makes the records under the prefix those of b: it writes the
 // records that differ, deletes those b does not have, then writes the
@@ -181,22 +181,47 @@ func (s *Store) Restore(ctx context.Context, b Backup, writtenBy string) (Restor
 		ops = append(ops, clientv3.OpDelete(s.abs(kv.Key)))
 		rep.Deleted++
 	}
-	for len(ops) > 0 {
-		n := min(len(ops), restoreBatch)
-		if err := s.rawTxn(ctx, ops[:n]); err != nil {
-			return rep, fmt.Errorf("restoring records (%d of %d left): %w", len(ops), rep.Written+rep.Deleted, err)
-		}
-		ops = ops[n:]
-	}
-	// The format record goes last: daemons follow it (see WatchFormat) and
-	// reconcile once the records are all back.
+	// The format record goes last, holding assignments back until each
+	// node has reconciled (RestoreHold): daemons follow it (see
+	// WatchFormat) and reconcile once the records are all back.
 	f := b.Format
 	if f.ClusterID == "" {
 		f.ClusterID = cur.ClusterID
 	}
 	f.WrittenBy, f.Updated = writtenBy, time.Now().UTC()
-	if err := s.rawTxn(ctx, []clientv3.Op{clientv3.OpPut(s.abs(FormatKey), string(MustJSON(f)))}); err != nil {
-		return rep, fmt.Errorf("writing the format record: %w", err)
+	hold := RestoreHold{Since: f.Updated, Pending: restoreNodes(b, existing)}
+	if len(ops) < restoreBatch {
+		// It fits one transaction: the restore is all or nothing.
+		f.Restore = &RestoreHold{Since: hold.Since, Complete: true, Pending: hold.Pending}
+		if err := s.rawTxn(ctx, append(ops, clientv3.OpPut(s.abs(FormatKey), string(MustJSON(f))))); err != nil {
+			return rep, fmt.Errorf("restoring %d records in one transaction (nothing changed): %w", len(ops), err)
+		}
+	} else {
+		// Too many for one transaction: the hold goes first, so that no
+		// address is handed out from half-restored records; a restore that
+		// fails half way keeps it (until RestoreHoldMax) and may be run
+		// again.
+		start := cur
+		if curRev == 0 {
+			start = f
+		}
+		start.Restore = &hold
+		if err := s.Txn(ctx, Write(FormatKey, MustJSON(start), curRev)); err != nil {
+			return rep, fmt.Errorf("marking the restore in the format record (nothing changed): %w", err)
+		}
+		for done := 0; len(ops) > 0; {
+			n := min(len(ops), restoreBatch)
+			if err := s.rawTxn(ctx, ops[:n]); err != nil {
+				return rep, fmt.Errorf("restoring records (%d of %d done; new assignments are held back until the restore is run again or for %s): %w",
+					done, rep.Written+rep.Deleted, RestoreHoldMax, err)
+			}
+			done += n
+			ops = ops[n:]
+		}
+		f.Restore = &RestoreHold{Since: hold.Since, Complete: true, Pending: hold.Pending}
+		if err := s.rawTxn(ctx, []clientv3.Op{clientv3.OpPut(s.abs(FormatKey), string(MustJSON(f)))}); err != nil {
+			return rep, fmt.Errorf("writing the format record: %w", err)
+		}
 	}
 	if rep.Format, err = s.EnsureFormat(ctx, f.ClusterID, writtenBy); err != nil {
 		return rep, err
@@ -214,13 +239,14 @@ func (s *Store) rawTxn(ctx context.Context, ops []clientv3.Op) error {
 	return s.wrap(err)
 }
 
-// WatchFormat signals every change of the format record (a restore ends
-// with one) until ctx is done. The channel is closed when the watch ends.
-func (s *Store) WatchFormat(ctx context.Context) <-chan struct{} {
+// WatchFormat signals every change of the format record after revision
+// fromRev (0: from now; a restore ends with one) until ctx is done. The
+// channel is closed when the watch ends.
+func (s *Store) WatchFormat(ctx context.Context, fromRev int64) <-chan struct{} {
 	out := make(chan struct{}, 1)
 	go func() {
 		defer close(out)
-		for ev := range s.Watch(ctx, FormatKey, 0) {
+		for ev := range s.Watch(ctx, FormatKey, fromRev) {
 			if ev.Err != nil {
 				return
 			}

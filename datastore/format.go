@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -28,6 +29,10 @@ type Format struct {
 	// WrittenBy is the calico-cnm version that wrote the record last.
 	WrittenBy string    `json:"writtenBy,omitempty"`
 	Updated   time.Time `json:"updated"`
+	// Restore, while set, holds new address assignments back: a restore
+	// is being written or its nodes have not reconciled yet (see
+	// RestoreHold).
+	Restore *RestoreHold `json:"restore,omitempty"`
 }
 
 // ErrFormatTooNew: the datastore (or a backup) was written by a newer
@@ -63,18 +68,31 @@ func CheckFormatVersion(what string, f Format) error {
 // ReadFormat returns the format record and its revision; with none, the
 // implied format 1 of unversioned data and revision 0.
 func (s *Store) ReadFormat(ctx context.Context) (Format, int64, error) {
-	var f Format
-	rev, err := s.GetJSON(ctx, FormatKey, &f)
-	if errors.Is(err, ErrNotFound) {
-		return Format{Version: 1}, 0, nil
-	}
+	f, rev, _, err := s.ReadFormatAt(ctx)
+	return f, rev, err
+}
+
+// ReadFormatAt is ReadFormat with the store revision of the read too: a
+// watch from it misses no later rewrite, and unlike the record's own
+// revision (old, as the record seldom changes) it is not compacted away.
+func (s *Store) ReadFormatAt(ctx context.Context) (f Format, rev, storeRev int64, err error) {
+	kvs, storeRev, err := s.ListWithRevision(ctx, FormatKey)
 	if err != nil {
-		return Format{}, 0, err
+		return Format{}, 0, 0, err
 	}
-	if f.Version < 1 {
-		return Format{}, 0, fmt.Errorf("datastore format record %s has no valid version (%d)", FormatKey, f.Version)
+	for _, kv := range kvs {
+		if kv.Key != FormatKey {
+			continue // the prefix also matches format-*
+		}
+		if err := json.Unmarshal(kv.Value, &f); err != nil {
+			return Format{}, 0, 0, fmt.Errorf("decoding %s: %w", FormatKey, err)
+		}
+		if f.Version < 1 {
+			return Format{}, 0, 0, fmt.Errorf("datastore format record %s has no valid version (%d)", FormatKey, f.Version)
+		}
+		return f, kv.ModRevision, storeRev, nil
 	}
-	return f, rev, nil
+	return Format{Version: 1}, 0, storeRev, nil
 }
 
 // CheckFormat refuses a datastore in a newer format than this build's

@@ -20,12 +20,24 @@ type revisionGuard struct {
 	watches map[int]context.CancelFunc
 }
 
-// observe records the revision of a response.
-func (s *Store) observe(rev int64) {
+// seenRevision is the highest revision observed so far: a request sent
+// after it must be answered at this revision or later.
+func (s *Store) seenRevision() int64 {
 	g := &s.revs
 	g.mu.Lock()
-	if rev >= g.max {
-		g.max = rev
+	defer g.mu.Unlock()
+	return g.max
+}
+
+// observe records the revision of a response to a request sent when
+// seenRevision was begin. Only a revision below begin is a store that went
+// back: requests in flight together may be answered out of order, so a
+// response below the highest revision seen since proves nothing.
+func (s *Store) observe(begin, rev int64) {
+	g := &s.revs
+	g.mu.Lock()
+	if rev >= begin {
+		g.max = max(g.max, rev)
 		g.mu.Unlock()
 		return
 	}

@@ -224,11 +224,12 @@ func (s *Store) Get(ctx context.Context, key string) (KV, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	s.reads.Add(1)
+	begin := s.seenRevision()
 	resp, err := s.client.Get(ctx, s.abs(key))
 	if err != nil {
 		return KV{}, s.wrap(err)
 	}
-	s.observe(resp.Header.Revision)
+	s.observe(begin, resp.Header.Revision)
 	if len(resp.Kvs) == 0 {
 		return KV{}, fmt.Errorf("%s: %w", key, ErrNotFound)
 	}
@@ -248,11 +249,12 @@ func (s *Store) ListWithRevision(ctx context.Context, prefix string) ([]KV, int6
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	s.reads.Add(1)
+	begin := s.seenRevision()
 	resp, err := s.client.Get(ctx, s.abs(prefix), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
 	if err != nil {
 		return nil, 0, s.wrap(err)
 	}
-	s.observe(resp.Header.Revision)
+	s.observe(begin, resp.Header.Revision)
 	out := make([]KV, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		out = append(out, KV{Key: s.rel(string(kv.Key)), Value: kv.Value, ModRevision: kv.ModRevision})
@@ -348,11 +350,12 @@ func (s *Store) TxnRev(ctx context.Context, ops ...Op) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	s.txns.Add(1)
+	begin := s.seenRevision()
 	resp, err := s.client.Txn(ctx).If(cmps...).Then(thens...).Commit()
 	if err != nil {
 		return 0, s.wrap(err)
 	}
-	s.observe(resp.Header.Revision)
+	s.observe(begin, resp.Header.Revision)
 	if !resp.Succeeded {
 		keys := make([]string, 0, len(ops))
 		for _, op := range ops {

@@ -86,6 +86,11 @@ func (e *Engine) AutoAssign(ctx context.Context, a AutoAssignArgs) (net.IPNet, e
 		req.within = &w
 	}
 	req.log = e.log.WithFields(logrus.Fields{"host": req.host, "handle": req.handle})
+	if e.gate != nil {
+		if err := e.gate(ctx); err != nil {
+			return net.IPNet{}, fmt.Errorf("no address assigned: %w", err)
+		}
+	}
 	hs := e.host(a.Host)
 	if err := hs.lock(ctx); err != nil {
 		return net.IPNet{}, err

@@ -77,6 +77,11 @@ type Options struct {
 	Log                logrus.FieldLogger
 	// Now is the clock (tests move it to cross the grace period).
 	Now func() time.Time
+	// AssignGate, when set, may refuse AutoAssign (the daemon: while a
+	// datastore restore is not reconciled, a free-looking address may be
+	// a running container's). AssignIP, which reconcile uses to reclaim
+	// those addresses, is not gated.
+	AssignGate func(ctx context.Context) error
 }
 
 // Config is the cluster-wide IPAM configuration (record ipam/config).
@@ -97,6 +102,7 @@ type Engine struct {
 	log   logrus.FieldLogger
 	now   func() time.Time
 	grace time.Duration
+	gate  func(ctx context.Context) error
 
 	mu     sync.Mutex
 	hosts  map[string]*hostState
@@ -158,6 +164,7 @@ func New(store *datastore.Store, opts Options) *Engine {
 		log:     opts.Log.WithField("component", "ipam"),
 		now:     opts.Now,
 		grace:   opts.ReleaseGracePeriod,
+		gate:    opts.AssignGate,
 		hosts:   map[string]*hostState{},
 		blocks:  map[netip.Prefix]cachedBlock{},
 		affine:  map[string][]netip.Prefix{},

@@ -259,6 +259,13 @@ func Delete(ctx context.Context, store *datastore.Store, engine *ipam.Engine, na
 	if _, err := store.DeleteExisting(ctx, datastore.NodeSeenKey(name)); err != nil {
 		return rep, fmt.Errorf("removing the heartbeat record: %w", err)
 	}
+	// A restore holding new addresses back until this node reconciles
+	// would wait for it in vain.
+	if f, rev, err := store.ReadFormat(ctx); err != nil {
+		return rep, fmt.Errorf("reading the format record: %w", err)
+	} else if err := store.ReleaseRestoreHold(ctx, name, f, rev); err != nil {
+		return rep, fmt.Errorf("taking the node off the restore's hold: %w", err)
+	}
 	if force {
 		if _, err := store.DeleteExisting(ctx, datastore.NodeAliveKey(name)); err != nil {
 			return rep, fmt.Errorf("removing the liveness key: %w", err)

@@ -171,9 +171,21 @@ func TestListAndDelete(t *testing.T) {
 		}
 	})
 
+	// A restore awaits both nodes' reconcile; the deleted one never will.
+	f, rev, err := c.store.ReadFormat(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Restore = &datastore.RestoreHold{Since: time.Now(), Complete: true, Pending: []string{"gone", "stays"}}
+	if err := c.store.Txn(ctx, datastore.Write(datastore.FormatKey, datastore.MustJSON(f), rev)); err != nil {
+		t.Fatal(err)
+	}
 	rep, err := nodes.Delete(ctx, c.store, c.gone, "gone", false, quietLog())
 	if err != nil {
 		t.Fatal(err)
+	}
+	if f, _, err := c.store.ReadFormat(ctx); err != nil || f.Restore == nil || !slices.Equal(f.Restore.Pending, []string{"stays"}) {
+		t.Errorf("restore hold after deleting gone: %+v, %v; want stays alone awaited", f.Restore, err)
 	}
 	if !rep.NodeRecord || rep.Endpoints != 1 || !slices.Equal(rep.Addresses, []string{c.goneIP.String()}) ||
 		len(rep.Blocks.Released) != 1 || rep.Blocks.Released[0].String() != "10.2.0.0/26" ||

@@ -57,6 +57,11 @@ func ensureFormat(ctx context.Context, cfg Config, store *datastore.Store, log l
 	return f, nil
 }
 
+// restoreHoldWait is how long an address request waits for a restore's
+// reconcile passes before it is refused: well within Docker's timeout for
+// a plugin call.
+const restoreHoldWait = 15 * time.Second
+
 // retryUnavailable runs fn until it answers something else than
 // ErrUnavailable, or for at most d.
 func retryUnavailable(ctx context.Context, d time.Duration, fn func(context.Context) error) error {
@@ -83,11 +88,16 @@ func retryUnavailable(ctx context.Context, d time.Duration, fn func(context.Cont
 // member reaches late or never), until ctx is done.
 func followFormat(ctx context.Context, store *datastore.Store, resync time.Duration, kick chan<- struct{}, log logrus.FieldLogger) {
 	last := int64(-1) // revision of the format record last seen (0: none)
+	var readAt int64  // store revision of the last read
 	check := func() {
-		f, rev, err := store.ReadFormat(ctx)
+		f, rev, storeRev, err := store.ReadFormatAt(ctx)
 		if err != nil {
+			if ctx.Err() == nil {
+				log.WithError(err).Debug("reading the datastore format record")
+			}
 			return
 		}
+		readAt = storeRev
 		changed := last >= 0 && rev != last
 		last = rev
 		if !changed {
@@ -102,11 +112,14 @@ func followFormat(ctx context.Context, store *datastore.Store, resync time.Durat
 		default:
 		}
 	}
-	check()
 	poll := time.NewTicker(resync)
 	defer poll.Stop()
 	for ctx.Err() == nil {
-		watch := store.WatchFormat(ctx)
+		// Read before each watch, and watch from that read: a rewrite
+		// while no watch ran (the last one broke, e.g. because the store
+		// went back) is seen now, not at the next poll.
+		check()
+		watch := store.WatchFormat(ctx, readAt)
 		for watch != nil {
 			select {
 			case <-ctx.Done():

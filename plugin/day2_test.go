@@ -108,3 +108,49 @@ func TestSummarizeRouting(t *testing.T) {
 		})
 	}
 }
+
+// TestFollowFormatSeesARestoreWhileItsWatchWasDown: the member behind the
+// daemon is replaced by an empty one and restored (the embedded member's
+// data lost). The follower's watch waits for the old member's revisions
+// until the daemon's next request meets the lower revision and ends it;
+// the restore happened before the follower watches again, so it must read
+// the record when it re-watches, not only at the next resync (an hour).
+func TestFollowFormatSeesARestoreWhileItsWatchWasDown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	m := etcdtest.Start(t)
+	daemon := m.Client(t)
+	f, err := daemon.EnsureFormat(ctx, "", "v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 { // the old member's revision, above the new one's
+		if err := daemon.Txn(ctx, datastore.Put(datastore.NetworkKey(string(rune('a'+i))), []byte(`{}`))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := daemon.Export(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kick := make(chan struct{}, 1)
+	fctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); followFormat(fctx, daemon, time.Hour, kick, quietLogger()) }()
+	defer func() { stop(); <-done }()
+
+	m.Wipe(t)
+	if _, err := m.Store.EnsureFormat(ctx, f.ClusterID, "v1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Store.Restore(ctx, b, "v1"); err != nil {
+		t.Fatal(err)
+	}
+	// The daemon's other traffic (heartbeat, passes) meets the new member.
+	etcdtest.Reach(t, daemon)
+	select {
+	case <-kick:
+	case <-ctx.Done():
+		t.Fatal("the follower missed the restore made while its watch was down")
+	}
+}

@@ -2,6 +2,7 @@ package plugin_test
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"testing"
 	"time"
@@ -93,6 +94,12 @@ func TestReconcilerAfterRestore(t *testing.T) {
 	if _, err := e.store.Restore(ctx, b, "test"); err != nil {
 		t.Fatalf("restore: %v", err)
 	}
+	// Until this node has reconciled, the restore holds assignments back:
+	// c3's address looks free.
+	gated := ipam.New(e.store, ipam.Options{Log: quietLog(), AssignGate: e.store.CheckRestoreHold})
+	if _, err := gated.AutoAssign(ctx, ipam.AutoAssignArgs{Host: host, HandleID: "cnm.early"}); !errors.Is(err, datastore.ErrRestoreInProgress) {
+		t.Fatalf("AutoAssign before the pass after a restore: %v; want ErrRestoreInProgress", err)
+	}
 	if _, held := e.allocated(t)[ip3.String()]; held {
 		t.Fatalf("the restore should have lost c3's assignment (taken after the backup)")
 	}
@@ -151,9 +158,12 @@ func TestReconcilerAfterRestore(t *testing.T) {
 		t.Fatalf("c3's veth or route was touched")
 	}
 
+	if err := e.store.CheckRestoreHold(ctx); err != nil {
+		t.Fatalf("the pass did not release the restore hold: %v", err)
+	}
 	// The next container gets a fresh address, and the reclaimed one
 	// outlives the grace period: it is in use, not an orphan.
-	next, err := e.engine.AutoAssign(ctx, ipam.AutoAssignArgs{Host: host, HandleID: "cnm.c4", Attrs: map[string]string{"node": host}})
+	next, err := gated.AutoAssign(ctx, ipam.AutoAssignArgs{Host: host, HandleID: "cnm.c4", Attrs: map[string]string{"node": host}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -186,6 +186,9 @@ func (r *Reconciler) Pass(ctx context.Context) (PassResult, error) {
 	r.stillBad = map[string]bool{}
 	defer func() { r.warned = r.stillBad }()
 
+	// Read before the pass's input: only a pass over the complete restore
+	// releases this node from its hold (a rewrite since fails the guard).
+	format, formatRev, holdErr := r.Store.ReadFormat(ctx)
 	in, err := r.readInput(ctx)
 	if err != nil {
 		return res, err
@@ -197,6 +200,11 @@ func (r *Reconciler) Pass(ctx context.Context) (PassResult, error) {
 	res.Plan = plan
 
 	err = errors.Join(r.repair(ctx, plan, res.DockerKnown, res.Fixes)...)
+	if err == nil && holdErr == nil && res.DockerKnown && format.Restore.Waits(r.Node, time.Now()) {
+		if err = r.Store.ReleaseRestoreHold(ctx, r.Node, format, formatRev); err == nil {
+			r.Log.WithField("node", r.Node).Info("reconciled after the datastore restore: released this node's hold on new assignments")
+		}
+	}
 	for kind, n := range res.Fixes {
 		r.Metrics.Fixed(kind, n)
 	}

@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -38,6 +40,8 @@ type datastoreInfo struct {
 	Recorded  bool   // a format record exists (false: data older than format records)
 	ClusterID string `json:",omitempty"`
 	WrittenBy string `json:",omitempty"`
+	// Restore is set while a restore holds new assignments back.
+	Restore *datastore.RestoreHold `json:",omitempty"`
 }
 
 func (a *app) datastoreInfoCmd() *cobra.Command {
@@ -62,9 +66,16 @@ carries. It works on a newer format too: that is how to find out.`,
 			return err
 		}
 		info := datastoreInfo{Prefix: store.Prefix(), Format: f.Version, Supported: datastore.CurrentFormat, Recorded: rev != 0, ClusterID: f.ClusterID, WrittenBy: f.WrittenBy}
+		if f.Restore.Holding(time.Now()) {
+			info.Restore = f.Restore
+		}
 		return out.print(a.stdout, info, func(w io.Writer) error {
 			fmt.Fprintf(w, "prefix:      %s\nformat:      %d (this calico-cnm reads up to %d)\ncluster id:  %s\nwritten by:  %s\n",
 				info.Prefix, info.Format, info.Supported, orDash(info.ClusterID), orDash(info.WrittenBy))
+			if info.Restore != nil {
+				fmt.Fprintf(w, "restore:     new addresses held back: %s (at most until %s)\n",
+					info.Restore, info.Restore.Since.Add(datastore.RestoreHoldMax).Format(time.RFC3339))
+			}
 			if !info.Recorded {
 				fmt.Fprintln(w, "(no format record yet: no daemon of this version has started on it)")
 			}
@@ -148,7 +159,9 @@ the records FILE does not have, then rewrites the format record. Liveness keys
 stay: the running daemons hold them. Each daemon reconciles as soon as the
 format record changes: live containers keep their addresses, and an address
 a container took after the backup is assigned to it again (never handed out
-twice). It refuses a backup of another cluster, and a backup or datastore in
+twice). Until every node of the backup has reconciled (at most 2 minutes),
+new addresses are held back: "datastore info" shows the nodes still awaited.
+A restore that fits one etcd transaction is applied at once. It refuses a backup of another cluster, and a backup or datastore in
 a format newer than this calico-cnm's.`,
 		Example: "  calico-cnm datastore restore /root/calico-cnm-backup.json",
 		Args:    oneFileArg("stdin"),
@@ -174,6 +187,9 @@ a format newer than this calico-cnm's.`,
 			}
 			fmt.Fprintf(a.stdout, "restored %s (taken %s) into cluster %s: %d records written, %d deleted, %d unchanged; format %d\n",
 				args[0], b.Taken.Format("2006-01-02T15:04:05Z07:00"), rep.Format.ClusterID, rep.Written, rep.Deleted, rep.Unchanged, rep.Format.Version)
+			if h := rep.Format.Restore; h.Holding(time.Now()) {
+				fmt.Fprintf(a.stdout, "new addresses are held back until %s have reconciled (see calico-cnm datastore info)\n", strings.Join(h.Pending, ", "))
+			}
 			return nil
 		})
 	}

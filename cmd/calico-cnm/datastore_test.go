@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
@@ -55,6 +56,17 @@ func TestCLIDatastore(t *testing.T) {
 				var n datastore.Network
 				if _, err := store.GetJSON(ctx, net1, &n); err != nil || n.Name != "one" {
 					t.Fatalf("net1 after restore = %+v, %v", n, err)
+				}
+			}},
+		{name: "info shows a restore hold", args: withEtcd(ep, "datastore", "info"), stdout: "~restore:     new addresses held back: waiting for h1, h2 to reconcile \\(at most until ",
+			before: func(t *testing.T) {
+				cur, rev, err := store.ReadFormat(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cur.Restore = &datastore.RestoreHold{Since: time.Now(), Complete: true, Pending: []string{"h1", "h2"}}
+				if err := store.Txn(ctx, datastore.Update(datastore.FormatKey, datastore.MustJSON(cur), rev)); err != nil {
+					t.Fatal(err)
 				}
 			}},
 		{name: "restore into another cluster", args: withEtcd(other.Config.EmbeddedClientURL, "datastore", "restore", file), code: exitFailed, stderr: "backup belongs to another cluster: the backup was taken from cluster " + f.ClusterID},

@@ -70,3 +70,37 @@ func (m *Member) Client(t testing.TB) *datastore.Store {
 	t.Cleanup(func() { _ = s.Close() })
 	return s
 }
+
+// Wipe stops the member and starts an empty one at the same URLs (its
+// data lost, as an operator rebuilding etcd would). The new member's store
+// replaces m.Store; the old member's clients reach it in a while (Reach).
+func (m *Member) Wipe(t testing.TB) {
+	t.Helper()
+	_ = m.Store.Close()
+	m.Config.DataDir = t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := datastore.Open(ctx, m.Config, nil)
+	if err != nil {
+		t.Fatalf("replacement member: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	m.Store = s
+}
+
+// Reach waits until c, a client of a wiped member, is answered by the new
+// one: that read meets the lower revision.
+func Reach(t testing.TB, c *datastore.Store) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for {
+		if _, err := c.List(ctx, "no-such-prefix/"); err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the client never reached the new member")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

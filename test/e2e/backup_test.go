@@ -33,6 +33,22 @@ func notAmong(t *testing.T, what string, ip net.IP, taken ...net.IP) {
 	}
 }
 
+// waitRestoreReconciled waits until every node of a restore has
+// reconciled: `datastore info` shows no hold on new addresses any more.
+func waitRestoreReconciled(t *testing.T, d time.Duration, ctl func(args ...string) (string, error)) {
+	t.Helper()
+	harness.Eventually(t, d, 250*time.Millisecond, "every node reconciled after the restore", func() error {
+		out, err := ctl("datastore", "info")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		if strings.Contains(out, "held back") {
+			return fmt.Errorf("%s", out)
+		}
+		return nil
+	})
+}
+
 // TestBackupRestoreEmbedded: a host on its embedded member. c1 and c2 run
 // when the backup is taken, c3 starts after it. The datastore is lost (the
 // daemon stopped, <state-dir>/etcd removed, the daemon started on a fresh
@@ -80,6 +96,9 @@ func TestBackupRestoreEmbedded(t *testing.T) {
 
 	out := cli("datastore", "restore", file)
 	t.Logf("restore: %s", strings.TrimSpace(out))
+	if want := "new addresses are held back until " + h.Name + " have reconciled"; !strings.Contains(out, want) {
+		t.Errorf("restore did not say %q", want)
+	}
 	// The reconcile the restore triggers re-assigns c3's address to it.
 	harness.Eventually(t, 20*time.Second, 200*time.Millisecond, "c3's address re-assigned", func() error {
 		out, err := h.Exec(t, "etcdctl", "--endpoints", "http://127.0.0.1:2379", "get", "--prefix", datastore.DefaultPrefix+"ipam/")
@@ -94,6 +113,7 @@ func TestBackupRestoreEmbedded(t *testing.T) {
 	if !h.plugin.LogContains("re-assigned an address a running container uses") {
 		t.Errorf("the daemon did not log the reclaim")
 	}
+	waitRestoreReconciled(t, 20*time.Second, func(args ...string) (string, error) { return h.cli(t, args...) })
 
 	for _, c := range []struct {
 		name string
@@ -187,6 +207,10 @@ func TestBackupRestoreExternal(t *testing.T) {
 			t.Errorf("%s has %s after the restore, had %s", x.name, got, x.ip)
 		}
 	}
+	// New addresses are held back until both hosts have reconciled; b
+	// learns of the restore at its next datastore request at the latest
+	// (its heartbeat, every 30 s).
+	waitRestoreReconciled(t, 75*time.Second, func(args ...string) (string, error) { return c.ctl(t, args...) })
 	ipA3, ipB3 := a.run(t, "a3"), b.run(t, "b3")
 	notAmong(t, "a3, started after the restore,", ipA3, ipA1, ipA2, ipB1)
 	notAmong(t, "b3, started after the restore,", ipB3, ipA1, ipA2, ipB1, ipA3)
