@@ -62,7 +62,7 @@ func TestManagerSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	gone := endpointID(99)
-	if _, _, err := NewShaper(k).ensureIfb(IfbName(gone), 1500); err != nil {
+	if _, _, err := NewShaper(k).ensureIfb(IfbName(gone), 1500, true); err != nil {
 		t.Fatal(err)
 	}
 	// The endpoint with unknown labels keeps what it has.

@@ -16,7 +16,7 @@ import (
 // newTestNetns makes a throw-away network namespace with one workload-like
 // veth (host side cali + 11 hex) and returns a handle into it and the
 // endpoint id. Everything goes when the test ends.
-func newTestNetns(t *testing.T) (*netlink.Handle, string, string) {
+func newTestNetns(t testing.TB) (*netlink.Handle, string, string) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("!!!!!! SKIPPED under -short: this integration test creates a network namespace; the netlink shaping is NOT verified by this run !!!!!!")
@@ -180,5 +180,24 @@ func TestShaperInNetns(t *testing.T) {
 
 	if _, err := s.Apply(ctx, id, "cali00000000000", l); err == nil {
 		t.Fatal("Apply to a missing veth succeeded")
+	}
+}
+
+// BenchmarkShaperApplyFresh is the shaping Join adds: both directions on a
+// veth that has none yet (its ifb device created). Remove is not timed.
+func BenchmarkShaperApplyFresh(b *testing.B) {
+	h, id, host := newTestNetns(b)
+	s := NewShaper(h)
+	ctx := context.Background()
+	l := Limits{IngressRate: 50_000_000, EgressRate: 20_000_000}
+	for b.Loop() {
+		if _, err := s.Apply(ctx, id, host, l); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if err := s.Remove(ctx, id, host); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
 	}
 }
