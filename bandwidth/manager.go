@@ -119,15 +119,18 @@ type Desired struct {
 
 // desired reads the joined endpoints of this node with their limits. An
 // endpoint whose limits cannot be decided (labels unknown, a bad value
-// written into a record since) is in keep, untouched.
-func (m *Manager) desired(ctx context.Context) (want []Desired, keep map[string]bool, err error) {
+// written into a record since) is in keep, untouched, and so is one
+// another Docker engine recorded under this node name. owned are the veths
+// of this engine's endpoint records, joined or not: the only veths whose
+// qdiscs Sweep may remove.
+func (m *Manager) desired(ctx context.Context) (want []Desired, keep, owned map[string]bool, err error) {
 	kvs, err := m.store.List(ctx, datastore.EndpointKey(m.node, ""))
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading the endpoints of %s: %w", m.node, err)
+		return nil, nil, nil, fmt.Errorf("reading the endpoints of %s: %w", m.node, err)
 	}
 	nkvs, err := m.store.List(ctx, datastore.NetworksPrefix)
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading the networks: %w", err)
+		return nil, nil, nil, fmt.Errorf("reading the networks: %w", err)
 	}
 	nets := map[string]*datastore.Network{}
 	for _, kv := range nkvs {
@@ -137,10 +140,18 @@ func (m *Manager) desired(ctx context.Context) (want []Desired, keep map[string]
 		}
 	}
 	engine := m.engineID()
-	keep = map[string]bool{}
+	keep, owned = map[string]bool{}, map[string]bool{}
 	for _, kv := range kvs {
 		var ep datastore.Endpoint
-		if json.Unmarshal(kv.Value, &ep) != nil || !ep.Joined || ep.OfOtherEngine(engine) {
+		if json.Unmarshal(kv.Value, &ep) != nil {
+			continue
+		}
+		if ep.OfOtherEngine(engine) {
+			keep[ep.HostIfName], keep[IfbName(ep.ID)] = true, true
+			continue
+		}
+		owned[ep.HostIfName] = true
+		if !ep.Joined {
 			continue
 		}
 		log := m.log.WithFields(logrus.Fields{"endpoint": short(ep.ID), "network": short(ep.Network)})
@@ -161,7 +172,7 @@ func (m *Manager) desired(ctx context.Context) (want []Desired, keep map[string]
 		}
 		want = append(want, Desired{EndpointID: ep.ID, HostIfName: ep.HostIfName, Limits: l})
 	}
-	return want, keep, nil
+	return want, keep, owned, nil
 }
 
 // Sync makes the kernel's shaping match the records: every joined
@@ -172,7 +183,7 @@ func (m *Manager) Sync(ctx context.Context) (fixes int, err error) {
 	m.mu.Lock()
 	began := m.gen
 	m.mu.Unlock()
-	want, keep, err := m.desired(ctx)
+	want, keep, owned, err := m.desired(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -224,7 +235,7 @@ func (m *Manager) Sync(ctx context.Context) (fixes int, err error) {
 		}
 	}
 	m.shaped = shaped
-	removed, err := m.shaper.Sweep(ctx, keep)
+	removed, err := m.shaper.Sweep(ctx, keep, owned)
 	if err != nil {
 		errs = append(errs, err)
 	}

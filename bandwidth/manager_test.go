@@ -3,10 +3,12 @@ package bandwidth
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"github.com/vishvananda/netlink"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
@@ -39,7 +41,7 @@ func TestManagerSync(t *testing.T) {
 	m := etcdtest.Start(t)
 	ctx := context.Background()
 	k := newFakeKernel()
-	mgr := NewManager(m.Store, testNode, NewShaper(k), nil, quiet())
+	mgr := NewManager(m.Store, testNode, NewShaper(k), func() string { return "engine-a" }, quiet())
 
 	nw := datastore.Network{ID: "net1", Options: map[string]string{NetworkOptionPrefix + Ingress: "100mbit", NetworkOptionPrefix + Egress: "40mbit"}}
 	put(t, m.Store, datastore.NetworkKey(nw.ID), nw)
@@ -49,6 +51,8 @@ func TestManagerSync(t *testing.T) {
 		{Joined: true, BandwidthOptions: map[string]string{LabelPrefix + Egress: "20mbit"}},
 		{Joined: false},
 		{Joined: true, LabelsUnknown: true},
+		// Another Docker engine's, under this node name: not ours.
+		{Joined: false, EngineID: "engine-b"},
 	}
 	for i := range eps {
 		eps[i].ID, eps[i].Network, eps[i].Node = endpointID(i), nw.ID, testNode
@@ -65,10 +69,22 @@ func TestManagerSync(t *testing.T) {
 	if _, _, err := NewShaper(k).ensureIfb(IfbName(gone), 1500, true); err != nil {
 		t.Fatal(err)
 	}
-	// The endpoint with unknown labels keeps what it has.
-	if _, err := NewShaper(k).Apply(ctx, eps[4].ID, eps[4].HostIfName, Limits{EgressRate: 3e6}); err != nil {
-		t.Fatal(err)
+	// The endpoint with unknown labels keeps what it has; so do the
+	// other engine's endpoint and a cali veth of no record of ours
+	// (another Calico's, shaped by its CNI bandwidth plugin).
+	foreign := "cali" + endpointID(77)[:11]
+	k.addVeth(foreign)
+	for _, e := range []struct{ id, host string }{{eps[4].ID, eps[4].HostIfName}, {eps[5].ID, eps[5].HostIfName}, {endpointID(77), foreign}} {
+		if _, err := NewShaper(k).Apply(ctx, e.id, e.host, Limits{IngressRate: 5e6, EgressRate: 3e6}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	// The foreign veth's redirect goes to a device not named like ours.
+	k.mu.Lock()
+	k.links["bwp"+endpointID(77)[:11]] = k.links[IfbName(endpointID(77))]
+	delete(k.links, IfbName(endpointID(77)))
+	k.links["bwp"+endpointID(77)[:11]].Attrs().Name = "bwp" + endpointID(77)[:11]
+	k.mu.Unlock()
 
 	type rates struct {
 		in, out  uint64
@@ -85,13 +101,24 @@ func TestManagerSync(t *testing.T) {
 		if _, err := k.LinkByName(IfbName(gone)); err == nil {
 			t.Error("the ifb device of a gone endpoint is still there")
 		}
+		other, err := k.LinkByName("bwp" + endpointID(77)[:11])
+		if err != nil {
+			t.Fatal("a device not named like ours was removed")
+		}
+		in, _, _ := k.shaping(endpointID(77), foreign)
+		k.mu.Lock()
+		redirect := slices.ContainsFunc(k.filters, func(f netlink.Filter) bool { return redirectsTo(f, other.Attrs().Index) })
+		k.mu.Unlock()
+		if in != 5e6 || !redirect {
+			t.Errorf("the qdiscs of a veth of no endpoint of ours were touched: ingress %d, redirect %v", in, redirect)
+		}
 	}
 
 	fixes, err := mgr.Sync(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	check([]rates{{100e6, 40e6, true}, {50e6, 40e6, true}, {100e6, 20e6, true}, {0, 0, false}, {0, 3e6, true}})
+	check([]rates{{100e6, 40e6, true}, {50e6, 40e6, true}, {100e6, 20e6, true}, {0, 0, false}, {5e6, 3e6, true}, {5e6, 3e6, true}})
 	if fixes != 3+3+1 {
 		t.Errorf("fixes = %d, want 3 endpoints shaped + 3 leftovers (2 qdiscs, 1 ifb) + 1 orphaned ifb", fixes)
 	}
@@ -113,7 +140,7 @@ func TestManagerSync(t *testing.T) {
 	if _, err := mgr.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	check([]rates{{30e6, 0, false}, {50e6, 0, false}, {30e6, 20e6, true}, {0, 0, false}, {0, 3e6, true}})
+	check([]rates{{30e6, 0, false}, {50e6, 0, false}, {30e6, 20e6, true}, {0, 0, false}, {5e6, 3e6, true}, {5e6, 3e6, true}})
 	if _, err := k.LinkByName(IfbName(eps[0].ID)); err == nil {
 		t.Error("the ifb device of an endpoint without egress limit is still there")
 	}
@@ -138,7 +165,7 @@ func TestManagerFollowsRecords(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	k := newFakeKernel()
-	mgr := NewManager(m.Store, testNode, NewShaper(k), nil, quiet())
+	mgr := NewManager(m.Store, testNode, NewShaper(k), func() string { return "engine-a" }, quiet())
 	nw := datastore.Network{ID: "net1"}
 	put(t, m.Store, datastore.NetworkKey(nw.ID), nw)
 	ep := datastore.Endpoint{ID: endpointID(1), Network: nw.ID, Node: testNode, Joined: true, HostIfName: "cali" + endpointID(1)[:11]}

@@ -7,12 +7,9 @@ import (
 	"math"
 	"net"
 	"regexp"
-	"strings"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/calico-cnm/calico-cnm/dataplane"
 )
 
 // Netlink is the part of *netlink.Handle the shaper uses: unit tests give
@@ -353,11 +350,14 @@ func (s *Shaper) Remove(ctx context.Context, endpointID, hostIfName string) erro
 	return errors.Join(errs...)
 }
 
-// Sweep removes the shaping of every workload veth and every ifb device
-// of ours whose name keep does not hold: what endpoints that are gone, or
-// no longer limited, left behind (a crash between a Leave and its
-// cleanup). removed counts the devices and qdiscs deleted.
-func (s *Shaper) Sweep(ctx context.Context, keep map[string]bool) (removed int, err error) {
+// Sweep removes what endpoints that are gone, or no longer limited, left
+// behind (a crash between a Leave and its cleanup): every ifb device of
+// ours (IfbPrefix) and the root tbf and ingress qdisc of every veth in
+// owned (this node's endpoints) whose name keep does not hold. The
+// qdiscs of other cali veths are not ours to remove: another Calico on
+// the host (a CNI bandwidth plugin) shapes its veths the same way.
+// removed counts the devices and qdiscs deleted.
+func (s *Shaper) Sweep(ctx context.Context, keep, owned map[string]bool) (removed int, err error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -386,7 +386,7 @@ func (s *Shaper) Sweep(ctx context.Context, keep map[string]bool) (removed int, 
 	}
 	for _, q := range qs {
 		l := byIndex[q.Attrs().LinkIndex]
-		if l == nil || !strings.HasPrefix(l.Attrs().Name, dataplane.HostIfPrefix) || keep[l.Attrs().Name] {
+		if l == nil || !owned[l.Attrs().Name] || keep[l.Attrs().Name] {
 			continue
 		}
 		_, tbf := q.(*netlink.Tbf)

@@ -168,10 +168,17 @@ func TestShaperInNetns(t *testing.T) {
 	if _, err := s.Apply(ctx, id, host, l); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := s.Sweep(ctx, map[string]bool{host: true, IfbName(id): true}); err != nil || n != 0 {
+	if n, err := s.Sweep(ctx, map[string]bool{host: true, IfbName(id): true}, map[string]bool{host: true}); err != nil || n != 0 {
 		t.Fatalf("Sweep keeping the endpoint = %d, %v", n, err)
 	}
-	if n, err := s.Sweep(ctx, nil); err != nil || n != 3 {
+	// The veth of no endpoint of ours: its qdiscs are not ours either.
+	if n, err := s.Sweep(ctx, map[string]bool{IfbName(id): true}, nil); err != nil || n != 0 {
+		t.Fatalf("Sweep of a veth not ours = %d, %v; want nothing removed", n, err)
+	}
+	if ks := readShaping(t, h, id, host); !ks.ingress || ks.vethTbf == nil {
+		t.Fatalf("Sweep removed the qdiscs of a veth not ours: %+v", ks)
+	}
+	if n, err := s.Sweep(ctx, nil, map[string]bool{host: true}); err != nil || n != 3 {
 		t.Fatalf("Sweep = %d, %v; want 3 removed (ifb device, tbf, ingress qdisc)", n, err)
 	}
 	if ks := readShaping(t, h, id, host); ks.ifb != nil || ks.ingress || ks.vethTbf != nil {
