@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 )
 
@@ -64,6 +65,11 @@ const (
 	// MaxBurst: tbf keeps the bucket as a 32-bit number of clock ticks.
 	MaxBurst = 1 << 30
 )
+
+// MaxBucketTime bounds how long a bucket lasts at its rate: tbf holds it
+// as a 32-bit count of 64 ns clock ticks (about 275 s); a larger one
+// wraps around to a small, wrong bucket.
+const MaxBucketTime = 4 * time.Minute
 
 // ErrBadValue is wrapped by every error about a malformed or out-of-range
 // setting.
@@ -117,6 +123,25 @@ func (l Limits) String() string {
 		return "-"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// check refuses a bucket the kernel cannot hold: a burst that lasts over
+// MaxBucketTime at its rate. name words a burst key for the user.
+func (l Limits) check(name func(key string) string) error {
+	for _, d := range []struct {
+		key         string
+		rate, burst uint64
+	}{{IngressBurst, l.IngressRate, l.IngressBurst}, {EgressBurst, l.EgressRate, l.EgressBurst}} {
+		if d.rate == 0 {
+			continue
+		}
+		b := Burst(d.rate, d.burst)
+		if lasts := float64(b) * 8 / float64(d.rate); lasts > MaxBucketTime.Seconds() {
+			return fmt.Errorf("%w: %s %s lasts %.0fs at rate %s, over %s: lower the burst or raise the rate",
+				ErrBadValue, name(d.key), FormatSize(b), lasts, FormatRate(d.rate), MaxBucketTime)
+		}
+	}
+	return nil
 }
 
 // burstLatency is how long the default bucket lasts at the rate: long
@@ -264,7 +289,7 @@ func parseSettings(settings map[string]string, prefix string, name func(key stri
 			return Limits{}, fmt.Errorf("%s=%q: %w", name(key), v, err)
 		}
 	}
-	return l, nil
+	return l, l.check(name)
 }
 
 func labelName(key string) string { return "bandwidth label " + LabelPrefix + key }
@@ -327,5 +352,11 @@ func Resolve(driverOpts, endpointLabels, networkOpts map[string]string) (Limits,
 	if err != nil {
 		return Limits{}, err
 	}
-	return own.or(labelled).or(defaults), nil
+	l := own.or(labelled).or(defaults)
+	// Each source was checked alone; a burst from one and a rate from
+	// another meet only here.
+	if err := l.check(func(key string) string { return key + " (of labels, driver options and network defaults)" }); err != nil {
+		return Limits{}, err
+	}
+	return l, nil
 }

@@ -185,6 +185,23 @@ func TestShaperInNetns(t *testing.T) {
 		t.Fatalf("after Sweep: %+v", ks)
 	}
 
+	// The longest bucket Resolve lets through (MaxBucketTime at the
+	// lowest rate) is held by the kernel as it is, not wrapped around.
+	longest := Limits{EgressRate: MinRate, EgressBurst: uint64(MaxBucketTime.Seconds() * MinRate / 8)}
+	if _, err := Resolve(map[string]string{LabelPrefix + Egress: FormatRate(longest.EgressRate), LabelPrefix + EgressBurst: FormatSize(longest.EgressBurst)}, nil, nil); err != nil {
+		t.Fatalf("the longest bucket is refused: %v", err)
+	}
+	if _, err := s.Apply(ctx, id, host, longest); err != nil {
+		t.Fatal(err)
+	}
+	ks = readShaping(t, h, id, host)
+	if ks.ifbTbf == nil {
+		t.Fatal("no tbf on the ifb device")
+	}
+	if got := netlink.Xmitsize(ks.ifbTbf.Rate, ks.ifbTbf.Buffer); got < uint32(longest.EgressBurst)*99/100 || got > uint32(longest.EgressBurst) {
+		t.Fatalf("the kernel's bucket holds %d bytes, want %d (tbf %+v)", got, longest.EgressBurst, ks.ifbTbf)
+	}
+
 	if _, err := s.Apply(ctx, id, "cali00000000000", l); err == nil {
 		t.Fatal("Apply to a missing veth succeeded")
 	}
