@@ -103,19 +103,26 @@ func (l Limits) or(d Limits) Limits {
 	}
 }
 
+// direction is one direction's rate and burst with their setting keys.
+type direction struct {
+	key, burstKey string
+	rate, burst   uint64
+}
+
+func (l Limits) directions() [2]direction {
+	return [2]direction{{Ingress, IngressBurst, l.IngressRate, l.IngressBurst}, {Egress, EgressBurst, l.EgressRate, l.EgressBurst}}
+}
+
 // String is tc-like: "ingress 50mbit burst 62500b, egress 10mbit" or "-".
 func (l Limits) String() string {
 	var parts []string
-	for _, d := range []struct {
-		name         string
-		rate, burstB uint64
-	}{{Ingress, l.IngressRate, l.IngressBurst}, {Egress, l.EgressRate, l.EgressBurst}} {
+	for _, d := range l.directions() {
 		if d.rate == 0 {
 			continue
 		}
-		s := d.name + " " + FormatRate(d.rate)
-		if d.burstB != 0 {
-			s += " burst " + FormatSize(d.burstB)
+		s := d.key + " " + FormatRate(d.rate)
+		if d.burst != 0 {
+			s += " burst " + FormatSize(d.burst)
 		}
 		parts = append(parts, s)
 	}
@@ -128,17 +135,14 @@ func (l Limits) String() string {
 // check refuses a bucket the kernel cannot hold: a burst that lasts over
 // MaxBucketTime at its rate. name words a burst key for the user.
 func (l Limits) check(name func(key string) string) error {
-	for _, d := range []struct {
-		key         string
-		rate, burst uint64
-	}{{IngressBurst, l.IngressRate, l.IngressBurst}, {EgressBurst, l.EgressRate, l.EgressBurst}} {
+	for _, d := range l.directions() {
 		if d.rate == 0 {
 			continue
 		}
 		b := Burst(d.rate, d.burst)
 		if lasts := float64(b) * 8 / float64(d.rate); lasts > MaxBucketTime.Seconds() {
 			return fmt.Errorf("%w: %s %s lasts %.0fs at rate %s, over %s: lower the burst or raise the rate",
-				ErrBadValue, name(d.key), FormatSize(b), lasts, FormatRate(d.rate), MaxBucketTime)
+				ErrBadValue, name(d.burstKey), FormatSize(b), lasts, FormatRate(d.rate), MaxBucketTime)
 		}
 	}
 	return nil
