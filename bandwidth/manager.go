@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path"
 	"sync"
 	"time"
 
@@ -61,6 +62,17 @@ type Manager struct {
 	// view of them is older than theirs.
 	gen     uint64
 	touched map[string]touch
+	// applied is, per endpoint, the veth and the limits its shaping was
+	// last given (by a Join, a Leave or a Sync), and netOpts the network
+	// options the last Sync read: a record change that resolves to what
+	// is applied needs no Sync (affects).
+	applied map[string]appliedLimits
+	netOpts map[string]map[string]string
+}
+
+type appliedLimits struct {
+	hostIfName string
+	limits     Limits
 }
 
 type touch struct {
@@ -76,12 +88,13 @@ func NewManager(store *datastore.Store, node string, shaper *Shaper, engineID fu
 	if engineID == nil {
 		engineID = func() string { return "" }
 	}
-	return &Manager{store: store, node: node, shaper: shaper, engineID: engineID, log: log.WithField("component", "bandwidth"), shaped: map[string]Stat{}, touched: map[string]touch{}}
+	return &Manager{store: store, node: node, shaper: shaper, engineID: engineID, log: log.WithField("component", "bandwidth"), shaped: map[string]Stat{}, touched: map[string]touch{}, applied: map[string]appliedLimits{}}
 }
 
 func (m *Manager) note(endpointID, hostIfName string, l Limits) {
 	m.gen++
 	m.touched[endpointID] = touch{gen: m.gen, hostIfName: hostIfName}
+	m.applied[endpointID] = appliedLimits{hostIfName: hostIfName, limits: l}
 	for _, n := range []string{hostIfName, IfbName(endpointID)} {
 		delete(m.shaped, n)
 	}
@@ -123,20 +136,22 @@ type Desired struct {
 // another Docker engine recorded under this node name. owned are the veths
 // of this engine's endpoint records, joined or not: the only veths whose
 // qdiscs Sweep may remove.
-func (m *Manager) desired(ctx context.Context) (want []Desired, keep, owned map[string]bool, err error) {
+func (m *Manager) desired(ctx context.Context) (want []Desired, keep, owned map[string]bool, netOpts map[string]map[string]string, err error) {
 	kvs, err := m.store.List(ctx, datastore.EndpointKey(m.node, ""))
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("reading the endpoints of %s: %w", m.node, err)
+		return nil, nil, nil, nil, fmt.Errorf("reading the endpoints of %s: %w", m.node, err)
 	}
 	nkvs, err := m.store.List(ctx, datastore.NetworksPrefix)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("reading the networks: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("reading the networks: %w", err)
 	}
 	nets := map[string]*datastore.Network{}
+	netOpts = map[string]map[string]string{}
 	for _, kv := range nkvs {
 		var n datastore.Network
 		if json.Unmarshal(kv.Value, &n) == nil {
 			nets[n.ID] = &n
+			netOpts[n.ID] = n.Options
 		}
 	}
 	engine := m.engineID()
@@ -172,7 +187,7 @@ func (m *Manager) desired(ctx context.Context) (want []Desired, keep, owned map[
 		}
 		want = append(want, Desired{EndpointID: ep.ID, HostIfName: ep.HostIfName, Limits: l})
 	}
-	return want, keep, owned, nil
+	return want, keep, owned, netOpts, nil
 }
 
 // Sync makes the kernel's shaping match the records: every joined
@@ -183,12 +198,13 @@ func (m *Manager) Sync(ctx context.Context) (fixes int, err error) {
 	m.mu.Lock()
 	began := m.gen
 	m.mu.Unlock()
-	want, keep, owned, err := m.desired(ctx)
+	want, keep, owned, netOpts, err := m.desired(ctx)
 	if err != nil {
 		return 0, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.netOpts = netOpts
 	// A Join applies after writing its record and a Leave removes after
 	// deleting the veth: what they did since the records were read is
 	// newer than the records read.
@@ -203,6 +219,12 @@ func (m *Manager) Sync(ctx context.Context) (fixes int, err error) {
 	}
 	var errs []error
 	shaped := map[string]Stat{}
+	applied := map[string]appliedLimits{}
+	for id, a := range m.applied {
+		if newer[id] {
+			applied[id] = a
+		}
+	}
 	for n, st := range m.shaped {
 		if newer[st.EndpointID] {
 			shaped[n] = st
@@ -223,6 +245,7 @@ func (m *Manager) Sync(ctx context.Context) (fixes int, err error) {
 			errs = append(errs, fmt.Errorf("endpoint %s: %w", short(d.EndpointID), err))
 			continue
 		}
+		applied[d.EndpointID] = appliedLimits{hostIfName: d.HostIfName, limits: d.Limits}
 		if changed {
 			fixes++
 			m.log.WithFields(logrus.Fields{"endpoint": short(d.EndpointID), "limits": d.Limits.String()}).Info("bandwidth limits applied")
@@ -235,6 +258,7 @@ func (m *Manager) Sync(ctx context.Context) (fixes int, err error) {
 		}
 	}
 	m.shaped = shaped
+	m.applied = applied
 	removed, err := m.shaper.Sweep(ctx, keep, owned)
 	if err != nil {
 		errs = append(errs, err)
@@ -302,6 +326,9 @@ func (m *Manager) follow(ctx context.Context, nets, eps <-chan datastore.Event) 
 			return
 		case ev, ok = <-nets:
 		case ev, ok = <-eps:
+			if ok && ev.Err == nil && !m.affects(ev) {
+				continue
+			}
 		case <-debounce:
 			debounce = nil
 			sctx, cancel := context.WithTimeout(ctx, syncTimeout)
@@ -318,6 +345,43 @@ func (m *Manager) follow(ctx context.Context, nets, eps <-chan datastore.Event) 
 			debounce = time.After(changeDebounce)
 		}
 	}
+}
+
+// affects tells whether a change of an endpoint record may change the
+// kernel's shaping: not when it resolves to the limits already applied to
+// that veth (a Join's own write, its shaping done by the Join; a Leave's),
+// nor for a record of another engine. In doubt (a network no Sync has read
+// yet, labels unknown, a bad value) it does, and a Sync decides.
+func (m *Manager) affects(ev datastore.Event) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	have, shaped := m.applied[path.Base(ev.Key)]
+	shaped = shaped && !have.limits.None()
+	if ev.Type == datastore.EventDelete {
+		return shaped
+	}
+	var ep datastore.Endpoint
+	if json.Unmarshal(ev.Value, &ep) != nil {
+		return true
+	}
+	if ep.OfOtherEngine(m.engineID()) {
+		return false
+	}
+	if !ep.Joined {
+		return shaped
+	}
+	opts, known := m.netOpts[ep.Network]
+	if !known || ep.LabelsUnknown {
+		return true
+	}
+	l, err := Resolve(ep.BandwidthOptions, ep.Labels, opts)
+	if err != nil {
+		return true
+	}
+	if !shaped {
+		return !l.None()
+	}
+	return have.hostIfName != ep.HostIfName || have.limits != l
 }
 
 func short(id string) string { return id[:min(12, len(id))] }

@@ -2,6 +2,7 @@ package bandwidth
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"testing"
@@ -189,6 +190,72 @@ func TestManagerFollowsRecords(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("the network's new default was never applied")
+		}
+	}
+}
+
+// TestManagerAffects: the record changes that need no Sync (the Join's own
+// write after its shaping, a Leave's, another engine's, an unlimited
+// endpoint's) are told from those that do (labels learnt after Join, a
+// network no Sync has read, shaping to remove).
+func TestManagerAffects(t *testing.T) {
+	m := etcdtest.Start(t)
+	ctx := context.Background()
+	k := newFakeKernel()
+	mgr := NewManager(m.Store, testNode, NewShaper(k), func() string { return "engine-a" }, quiet())
+	nw := datastore.Network{ID: "net1", Options: map[string]string{NetworkOptionPrefix + Egress: "40mbit"}}
+	put(t, m.Store, datastore.NetworkKey(nw.ID), nw)
+	if _, err := mgr.Sync(ctx); err != nil { // reads the network
+		t.Fatal(err)
+	}
+	id, other := endpointID(1), endpointID(2)
+	host := "cali" + id[:11]
+	k.addVeth(host)
+	if err := mgr.Apply(ctx, id, host, Limits{EgressRate: 40e6}); err != nil { // Join
+		t.Fatal(err)
+	}
+	ev := func(id string, ep *datastore.Endpoint) datastore.Event {
+		key := datastore.EndpointKey(testNode, id)
+		if ep == nil {
+			return datastore.Event{Type: datastore.EventDelete, Key: key}
+		}
+		ep.ID, ep.HostIfName = id, "cali"+id[:11]
+		if ep.Network == "" {
+			ep.Network = nw.ID
+		}
+		v, _ := json.Marshal(ep)
+		return datastore.Event{Type: datastore.EventPut, Key: key, Value: v}
+	}
+	tests := []struct {
+		name string
+		ev   datastore.Event
+		want bool
+	}{
+		{"the Join's own write", ev(id, &datastore.Endpoint{Joined: true}), false},
+		{"labels learnt after Join", ev(id, &datastore.Endpoint{Joined: true, Labels: map[string]string{EndpointLabelPrefix + Ingress: "5mbit"}}), true},
+		{"labels still unknown", ev(id, &datastore.Endpoint{Joined: true, LabelsUnknown: true}), true},
+		{"a network no Sync has read", ev(id, &datastore.Endpoint{Joined: true, Network: "net2"}), true},
+		{"a bad value", ev(id, &datastore.Endpoint{Joined: true, BandwidthOptions: map[string]string{LabelPrefix + Egress: "fast"}}), true},
+		{"left while shaped", ev(id, &datastore.Endpoint{}), true},
+		{"deleted while shaped", ev(id, nil), true},
+		{"another engine's", ev(other, &datastore.Endpoint{Joined: true, EngineID: "engine-b", BandwidthOptions: map[string]string{LabelPrefix + Ingress: "1mbit"}}), false},
+		{"created, not joined", ev(other, &datastore.Endpoint{}), false},
+		{"joined, not yet shaped", ev(other, &datastore.Endpoint{Joined: true}), true},
+		{"deleted, never shaped", ev(other, nil), false},
+	}
+	for _, tt := range tests {
+		if got := mgr.affects(tt.ev); got != tt.want {
+			t.Errorf("%s: affects = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	// After its Leave (shaping removed) the record's last writes need no
+	// Sync either.
+	if err := mgr.Remove(ctx, id, host); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []datastore.Event{ev(id, &datastore.Endpoint{}), ev(id, nil)} {
+		if mgr.affects(e) {
+			t.Errorf("a write after the Leave (%v) needs a Sync", e.Type)
 		}
 	}
 }
