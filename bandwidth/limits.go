@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 )
 
@@ -65,6 +66,11 @@ const (
 	MaxBurst = 1 << 30
 )
 
+// MaxBucketTime bounds how long a bucket lasts at its rate: tbf holds it
+// as a 32-bit count of 64 ns clock ticks (about 275 s); a larger one
+// wraps around to a small, wrong bucket.
+const MaxBucketTime = 4 * time.Minute
+
 // ErrBadValue is wrapped by every error about a malformed or out-of-range
 // setting.
 var ErrBadValue = errors.New("invalid bandwidth setting")
@@ -97,19 +103,26 @@ func (l Limits) or(d Limits) Limits {
 	}
 }
 
+// direction is one direction's rate and burst with their setting keys.
+type direction struct {
+	key, burstKey string
+	rate, burst   uint64
+}
+
+func (l Limits) directions() [2]direction {
+	return [2]direction{{Ingress, IngressBurst, l.IngressRate, l.IngressBurst}, {Egress, EgressBurst, l.EgressRate, l.EgressBurst}}
+}
+
 // String is tc-like: "ingress 50mbit burst 62500b, egress 10mbit" or "-".
 func (l Limits) String() string {
 	var parts []string
-	for _, d := range []struct {
-		name         string
-		rate, burstB uint64
-	}{{Ingress, l.IngressRate, l.IngressBurst}, {Egress, l.EgressRate, l.EgressBurst}} {
+	for _, d := range l.directions() {
 		if d.rate == 0 {
 			continue
 		}
-		s := d.name + " " + FormatRate(d.rate)
-		if d.burstB != 0 {
-			s += " burst " + FormatSize(d.burstB)
+		s := d.key + " " + FormatRate(d.rate)
+		if d.burst != 0 {
+			s += " burst " + FormatSize(d.burst)
 		}
 		parts = append(parts, s)
 	}
@@ -117,6 +130,22 @@ func (l Limits) String() string {
 		return "-"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// check refuses a bucket the kernel cannot hold: a burst that lasts over
+// MaxBucketTime at its rate. name words a burst key for the user.
+func (l Limits) check(name func(key string) string) error {
+	for _, d := range l.directions() {
+		if d.rate == 0 {
+			continue
+		}
+		b := Burst(d.rate, d.burst)
+		if lasts := float64(b) * 8 / float64(d.rate); lasts > MaxBucketTime.Seconds() {
+			return fmt.Errorf("%w: %s %s lasts %.0fs at rate %s, over %s: lower the burst or raise the rate",
+				ErrBadValue, name(d.burstKey), FormatSize(b), lasts, FormatRate(d.rate), MaxBucketTime)
+		}
+	}
+	return nil
 }
 
 // burstLatency is how long the default bucket lasts at the rate: long
@@ -264,7 +293,7 @@ func parseSettings(settings map[string]string, prefix string, name func(key stri
 			return Limits{}, fmt.Errorf("%s=%q: %w", name(key), v, err)
 		}
 	}
-	return l, nil
+	return l, l.check(name)
 }
 
 func labelName(key string) string { return "bandwidth label " + LabelPrefix + key }
@@ -327,5 +356,11 @@ func Resolve(driverOpts, endpointLabels, networkOpts map[string]string) (Limits,
 	if err != nil {
 		return Limits{}, err
 	}
-	return own.or(labelled).or(defaults), nil
+	l := own.or(labelled).or(defaults)
+	// Each source was checked alone; a burst from one and a rate from
+	// another meet only here.
+	if err := l.check(func(key string) string { return key + " (of labels, driver options and network defaults)" }); err != nil {
+		return Limits{}, err
+	}
+	return l, nil
 }

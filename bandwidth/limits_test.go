@@ -98,6 +98,12 @@ func TestResolve(t *testing.T) {
 			err: `bandwidth label org.projectcalico.bandwidth.egress="fast"`},
 		{name: "bad network option", net: map[string]string{"calico.bandwidth.egress": "-1"},
 			err: `network option calico.bandwidth.egress="-1"`},
+		{name: "burst too long for the rate", driver: map[string]string{"org.projectcalico.bandwidth.egress": "1mbit", "org.projectcalico.bandwidth.egress-burst": "1g"},
+			err: `endpoint driver option org.projectcalico.bandwidth.egress-burst 1g lasts 8590s at rate 1mbit`},
+		{name: "burst of a label too long for the network's rate", labels: map[string]string{"projectcalico.org/bandwidth-ingress-burst": "512m"},
+			net: map[string]string{"calico.bandwidth.ingress": "10mbit"}, err: `ingress-burst (of labels, driver options and network defaults) 512m lasts 429s at rate 10mbit`},
+		{name: "longest burst at the lowest rate that tbf holds", driver: map[string]string{"org.projectcalico.bandwidth.egress": "1kbit", "org.projectcalico.bandwidth.egress-burst": "30000"},
+			want: Limits{EgressRate: 1000, EgressBurst: 30000}},
 		{name: "bad driver option", driver: map[string]string{"org.projectcalico.bandwidth.ingress-burst": "1"},
 			err: `endpoint driver option org.projectcalico.bandwidth.ingress-burst="1"`},
 	}

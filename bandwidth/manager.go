@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path"
 	"sync"
 	"time"
 
@@ -61,6 +62,17 @@ type Manager struct {
 	// view of them is older than theirs.
 	gen     uint64
 	touched map[string]touch
+	// applied is, per endpoint, the veth and the limits its shaping was
+	// last given (by a Join, a Leave or a Sync), and netOpts the network
+	// options the last Sync read: a record change that resolves to what
+	// is applied needs no Sync (affects).
+	applied map[string]appliedLimits
+	netOpts map[string]map[string]string
+}
+
+type appliedLimits struct {
+	hostIfName string
+	limits     Limits
 }
 
 type touch struct {
@@ -76,12 +88,13 @@ func NewManager(store *datastore.Store, node string, shaper *Shaper, engineID fu
 	if engineID == nil {
 		engineID = func() string { return "" }
 	}
-	return &Manager{store: store, node: node, shaper: shaper, engineID: engineID, log: log.WithField("component", "bandwidth"), shaped: map[string]Stat{}, touched: map[string]touch{}}
+	return &Manager{store: store, node: node, shaper: shaper, engineID: engineID, log: log.WithField("component", "bandwidth"), shaped: map[string]Stat{}, touched: map[string]touch{}, applied: map[string]appliedLimits{}}
 }
 
 func (m *Manager) note(endpointID, hostIfName string, l Limits) {
 	m.gen++
 	m.touched[endpointID] = touch{gen: m.gen, hostIfName: hostIfName}
+	m.applied[endpointID] = appliedLimits{hostIfName: hostIfName, limits: l}
 	for _, n := range []string{hostIfName, IfbName(endpointID)} {
 		delete(m.shaped, n)
 	}
@@ -119,28 +132,41 @@ type Desired struct {
 
 // desired reads the joined endpoints of this node with their limits. An
 // endpoint whose limits cannot be decided (labels unknown, a bad value
-// written into a record since) is in keep, untouched.
-func (m *Manager) desired(ctx context.Context) (want []Desired, keep map[string]bool, err error) {
+// written into a record since) is in keep, untouched, and so is one
+// another Docker engine recorded under this node name. owned are the veths
+// of this engine's endpoint records, joined or not: the only veths whose
+// qdiscs Sweep may remove.
+func (m *Manager) desired(ctx context.Context) (want []Desired, keep, owned map[string]bool, netOpts map[string]map[string]string, err error) {
 	kvs, err := m.store.List(ctx, datastore.EndpointKey(m.node, ""))
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading the endpoints of %s: %w", m.node, err)
+		return nil, nil, nil, nil, fmt.Errorf("reading the endpoints of %s: %w", m.node, err)
 	}
 	nkvs, err := m.store.List(ctx, datastore.NetworksPrefix)
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading the networks: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("reading the networks: %w", err)
 	}
 	nets := map[string]*datastore.Network{}
+	netOpts = map[string]map[string]string{}
 	for _, kv := range nkvs {
 		var n datastore.Network
 		if json.Unmarshal(kv.Value, &n) == nil {
 			nets[n.ID] = &n
+			netOpts[n.ID] = n.Options
 		}
 	}
 	engine := m.engineID()
-	keep = map[string]bool{}
+	keep, owned = map[string]bool{}, map[string]bool{}
 	for _, kv := range kvs {
 		var ep datastore.Endpoint
-		if json.Unmarshal(kv.Value, &ep) != nil || !ep.Joined || ep.OfOtherEngine(engine) {
+		if json.Unmarshal(kv.Value, &ep) != nil {
+			continue
+		}
+		if ep.OfOtherEngine(engine) {
+			keep[ep.HostIfName], keep[IfbName(ep.ID)] = true, true
+			continue
+		}
+		owned[ep.HostIfName] = true
+		if !ep.Joined {
 			continue
 		}
 		log := m.log.WithFields(logrus.Fields{"endpoint": short(ep.ID), "network": short(ep.Network)})
@@ -161,7 +187,7 @@ func (m *Manager) desired(ctx context.Context) (want []Desired, keep map[string]
 		}
 		want = append(want, Desired{EndpointID: ep.ID, HostIfName: ep.HostIfName, Limits: l})
 	}
-	return want, keep, nil
+	return want, keep, owned, netOpts, nil
 }
 
 // Sync makes the kernel's shaping match the records: every joined
@@ -172,12 +198,13 @@ func (m *Manager) Sync(ctx context.Context) (fixes int, err error) {
 	m.mu.Lock()
 	began := m.gen
 	m.mu.Unlock()
-	want, keep, err := m.desired(ctx)
+	want, keep, owned, netOpts, err := m.desired(ctx)
 	if err != nil {
 		return 0, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.netOpts = netOpts
 	// A Join applies after writing its record and a Leave removes after
 	// deleting the veth: what they did since the records were read is
 	// newer than the records read.
@@ -192,6 +219,12 @@ func (m *Manager) Sync(ctx context.Context) (fixes int, err error) {
 	}
 	var errs []error
 	shaped := map[string]Stat{}
+	applied := map[string]appliedLimits{}
+	for id, a := range m.applied {
+		if newer[id] {
+			applied[id] = a
+		}
+	}
 	for n, st := range m.shaped {
 		if newer[st.EndpointID] {
 			shaped[n] = st
@@ -212,6 +245,7 @@ func (m *Manager) Sync(ctx context.Context) (fixes int, err error) {
 			errs = append(errs, fmt.Errorf("endpoint %s: %w", short(d.EndpointID), err))
 			continue
 		}
+		applied[d.EndpointID] = appliedLimits{hostIfName: d.HostIfName, limits: d.Limits}
 		if changed {
 			fixes++
 			m.log.WithFields(logrus.Fields{"endpoint": short(d.EndpointID), "limits": d.Limits.String()}).Info("bandwidth limits applied")
@@ -224,7 +258,8 @@ func (m *Manager) Sync(ctx context.Context) (fixes int, err error) {
 		}
 	}
 	m.shaped = shaped
-	removed, err := m.shaper.Sweep(ctx, keep)
+	m.applied = applied
+	removed, err := m.shaper.Sweep(ctx, keep, owned)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -291,6 +326,9 @@ func (m *Manager) follow(ctx context.Context, nets, eps <-chan datastore.Event) 
 			return
 		case ev, ok = <-nets:
 		case ev, ok = <-eps:
+			if ok && ev.Err == nil && !m.affects(ev) {
+				continue
+			}
 		case <-debounce:
 			debounce = nil
 			sctx, cancel := context.WithTimeout(ctx, syncTimeout)
@@ -307,6 +345,43 @@ func (m *Manager) follow(ctx context.Context, nets, eps <-chan datastore.Event) 
 			debounce = time.After(changeDebounce)
 		}
 	}
+}
+
+// affects tells whether a change of an endpoint record may change the
+// kernel's shaping: not when it resolves to the limits already applied to
+// that veth (a Join's own write, its shaping done by the Join; a Leave's),
+// nor for a record of another engine. In doubt (a network no Sync has read
+// yet, labels unknown, a bad value) it does, and a Sync decides.
+func (m *Manager) affects(ev datastore.Event) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	have, shaped := m.applied[path.Base(ev.Key)]
+	shaped = shaped && !have.limits.None()
+	if ev.Type == datastore.EventDelete {
+		return shaped
+	}
+	var ep datastore.Endpoint
+	if json.Unmarshal(ev.Value, &ep) != nil {
+		return true
+	}
+	if ep.OfOtherEngine(m.engineID()) {
+		return false
+	}
+	if !ep.Joined {
+		return shaped
+	}
+	opts, known := m.netOpts[ep.Network]
+	if !known || ep.LabelsUnknown {
+		return true
+	}
+	l, err := Resolve(ep.BandwidthOptions, ep.Labels, opts)
+	if err != nil {
+		return true
+	}
+	if !shaped {
+		return !l.None()
+	}
+	return have.hostIfName != ep.HostIfName || have.limits != l
 }
 
 func short(id string) string { return id[:min(12, len(id))] }

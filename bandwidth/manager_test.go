@@ -2,11 +2,14 @@ package bandwidth
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"github.com/vishvananda/netlink"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
@@ -39,7 +42,7 @@ func TestManagerSync(t *testing.T) {
 	m := etcdtest.Start(t)
 	ctx := context.Background()
 	k := newFakeKernel()
-	mgr := NewManager(m.Store, testNode, NewShaper(k), nil, quiet())
+	mgr := NewManager(m.Store, testNode, NewShaper(k), func() string { return "engine-a" }, quiet())
 
 	nw := datastore.Network{ID: "net1", Options: map[string]string{NetworkOptionPrefix + Ingress: "100mbit", NetworkOptionPrefix + Egress: "40mbit"}}
 	put(t, m.Store, datastore.NetworkKey(nw.ID), nw)
@@ -49,6 +52,8 @@ func TestManagerSync(t *testing.T) {
 		{Joined: true, BandwidthOptions: map[string]string{LabelPrefix + Egress: "20mbit"}},
 		{Joined: false},
 		{Joined: true, LabelsUnknown: true},
+		// Another Docker engine's, under this node name: not ours.
+		{Joined: false, EngineID: "engine-b"},
 	}
 	for i := range eps {
 		eps[i].ID, eps[i].Network, eps[i].Node = endpointID(i), nw.ID, testNode
@@ -62,13 +67,25 @@ func TestManagerSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	gone := endpointID(99)
-	if _, _, err := NewShaper(k).ensureIfb(IfbName(gone), 1500); err != nil {
+	if _, _, err := NewShaper(k).ensureIfb(IfbName(gone), 1500, true); err != nil {
 		t.Fatal(err)
 	}
-	// The endpoint with unknown labels keeps what it has.
-	if _, err := NewShaper(k).Apply(ctx, eps[4].ID, eps[4].HostIfName, Limits{EgressRate: 3e6}); err != nil {
-		t.Fatal(err)
+	// The endpoint with unknown labels keeps what it has; so do the
+	// other engine's endpoint and a cali veth of no record of ours
+	// (another Calico's, shaped by its CNI bandwidth plugin).
+	foreign := "cali" + endpointID(77)[:11]
+	k.addVeth(foreign)
+	for _, e := range []struct{ id, host string }{{eps[4].ID, eps[4].HostIfName}, {eps[5].ID, eps[5].HostIfName}, {endpointID(77), foreign}} {
+		if _, err := NewShaper(k).Apply(ctx, e.id, e.host, Limits{IngressRate: 5e6, EgressRate: 3e6}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	// The foreign veth's redirect goes to a device not named like ours.
+	k.mu.Lock()
+	k.links["bwp"+endpointID(77)[:11]] = k.links[IfbName(endpointID(77))]
+	delete(k.links, IfbName(endpointID(77)))
+	k.links["bwp"+endpointID(77)[:11]].Attrs().Name = "bwp" + endpointID(77)[:11]
+	k.mu.Unlock()
 
 	type rates struct {
 		in, out  uint64
@@ -85,13 +102,24 @@ func TestManagerSync(t *testing.T) {
 		if _, err := k.LinkByName(IfbName(gone)); err == nil {
 			t.Error("the ifb device of a gone endpoint is still there")
 		}
+		other, err := k.LinkByName("bwp" + endpointID(77)[:11])
+		if err != nil {
+			t.Fatal("a device not named like ours was removed")
+		}
+		in, _, _ := k.shaping(endpointID(77), foreign)
+		k.mu.Lock()
+		redirect := slices.ContainsFunc(k.filters, func(f netlink.Filter) bool { return redirectsTo(f, other.Attrs().Index) })
+		k.mu.Unlock()
+		if in != 5e6 || !redirect {
+			t.Errorf("the qdiscs of a veth of no endpoint of ours were touched: ingress %d, redirect %v", in, redirect)
+		}
 	}
 
 	fixes, err := mgr.Sync(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	check([]rates{{100e6, 40e6, true}, {50e6, 40e6, true}, {100e6, 20e6, true}, {0, 0, false}, {0, 3e6, true}})
+	check([]rates{{100e6, 40e6, true}, {50e6, 40e6, true}, {100e6, 20e6, true}, {0, 0, false}, {5e6, 3e6, true}, {5e6, 3e6, true}})
 	if fixes != 3+3+1 {
 		t.Errorf("fixes = %d, want 3 endpoints shaped + 3 leftovers (2 qdiscs, 1 ifb) + 1 orphaned ifb", fixes)
 	}
@@ -113,7 +141,7 @@ func TestManagerSync(t *testing.T) {
 	if _, err := mgr.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	check([]rates{{30e6, 0, false}, {50e6, 0, false}, {30e6, 20e6, true}, {0, 0, false}, {0, 3e6, true}})
+	check([]rates{{30e6, 0, false}, {50e6, 0, false}, {30e6, 20e6, true}, {0, 0, false}, {5e6, 3e6, true}, {5e6, 3e6, true}})
 	if _, err := k.LinkByName(IfbName(eps[0].ID)); err == nil {
 		t.Error("the ifb device of an endpoint without egress limit is still there")
 	}
@@ -138,7 +166,7 @@ func TestManagerFollowsRecords(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	k := newFakeKernel()
-	mgr := NewManager(m.Store, testNode, NewShaper(k), nil, quiet())
+	mgr := NewManager(m.Store, testNode, NewShaper(k), func() string { return "engine-a" }, quiet())
 	nw := datastore.Network{ID: "net1"}
 	put(t, m.Store, datastore.NetworkKey(nw.ID), nw)
 	ep := datastore.Endpoint{ID: endpointID(1), Network: nw.ID, Node: testNode, Joined: true, HostIfName: "cali" + endpointID(1)[:11]}
@@ -162,6 +190,72 @@ func TestManagerFollowsRecords(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("the network's new default was never applied")
+		}
+	}
+}
+
+// TestManagerAffects: the record changes that need no Sync (the Join's own
+// write after its shaping, a Leave's, another engine's, an unlimited
+// endpoint's) are told from those that do (labels learnt after Join, a
+// network no Sync has read, shaping to remove).
+func TestManagerAffects(t *testing.T) {
+	m := etcdtest.Start(t)
+	ctx := context.Background()
+	k := newFakeKernel()
+	mgr := NewManager(m.Store, testNode, NewShaper(k), func() string { return "engine-a" }, quiet())
+	nw := datastore.Network{ID: "net1", Options: map[string]string{NetworkOptionPrefix + Egress: "40mbit"}}
+	put(t, m.Store, datastore.NetworkKey(nw.ID), nw)
+	if _, err := mgr.Sync(ctx); err != nil { // reads the network
+		t.Fatal(err)
+	}
+	id, other := endpointID(1), endpointID(2)
+	host := "cali" + id[:11]
+	k.addVeth(host)
+	if err := mgr.Apply(ctx, id, host, Limits{EgressRate: 40e6}); err != nil { // Join
+		t.Fatal(err)
+	}
+	ev := func(id string, ep *datastore.Endpoint) datastore.Event {
+		key := datastore.EndpointKey(testNode, id)
+		if ep == nil {
+			return datastore.Event{Type: datastore.EventDelete, Key: key}
+		}
+		ep.ID, ep.HostIfName = id, "cali"+id[:11]
+		if ep.Network == "" {
+			ep.Network = nw.ID
+		}
+		v, _ := json.Marshal(ep)
+		return datastore.Event{Type: datastore.EventPut, Key: key, Value: v}
+	}
+	tests := []struct {
+		name string
+		ev   datastore.Event
+		want bool
+	}{
+		{"the Join's own write", ev(id, &datastore.Endpoint{Joined: true}), false},
+		{"labels learnt after Join", ev(id, &datastore.Endpoint{Joined: true, Labels: map[string]string{EndpointLabelPrefix + Ingress: "5mbit"}}), true},
+		{"labels still unknown", ev(id, &datastore.Endpoint{Joined: true, LabelsUnknown: true}), true},
+		{"a network no Sync has read", ev(id, &datastore.Endpoint{Joined: true, Network: "net2"}), true},
+		{"a bad value", ev(id, &datastore.Endpoint{Joined: true, BandwidthOptions: map[string]string{LabelPrefix + Egress: "fast"}}), true},
+		{"left while shaped", ev(id, &datastore.Endpoint{}), true},
+		{"deleted while shaped", ev(id, nil), true},
+		{"another engine's", ev(other, &datastore.Endpoint{Joined: true, EngineID: "engine-b", BandwidthOptions: map[string]string{LabelPrefix + Ingress: "1mbit"}}), false},
+		{"created, not joined", ev(other, &datastore.Endpoint{}), false},
+		{"joined, not yet shaped", ev(other, &datastore.Endpoint{Joined: true}), true},
+		{"deleted, never shaped", ev(other, nil), false},
+	}
+	for _, tt := range tests {
+		if got := mgr.affects(tt.ev); got != tt.want {
+			t.Errorf("%s: affects = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	// After its Leave (shaping removed) the record's last writes need no
+	// Sync either.
+	if err := mgr.Remove(ctx, id, host); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []datastore.Event{ev(id, &datastore.Endpoint{}), ev(id, nil)} {
+		if mgr.affects(e) {
+			t.Errorf("a write after the Leave (%v) needs a Sync", e.Type)
 		}
 	}
 }

@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"regexp"
-	"strings"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/calico-cnm/calico-cnm/dataplane"
 )
 
 // Netlink is the part of *netlink.Handle the shaper uses: unit tests give
@@ -108,13 +106,9 @@ func (s *Shaper) rootAndIngress(link netlink.Link) (root, ingress netlink.Qdisc,
 	return root, ingress, nil
 }
 
-// setBucket gives link the root tbf want (nil: none of ours); changed
-// says whether the kernel had to change.
-func (s *Shaper) setBucket(link netlink.Link, want *netlink.Tbf) (changed bool, err error) {
-	root, _, err := s.rootAndIngress(link)
-	if err != nil {
-		return false, err
-	}
+// setBucket gives link, whose root qdisc is root, the root tbf want (nil:
+// none of ours); changed says whether the kernel had to change.
+func (s *Shaper) setBucket(link netlink.Link, root netlink.Qdisc, want *netlink.Tbf) (changed bool, err error) {
 	have, ours := root.(*netlink.Tbf)
 	if want == nil {
 		if !ours {
@@ -137,7 +131,8 @@ func (s *Shaper) setBucket(link netlink.Link, want *netlink.Tbf) (changed bool, 
 // Apply makes the shaping of the endpoint whose host-side veth is
 // hostIfName match l: the directions l leaves unlimited lose theirs.
 // changed says whether the kernel had to change. ErrNoVeth: the veth is
-// gone, nothing was done.
+// gone, nothing was done. The veth's qdiscs are listed once and a new ifb
+// device is made up and without a lookup: Join waits for every round trip.
 func (s *Shaper) Apply(ctx context.Context, endpointID, hostIfName string, l Limits) (changed bool, err error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
@@ -149,69 +144,104 @@ func (s *Shaper) Apply(ctx context.Context, endpointID, hostIfName string, l Lim
 		}
 		return false, fmt.Errorf("looking up %s: %w", hostIfName, err)
 	}
+	root, ingress, err := s.rootAndIngress(veth)
+	if err != nil {
+		return false, err
+	}
 	var want *netlink.Tbf
 	if l.IngressRate != 0 {
 		want = bucket(veth.Attrs().Index, l.IngressRate, l.IngressBurst)
 	}
-	in, err := s.setBucket(veth, want)
+	in, err := s.setBucket(veth, root, want)
 	if err != nil {
 		return false, err
 	}
-	out, err := s.applyEgress(veth, endpointID, l)
+	out, err := s.applyEgress(veth, ingress, endpointID, l)
 	return in || out, err
 }
 
 // applyEgress redirects what the container sends to its ifb device and
-// shapes it there, or removes both when l.EgressRate is 0.
-func (s *Shaper) applyEgress(veth netlink.Link, endpointID string, l Limits) (changed bool, err error) {
+// shapes it there, or removes both when l.EgressRate is 0. ingress is the
+// veth's ingress qdisc (nil: none).
+func (s *Shaper) applyEgress(veth netlink.Link, ingress netlink.Qdisc, endpointID string, l Limits) (changed bool, err error) {
 	name := IfbName(endpointID)
 	if l.EgressRate == 0 {
-		changed, err := s.removeRedirect(veth)
+		changed, err := s.removeRedirect(veth, ingress)
 		if err != nil {
 			return changed, err
 		}
 		gone, err := s.removeIfb(name)
 		return changed || gone, err
 	}
-	ifb, created, err := s.ensureIfb(name, veth.Attrs().MTU)
+	// Without an ingress qdisc the veth was never redirected: at Join the
+	// ifb device is new, at a resync its lookup comes first.
+	ifb, created, err := s.ensureIfb(name, veth.Attrs().MTU, ingress == nil)
 	if err != nil {
 		return false, err
 	}
-	changed = created
-	c, err := s.setBucket(ifb, bucket(ifb.Attrs().Index, l.EgressRate, l.EgressBurst))
+	var root netlink.Qdisc
+	if !created {
+		if root, _, err = s.rootAndIngress(ifb); err != nil {
+			return false, err
+		}
+	}
+	c, err := s.setBucket(ifb, root, bucket(ifb.Attrs().Index, l.EgressRate, l.EgressBurst))
+	changed = created || c
 	if err != nil {
 		return changed, err
 	}
-	changed = changed || c
-	c, err = s.ensureRedirect(veth, ifb)
+	c, err = s.ensureRedirect(veth, ingress, ifb)
 	return changed || c, err
 }
 
-func (s *Shaper) ensureIfb(name string, mtu int) (link netlink.Link, created bool, err error) {
-	link, err = s.nl.LinkByName(name)
-	if err != nil && !isNotFound(err) {
-		return nil, false, fmt.Errorf("looking up %s: %w", name, err)
+// ensureIfb finds or creates the ifb device name, up; likelyNew tries
+// creating it first (made up, its index filled in: no lookup after).
+func (s *Shaper) ensureIfb(name string, mtu int, likelyNew bool) (link netlink.Link, created bool, err error) {
+	if likelyNew {
+		if link, err := s.addIfb(name, mtu); err == nil {
+			return link, true, nil
+		} else if !errors.Is(err, unix.EEXIST) {
+			return nil, false, err
+		}
 	}
-	if link == nil || err != nil {
-		attrs := netlink.NewLinkAttrs()
-		attrs.Name, attrs.MTU, attrs.TxQLen = name, mtu, 1000
-		if err := s.nl.LinkAdd(&netlink.Ifb{LinkAttrs: attrs}); err != nil {
-			return nil, false, fmt.Errorf("creating ifb device %s: %w", name, err)
+	link, err = s.nl.LinkByName(name)
+	if isNotFound(err) {
+		if link, err = s.addIfb(name, mtu); err != nil {
+			return nil, false, err
 		}
-		if link, err = s.nl.LinkByName(name); err != nil {
-			return nil, false, fmt.Errorf("looking up the new ifb device %s: %w", name, err)
-		}
-		created = true
+		return link, true, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("looking up %s: %w", name, err)
 	}
 	if link.Type() != "ifb" {
 		return nil, false, fmt.Errorf("%s exists and is a %s device, not an ifb device", name, link.Type())
 	}
-	if link.Attrs().Flags&unix.IFF_UP == 0 || created {
+	if link.Attrs().Flags&unix.IFF_UP == 0 {
 		if err := s.nl.LinkSetUp(link); err != nil {
-			return nil, created, fmt.Errorf("setting %s up: %w", name, err)
+			return nil, false, fmt.Errorf("setting %s up: %w", name, err)
 		}
 	}
-	return link, created, nil
+	return link, false, nil
+}
+
+// addIfb creates the ifb device name, up.
+func (s *Shaper) addIfb(name string, mtu int) (netlink.Link, error) {
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name, attrs.MTU, attrs.TxQLen, attrs.Flags = name, mtu, 1000, net.FlagUp
+	ifb := &netlink.Ifb{LinkAttrs: attrs}
+	if err := s.nl.LinkAdd(ifb); err != nil {
+		return nil, fmt.Errorf("creating ifb device %s: %w", name, err)
+	}
+	if ifb.Index != 0 {
+		return ifb, nil
+	}
+	// netlink looks the index up after creating; that lookup failed.
+	link, err := s.nl.LinkByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("looking up the new ifb device %s: %w", name, err)
+	}
+	return link, nil
 }
 
 // redirectsTo tells whether f is the match-all filter that redirects to
@@ -230,12 +260,9 @@ func redirectsTo(f netlink.Filter, ifindex int) bool {
 }
 
 // ensureRedirect gives veth an ingress qdisc whose only filter sends
-// every packet (u32 matching all, mirred redirect) to ifb.
-func (s *Shaper) ensureRedirect(veth, ifb netlink.Link) (changed bool, err error) {
-	_, ingress, err := s.rootAndIngress(veth)
-	if err != nil {
-		return false, err
-	}
+// every packet (u32 matching all, mirred redirect) to ifb; ingress is the
+// one it has (nil: none).
+func (s *Shaper) ensureRedirect(veth netlink.Link, ingress netlink.Qdisc, ifb netlink.Link) (changed bool, err error) {
 	if ingress != nil {
 		fs, err := s.nl.FilterList(veth, ingressHandle)
 		if err != nil {
@@ -245,7 +272,7 @@ func (s *Shaper) ensureRedirect(veth, ifb netlink.Link) (changed bool, err error
 			return false, nil
 		}
 		// Stale (an ifb device since re-created) or foreign: start over.
-		if _, err := s.removeRedirect(veth); err != nil {
+		if _, err := s.removeRedirect(veth, ingress); err != nil {
 			return false, err
 		}
 	}
@@ -265,11 +292,11 @@ func (s *Shaper) ensureRedirect(veth, ifb netlink.Link) (changed bool, err error
 	return true, nil
 }
 
-// removeRedirect deletes veth's ingress qdisc, and with it its filters.
-func (s *Shaper) removeRedirect(veth netlink.Link) (bool, error) {
-	_, ingress, err := s.rootAndIngress(veth)
-	if err != nil || ingress == nil {
-		return false, err
+// removeRedirect deletes veth's ingress qdisc (nil: none), and with it its
+// filters.
+func (s *Shaper) removeRedirect(veth netlink.Link, ingress netlink.Qdisc) (bool, error) {
+	if ingress == nil {
+		return false, nil
 	}
 	if err := s.nl.QdiscDel(ingress); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
 		return false, fmt.Errorf("removing the ingress qdisc of %s: %w", veth.Attrs().Name, err)
@@ -303,11 +330,16 @@ func (s *Shaper) Remove(ctx context.Context, endpointID, hostIfName string) erro
 	}
 	var errs []error
 	if veth, err := s.nl.LinkByName(hostIfName); err == nil {
-		if _, err := s.setBucket(veth, nil); err != nil {
+		root, ingress, err := s.rootAndIngress(veth)
+		if err != nil {
 			errs = append(errs, err)
-		}
-		if _, err := s.removeRedirect(veth); err != nil {
-			errs = append(errs, err)
+		} else {
+			if _, err := s.setBucket(veth, root, nil); err != nil {
+				errs = append(errs, err)
+			}
+			if _, err := s.removeRedirect(veth, ingress); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	} else if !isNotFound(err) {
 		errs = append(errs, fmt.Errorf("looking up %s: %w", hostIfName, err))
@@ -318,11 +350,14 @@ func (s *Shaper) Remove(ctx context.Context, endpointID, hostIfName string) erro
 	return errors.Join(errs...)
 }
 
-// Sweep removes the shaping of every workload veth and every ifb device
-// of ours whose name keep does not hold: what endpoints that are gone, or
-// no longer limited, left behind (a crash between a Leave and its
-// cleanup). removed counts the devices and qdiscs deleted.
-func (s *Shaper) Sweep(ctx context.Context, keep map[string]bool) (removed int, err error) {
+// Sweep removes what endpoints that are gone, or no longer limited, left
+// behind (a crash between a Leave and its cleanup): every ifb device of
+// ours (IfbPrefix) and the root tbf and ingress qdisc of every veth in
+// owned (this node's endpoints) whose name keep does not hold. The
+// qdiscs of other cali veths are not ours to remove: another Calico on
+// the host (a CNI bandwidth plugin) shapes its veths the same way.
+// removed counts the devices and qdiscs deleted.
+func (s *Shaper) Sweep(ctx context.Context, keep, owned map[string]bool) (removed int, err error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -351,7 +386,7 @@ func (s *Shaper) Sweep(ctx context.Context, keep map[string]bool) (removed int, 
 	}
 	for _, q := range qs {
 		l := byIndex[q.Attrs().LinkIndex]
-		if l == nil || !strings.HasPrefix(l.Attrs().Name, dataplane.HostIfPrefix) || keep[l.Attrs().Name] {
+		if l == nil || !owned[l.Attrs().Name] || keep[l.Attrs().Name] {
 			continue
 		}
 		_, tbf := q.(*netlink.Tbf)

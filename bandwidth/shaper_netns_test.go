@@ -15,7 +15,7 @@ import (
 // newTestNetns makes a throw-away network namespace with one workload-like
 // veth (host side cali + 11 hex) and returns a handle into it and the
 // endpoint id. Everything goes when the test ends.
-func newTestNetns(t *testing.T) (*netlink.Handle, string, string) {
+func newTestNetns(t testing.TB) (*netlink.Handle, string, string) {
 	t.Helper()
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {
@@ -147,17 +147,60 @@ func TestShaperInNetns(t *testing.T) {
 	if _, err := s.Apply(ctx, id, host, l); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := s.Sweep(ctx, map[string]bool{host: true, IfbName(id): true}); err != nil || n != 0 {
+	if n, err := s.Sweep(ctx, map[string]bool{host: true, IfbName(id): true}, map[string]bool{host: true}); err != nil || n != 0 {
 		t.Fatalf("Sweep keeping the endpoint = %d, %v", n, err)
 	}
-	if n, err := s.Sweep(ctx, nil); err != nil || n != 3 {
+	// The veth of no endpoint of ours: its qdiscs are not ours either.
+	if n, err := s.Sweep(ctx, map[string]bool{IfbName(id): true}, nil); err != nil || n != 0 {
+		t.Fatalf("Sweep of a veth not ours = %d, %v; want nothing removed", n, err)
+	}
+	if ks := readShaping(t, h, id, host); !ks.ingress || ks.vethTbf == nil {
+		t.Fatalf("Sweep removed the qdiscs of a veth not ours: %+v", ks)
+	}
+	if n, err := s.Sweep(ctx, nil, map[string]bool{host: true}); err != nil || n != 3 {
 		t.Fatalf("Sweep = %d, %v; want 3 removed (ifb device, tbf, ingress qdisc)", n, err)
 	}
 	if ks := readShaping(t, h, id, host); ks.ifb != nil || ks.ingress || ks.vethTbf != nil {
 		t.Fatalf("after Sweep: %+v", ks)
 	}
 
+	// The longest bucket Resolve lets through (MaxBucketTime at the
+	// lowest rate) is held by the kernel as it is, not wrapped around.
+	longest := Limits{EgressRate: MinRate, EgressBurst: uint64(MaxBucketTime.Seconds() * MinRate / 8)}
+	if _, err := Resolve(map[string]string{LabelPrefix + Egress: FormatRate(longest.EgressRate), LabelPrefix + EgressBurst: FormatSize(longest.EgressBurst)}, nil, nil); err != nil {
+		t.Fatalf("the longest bucket is refused: %v", err)
+	}
+	if _, err := s.Apply(ctx, id, host, longest); err != nil {
+		t.Fatal(err)
+	}
+	ks = readShaping(t, h, id, host)
+	if ks.ifbTbf == nil {
+		t.Fatal("no tbf on the ifb device")
+	}
+	if got := netlink.Xmitsize(ks.ifbTbf.Rate, ks.ifbTbf.Buffer); got < uint32(longest.EgressBurst)*99/100 || got > uint32(longest.EgressBurst) {
+		t.Fatalf("the kernel's bucket holds %d bytes, want %d (tbf %+v)", got, longest.EgressBurst, ks.ifbTbf)
+	}
+
 	if _, err := s.Apply(ctx, id, "cali00000000000", l); err == nil {
 		t.Fatal("Apply to a missing veth succeeded")
+	}
+}
+
+// BenchmarkShaperApplyFresh is the shaping Join adds: both directions on a
+// veth that has none yet (its ifb device created). Remove is not timed.
+func BenchmarkShaperApplyFresh(b *testing.B) {
+	h, id, host := newTestNetns(b)
+	s := NewShaper(h)
+	ctx := context.Background()
+	l := Limits{IngressRate: 50_000_000, EgressRate: 20_000_000}
+	for b.Loop() {
+		if _, err := s.Apply(ctx, id, host, l); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if err := s.Remove(ctx, id, host); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
 	}
 }

@@ -22,16 +22,23 @@ func (d *NetworkDriver) joinLimits(ep datastore.Endpoint, labels map[string]stri
 	return l, nil
 }
 
-// shape puts the limits in place before Join returns, so that the
-// container's first packet is shaped.
-func (d *NetworkDriver) shape(ctx context.Context, endpointID, hostIfName string, l bandwidth.Limits) error {
+// shapeAsync puts the limits in place before Join returns, so that the
+// container's first packet is shaped; the result comes on the channel.
+// Nothing to shape answers at once, without a goroutine.
+func (d *NetworkDriver) shapeAsync(ctx context.Context, endpointID, hostIfName string, l bandwidth.Limits) <-chan error {
+	done := make(chan error, 1)
 	if d.opts.Shaper == nil || l.None() {
-		return nil
+		done <- nil
+		return done
 	}
-	if err := d.opts.Shaper.Apply(ctx, endpointID, hostIfName, l); err != nil {
-		return fmt.Errorf("applying the bandwidth limits (%s) of endpoint %s failed: %w", l, short(endpointID), err)
-	}
-	return nil
+	go func() {
+		if err := d.opts.Shaper.Apply(ctx, endpointID, hostIfName, l); err != nil {
+			done <- fmt.Errorf("applying the bandwidth limits (%s) of endpoint %s failed: %w", l, short(endpointID), err)
+			return
+		}
+		done <- nil
+	}()
+	return done
 }
 
 // unshape removes an endpoint's shaping (its ifb device outlives the

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/docker/go-plugins-helpers/network"
 
@@ -172,3 +173,91 @@ func TestBandwidthLimits(t *testing.T) {
 }
 
 func ptr[T any](v T, _ bool) *T { return &v }
+
+// overlapProbe is a Shaper and a PolicyWaiter that only finish once the
+// other has started: a Join that shapes and waits for its policy one after
+// the other never completes either.
+type overlapProbe struct {
+	shaping, waiting chan struct{}
+	applyErr         error
+	removed          chan string
+}
+
+func (p *overlapProbe) Apply(ctx context.Context, endpointID, hostIfName string, l bandwidth.Limits) error {
+	close(p.shaping)
+	select {
+	case <-p.waiting:
+		return p.applyErr
+	case <-time.After(5 * time.Second):
+		return errors.New("the policy wait did not begin while shaping")
+	}
+}
+
+func (p *overlapProbe) Remove(ctx context.Context, endpointID, hostIfName string) error {
+	p.removed <- endpointID
+	return nil
+}
+
+func (p *overlapProbe) WaitProgrammed(ctx context.Context, rev int64) error {
+	close(p.waiting)
+	select {
+	case <-p.shaping:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestJoinShapesWhilePolicyIsProgrammed: Join's shaping and its wait for
+// the policy overlap (Join costs the longer, not the sum); a shaping
+// failure still fails the Join and leaves no record, veth or shaping.
+func TestJoinShapesWhilePolicyIsProgrammed(t *testing.T) {
+	m := etcdtest.Start(t)
+	ctx := context.Background()
+	e := newEnv(t, m.Store)
+	for i, tt := range []struct {
+		name     string
+		applyErr error
+	}{{"both finish", nil}, {"shaping fails", errors.New("no ifb module")}} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := &overlapProbe{shaping: make(chan struct{}), waiting: make(chan struct{}), applyErr: tt.applyErr, removed: make(chan string, 4)}
+			// PolicyWait bounds a Join that does one after the other.
+			e.nd = driver.NewNetworkDriver(m.Store, e.dp, testHost, quietLog(), driver.Options{IPAM: e.ipam, Shaper: p, Policy: p, PolicyWait: 5 * time.Second, Labels: staticLabels{}})
+			netID := e.createNetworkWith(t, "10.10."+string(rune('5'+i))+".0/24", map[string]interface{}{
+				"com.docker.network.generic": map[string]interface{}{"calico.bandwidth.egress": "40mbit"},
+			})
+			id := newID('e')
+			if _, err := e.nd.CreateEndpoint(ctx, &network.CreateEndpointRequest{NetworkID: netID, EndpointID: id,
+				Interface: &network.EndpointInterface{Address: "10.10." + string(rune('5'+i)) + ".2/32"}}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := e.nd.Join(ctx, &network.JoinRequest{NetworkID: netID, EndpointID: id, SandboxKey: "/var/run/docker/netns/" + id[:8]})
+			if tt.applyErr == nil {
+				if err != nil {
+					t.Fatalf("Join = %v; want shaping and the policy wait to overlap", err)
+				}
+				if ep, _ := e.endpoint(t, id); !ep.Joined {
+					t.Fatal("endpoint not recorded as joined")
+				}
+				return
+			}
+			if !errors.Is(err, tt.applyErr) {
+				t.Fatalf("Join = %v; want the shaping error", err)
+			}
+			if ep, ok := e.endpoint(t, id); ok && ep.Joined {
+				t.Error("the failed Join left the endpoint joined")
+			}
+			if _, ok := e.dp.Workload(id); ok {
+				t.Error("the failed Join left its veth")
+			}
+			select {
+			case got := <-p.removed:
+				if got != id {
+					t.Errorf("removed the shaping of %s, want %s", got, id)
+				}
+			default:
+				t.Error("the failed Join did not remove its shaping")
+			}
+		})
+	}
+}

@@ -776,13 +776,17 @@ func (d *NetworkDriver) Join(ctx context.Context, req *network.JoinRequest) (*ne
 	if err != nil {
 		return nil, undo(storeErr("recording the join of endpoint "+short(req.EndpointID), err))
 	}
-	if err := d.shape(ctx, req.EndpointID, w.HostIfName, limits); err != nil {
+	// Shaping runs while the policy is programmed: Join waits for the
+	// longer of the two, not for both.
+	shaped := d.shapeAsync(ctx, req.EndpointID, w.HostIfName, limits)
+	werr := d.waitProgrammed(ctx, written)
+	if err := <-shaped; err != nil {
 		d.unjoin(context.WithoutCancel(ctx), key, log)
 		return nil, undo(err)
 	}
-	if err := d.waitProgrammed(ctx, written); err != nil {
+	if werr != nil {
 		d.unjoin(context.WithoutCancel(ctx), key, log)
-		return nil, undo(fmt.Errorf("endpoint %s: %w", short(req.EndpointID), err))
+		return nil, undo(fmt.Errorf("endpoint %s: %w", short(req.EndpointID), werr))
 	}
 	if plan.internal && d.ports != nil {
 		// Fail closed: the endpoint of an --internal network is not
