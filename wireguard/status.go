@@ -240,7 +240,11 @@ func (m *Manager) Serve(ctx context.Context, path string) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", path, err)
 	}
-	_ = os.Chmod(path, 0o600)
+	// It rotates the node's key: only root may reach it.
+	if err := os.Chmod(path, 0o600); err != nil {
+		_ = l.Close()
+		return fmt.Errorf("restricting %s to root: %w", path, err)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

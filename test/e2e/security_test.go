@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/calico-cnm/calico-cnm/test/e2e/harness"
+	"github.com/calico-cnm/calico-cnm/wireguard"
 )
 
 // inetSocket is one entry of /proc/<pid>/net/{tcp,tcp6,udp,udp6}.
@@ -212,11 +213,18 @@ func TestDaemonExposure(t *testing.T) {
 			t.Errorf("%d inet listeners, want exactly %d (%v): %v", len(listening), len(allowedTCP), allowedTCP, listening)
 		}
 		unix := listeningUnixPaths(t, pid, mine)
-		// The BGP status socket (for `node status`) is the only other one.
-		want := []string{filepath.Join(h.PluginDir, harness.NetworkSocket), filepath.Join(h.PluginDir, harness.IpamSocket), filepath.Join(h.StateDir, "bgp.sock")}
+		// The BGP and WireGuard status sockets (for `node status`, and
+		// `node rotate-key`) are the only other ones, and root's alone.
+		statusSockets := []string{filepath.Join(h.StateDir, "bgp.sock"), filepath.Join(h.StateDir, wireguard.SocketName)}
+		want := append([]string{filepath.Join(h.PluginDir, harness.NetworkSocket), filepath.Join(h.PluginDir, harness.IpamSocket)}, statusSockets...)
 		sort.Strings(want)
 		if strings.Join(unix, ",") != strings.Join(want, ",") {
-			t.Errorf("unix listeners %v, want exactly the plugin sockets %v", unix, want)
+			t.Errorf("unix listeners %v, want exactly the plugin and status sockets %v", unix, want)
+		}
+		for _, p := range statusSockets {
+			if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
+				t.Errorf("status socket %s: %v, %v; want mode 0600", p, fi, err)
+			}
 		}
 	})
 

@@ -127,7 +127,10 @@ func wgServers(t *testing.T, hosts []*bgpHost) map[string]net.IP {
 func sendMarker(t *testing.T, from, to *bgpHost, toIP net.IP, marker string) {
 	t.Helper()
 	got := "/tmp/got-" + from.Name
-	to.MustDocker(t, "exec", "-d", "s"+to.Name, "sh", "-c", "nc -l -p 7777 > "+got)
+	// busybox nc serves one connection: a connection that brought no
+	// data (made while the listener started) must not leave the port
+	// closed for the retries.
+	to.MustDocker(t, "exec", "-d", "s"+to.Name, "sh", "-c", "while :; do nc -l -p 7777 >> "+got+"; done")
 	harness.Eventually(t, 20*time.Second, 300*time.Millisecond, fmt.Sprintf("marker %s -> %s", from.Name, to.Name), func() error {
 		if out, err := to.Docker(t, "exec", "s"+to.Name, "cat", got); err == nil && strings.Contains(out, marker) {
 			return nil
