@@ -9,6 +9,8 @@ import (
 	"regexp"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/calico-cnm/calico-cnm/internal/nldump"
 	"golang.org/x/sys/unix"
 )
 
@@ -88,7 +90,7 @@ func sameBucket(a, b *netlink.Tbf) bool {
 
 // rootAndIngress are the root and ingress qdiscs of link.
 func (s *Shaper) rootAndIngress(link netlink.Link) (root, ingress netlink.Qdisc, err error) {
-	qs, err := s.nl.QdiscList(link)
+	qs, err := nldump.Retry(func() ([]netlink.Qdisc, error) { return s.nl.QdiscList(link) })
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing the qdiscs of %s: %w", link.Attrs().Name, err)
 	}
@@ -264,7 +266,7 @@ func redirectsTo(f netlink.Filter, ifindex int) bool {
 // one it has (nil: none).
 func (s *Shaper) ensureRedirect(veth netlink.Link, ingress netlink.Qdisc, ifb netlink.Link) (changed bool, err error) {
 	if ingress != nil {
-		fs, err := s.nl.FilterList(veth, ingressHandle)
+		fs, err := nldump.Retry(func() ([]netlink.Filter, error) { return s.nl.FilterList(veth, ingressHandle) })
 		if err != nil {
 			return false, fmt.Errorf("listing the filters of %s: %w", veth.Attrs().Name, err)
 		}
@@ -361,11 +363,11 @@ func (s *Shaper) Sweep(ctx context.Context, keep, owned map[string]bool) (remove
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	links, err := s.nl.LinkList()
+	links, err := nldump.Retry(s.nl.LinkList)
 	if err != nil {
 		return 0, fmt.Errorf("listing links: %w", err)
 	}
-	qs, err := s.nl.QdiscList(nil)
+	qs, err := nldump.Retry(func() ([]netlink.Qdisc, error) { return s.nl.QdiscList(nil) })
 	if err != nil {
 		return 0, fmt.Errorf("listing qdiscs: %w", err)
 	}
@@ -414,11 +416,11 @@ func (s *Shaper) Stats(ctx context.Context, names map[string]bool) (map[string]C
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	links, err := s.nl.LinkList()
+	links, err := nldump.Retry(s.nl.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("listing links: %w", err)
 	}
-	qs, err := s.nl.QdiscList(nil)
+	qs, err := nldump.Retry(func() ([]netlink.Qdisc, error) { return s.nl.QdiscList(nil) })
 	if err != nil {
 		return nil, fmt.Errorf("listing qdiscs: %w", err)
 	}

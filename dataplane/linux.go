@@ -14,6 +14,8 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"github.com/vishvananda/netlink"
+
+	"github.com/calico-cnm/calico-cnm/internal/nldump"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -22,9 +24,6 @@ const (
 	// netlinkTimeout bounds every netlink request: a wedged kernel call must
 	// surface as an error to Docker, not hang its Join (and its shutdown).
 	netlinkTimeout = 10 * time.Second
-	// dumpRetries: a dump that races with a change is reported as
-	// interrupted (NLM_F_DUMP_INTR); re-reading is the documented remedy.
-	dumpRetries = 5
 	// linkLocalWait bounds HostLinkLocalIPv6 when ctx has no deadline.
 	linkLocalWait = 2 * time.Second
 )
@@ -722,27 +721,12 @@ func (l *Linux) EnsureWorkloadRoutes(ctx context.Context, hostIfName string, ips
 // listRoutes is RouteListFiltered, re-read while the dump is interrupted by
 // concurrent changes (the kernel then flags it as possibly inconsistent).
 func (l *Linux) listRoutes(family int, filter *netlink.Route, mask uint64) ([]netlink.Route, error) {
-	return retryDump(func() ([]netlink.Route, error) { return l.nl.RouteListFiltered(family, filter, mask) })
+	return nldump.Retry(func() ([]netlink.Route, error) { return l.nl.RouteListFiltered(family, filter, mask) })
 }
 
-// listLinks lists the links of the namespace (see retryDump).
+// listLinks lists the links of the namespace (see nldump.Retry).
 func (l *Linux) listLinks() ([]netlink.Link, error) {
-	return retryDump(l.nl.LinkList)
-}
-
-// retryDump runs a netlink dump again while the kernel reports that it
-// raced with a change, at most dumpRetries times in all.
-func retryDump[T any](dump func() ([]T, error)) ([]T, error) {
-	var (
-		out []T
-		err error
-	)
-	for range dumpRetries {
-		if out, err = dump(); !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
-		}
-	}
-	return out, err
+	return nldump.Retry(l.nl.LinkList)
 }
 
 func blackholeRoute(block net.IPNet) *netlink.Route {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"github.com/vishvananda/netlink"
+
+	"github.com/calico-cnm/calico-cnm/internal/nldump"
 	"golang.org/x/sys/unix"
 )
 
@@ -161,14 +163,11 @@ func (t *NetlinkTable) ListLearned(ctx context.Context) ([]KernelRoute, error) {
 			rs  []netlink.Route
 			err error
 		)
-		for range 5 {
-			rs, err = t.h.RouteListFiltered(family,
+		rs, err = nldump.Retry(func() ([]netlink.Route, error) {
+			return t.h.RouteListFiltered(family,
 				&netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: LearnedProtocol},
 				netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
-			if !errors.Is(err, netlink.ErrDumpInterrupted) {
-				break
-			}
-		}
+		})
 		if err != nil {
 			return nil, fmt.Errorf("listing learned routes: %w", err)
 		}

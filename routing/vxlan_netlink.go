@@ -8,6 +8,8 @@ import (
 	"slices"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/calico-cnm/calico-cnm/internal/nldump"
 	"golang.org/x/sys/unix"
 )
 
@@ -296,13 +298,10 @@ func (k *NetlinkVXLAN) DelFDB(mac net.HardwareAddr, dst netip.Addr) error {
 func (k *NetlinkVXLAN) Routes() ([]VXLANRoute, error) {
 	var rs []netlink.Route
 	var err error
-	for range 5 {
-		rs, err = k.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: VXLANProtocol},
+	rs, err = nldump.Retry(func() ([]netlink.Route, error) {
+		return k.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: VXLANProtocol},
 			netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
-		if !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
-		}
-	}
+	})
 	if err != nil {
 		return nil, fmt.Errorf("listing VXLAN routes: %w", err)
 	}

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/calico-cnm/calico-cnm/internal/nldump"
 	"golang.org/x/sys/unix"
 )
 
@@ -109,7 +111,9 @@ func (k *Netlink) SetDeviceAddr(addr netip.Addr) error {
 
 // Routes lists RouteTable.
 func (k *Netlink) Routes() (map[netip.Prefix]Route, error) {
-	rs, err := k.h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: RouteTable}, netlink.RT_FILTER_TABLE)
+	rs, err := nldump.Retry(func() ([]netlink.Route, error) {
+		return k.h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: RouteTable}, netlink.RT_FILTER_TABLE)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("listing table %d: %w", RouteTable, err)
 	}
@@ -221,7 +225,7 @@ func (k *Netlink) EnsureRule() error {
 }
 
 func (k *Netlink) ensureRule(family int) error {
-	rules, err := k.h.RuleList(family)
+	rules, err := nldump.Retry(func() ([]netlink.Rule, error) { return k.h.RuleList(family) })
 	if err != nil {
 		return fmt.Errorf("listing rules: %w", err)
 	}
