@@ -103,9 +103,17 @@ func TestPublishedPorts(t *testing.T) {
 	mustAnswer(t, a.Host, udpecho, "near", tcpURL, udpAddr, "hairpin from a container of the same host (another network)")
 	mustAnswer(t, a.Host, udpecho, "web", tcpURL, udpAddr, "the container to its own published port")
 	// The container saw the outside client's own address: no masquerade.
-	if out := a.MustDocker(t, "exec", "web", "netstat", "-tn"); !strings.Contains(out, client.IP.String()+":") {
-		t.Errorf("web's connections do not show the client %s:\n%s", client.IP, out)
-	}
+	// The server keeps a closed connection in TIME_WAIT, unless the
+	// client's reset ended it early: ask again until one is seen.
+	harness.Eventually(t, 10*time.Second, 200*time.Millisecond, "web's connections show the client "+client.IP.String(), func() error {
+		if _, err := httpGet(t, client, udpecho, "", tcpURL); err != nil {
+			return err
+		}
+		if out := a.MustDocker(t, "exec", "web", "netstat", "-tn"); !strings.Contains(out, client.IP.String()+":") {
+			return fmt.Errorf("not in web's connections:\n%s", out)
+		}
+		return nil
+	})
 
 	// -P with --expose: an ephemeral host port.
 	a.MustDocker(t, "run", "-d", "--name", "auto", "--net", mhNetwork, "-P", "--expose", "9090", portsImage, "sh", "-c", "echo hello > /tmp/index.html; exec httpd -f -p 9090 -h /tmp")
