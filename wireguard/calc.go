@@ -25,9 +25,6 @@ const (
 	// Overhead is what WireGuard adds to an IPv4 packet: outer IPv4 (20),
 	// UDP (8), WireGuard header (16) and authentication tag (16).
 	Overhead = 60
-	// VXLANOverhead is what VXLAN adds (routing.VXLANOverhead); a pool
-	// that may encapsulate leaves room for both.
-	VXLANOverhead = 50
 	// RulePriority is the ip rule that sends traffic to RouteTable before
 	// the main table is consulted (Calico's wireguardRoutingRulePriority).
 	RulePriority = 99
