@@ -82,6 +82,9 @@ type Options struct {
 	// a running container's). AssignIP, which reconcile uses to reclaim
 	// those addresses, is not gated.
 	AssignGate func(ctx context.Context) error
+	// Records, when set, is the daemon's datastore syncer, which
+	// WatchHostBlocks follows.
+	Records Records
 }
 
 // Config is the cluster-wide IPAM configuration (record ipam/config).
@@ -103,6 +106,9 @@ type Engine struct {
 	now   func() time.Time
 	grace time.Duration
 	gate  func(ctx context.Context) error
+	// records is the datastore syncer WatchHostBlocks follows (nil: a
+	// syncer of its own).
+	records Records
 
 	mu     sync.Mutex
 	hosts  map[string]*hostState
@@ -165,6 +171,7 @@ func New(store *datastore.Store, opts Options) *Engine {
 		now:     opts.Now,
 		grace:   opts.ReleaseGracePeriod,
 		gate:    opts.AssignGate,
+		records: opts.Records,
 		hosts:   map[string]*hostState{},
 		blocks:  map[netip.Prefix]cachedBlock{},
 		affine:  map[string][]netip.Prefix{},

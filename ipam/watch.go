@@ -9,10 +9,7 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/sirupsen/logrus"
-
 	"github.com/calico-cnm/calico-cnm/datastore"
-	"github.com/calico-cnm/calico-cnm/internal/retry"
 )
 
 // BlockEvent says that Host gained (Added) or lost a block. Routing adds or
@@ -68,24 +65,45 @@ func confirmedAffinity(key string, value []byte) (netip.Prefix, bool) {
 // blocks no more.
 var ErrHostBlocksEnded = errors.New("the stream of the host's blocks ended")
 
+// Records is the datastore syncer's view WatchHostBlocks follows.
+type Records interface {
+	Subscribe(ctx context.Context, name string, prefixes ...string) *datastore.Subscription
+}
+
 // WatchHostBlocks streams the host's blocks: first an Added event for every
 // block it owns now, then one event per change (only confirmed affinities
 // count as owned, so a claim in progress is reported once it is confirmed).
-// When the etcd watch breaks it re-lists and reports the difference, so no
-// change is lost. The channel is closed when ctx ends.
+// The changes come from the datastore syncer (Options.Records; without
+// one, a syncer of the affinities of its own), which handles broken
+// watches. The channel is closed when ctx ends.
 func (e *Engine) WatchHostBlocks(ctx context.Context, host string) <-chan BlockEvent {
 	out := make(chan BlockEvent, 16)
+	if err := validHost(host); err != nil {
+		e.log.WithError(err).Error("not watching blocks")
+		close(out)
+		return out
+	}
+	records := e.records
+	if records == nil {
+		s, err := datastore.NewSyncer(e.store, datastore.SyncerConfig{Kinds: Kinds(), Log: e.log})
+		if err != nil {
+			e.log.WithError(err).Error("not watching blocks")
+			close(out)
+			return out
+		}
+		go func() { _ = s.Run(ctx) }()
+		records = s
+	}
+	sub := records.Subscribe(ctx, "blocks of "+host, hostAffinityPrefix(host))
 	go func() {
 		defer close(out)
-		if err := validHost(host); err != nil {
-			e.log.WithError(err).Error("not watching blocks")
-			return
+		w := hostBlockWatch{host: host, out: out, known: map[netip.Prefix]bool{}}
+		for {
+			b, err := sub.Next(ctx)
+			if err != nil || !w.report(ctx, b) {
+				return
+			}
 		}
-		w := hostBlockWatch{
-			e: e, host: host, prefix: hostAffinityPrefix(host),
-			log: e.log.WithField("host", host), out: out, known: map[netip.Prefix]bool{},
-		}
-		w.run(ctx)
 	}()
 	return out
 }
@@ -93,36 +111,51 @@ func (e *Engine) WatchHostBlocks(ctx context.Context, host string) <-chan BlockE
 // hostBlockWatch is one WatchHostBlocks stream: known is what its consumer
 // has been told the host owns.
 type hostBlockWatch struct {
-	e      *Engine
-	host   string
-	prefix string
-	log    logrus.FieldLogger
-	out    chan<- BlockEvent
-	known  map[netip.Prefix]bool
+	host  string
+	out   chan<- BlockEvent
+	known map[netip.Prefix]bool
 }
 
-// run lists the host's blocks, reports the difference with known, and
-// follows the changes from there; when the watch breaks it lists again.
-// It returns when ctx ends.
-func (w *hostBlockWatch) run(ctx context.Context) {
-	backoff := retry.New(retry.Standard())
-	for ctx.Err() == nil {
-		kvs, rev, err := w.e.store.ListWithRevision(ctx, w.prefix)
-		if err != nil {
-			w.log.WithError(err).Warn("listing host blocks failed, retrying")
-			if !backoff.Wait(ctx) {
-				return
+// report sends what the batch changes in the host's blocks: removals
+// first, then additions, each lowest first; false when ctx ended.
+func (w *hostBlockWatch) report(ctx context.Context, b datastore.Batch) bool {
+	var gone, added []netip.Prefix
+	for _, c := range b.Changes {
+		var block netip.Prefix
+		owned := false
+		for _, r := range []*datastore.Synced{c.New, c.Old} {
+			if r == nil {
+				continue
 			}
+			if a, ok := r.Value.(*BlockAffinity); ok {
+				block = a.Block
+				owned = owned || (r == c.New && a.Confirmed)
+			}
+		}
+		if !block.IsValid() || owned == w.known[block] {
 			continue
 		}
-		backoff.Reset()
-		if !w.reportDifference(ctx, confirmedBlocks(kvs)) {
-			return
-		}
-		if !w.followChanges(ctx, rev) {
-			return
+		if owned {
+			added = append(added, block)
+		} else {
+			gone = append(gone, block)
 		}
 	}
+	slices.SortFunc(gone, comparePrefix)
+	slices.SortFunc(added, comparePrefix)
+	for _, p := range gone {
+		if !w.send(ctx, p, false) {
+			return false
+		}
+		delete(w.known, p)
+	}
+	for _, p := range added {
+		if !w.send(ctx, p, true) {
+			return false
+		}
+		w.known[p] = true
+	}
+	return true
 }
 
 // send tells the consumer that the host gained or lost p; false when ctx
@@ -134,69 +167,4 @@ func (w *hostBlockWatch) send(ctx context.Context, p netip.Prefix, added bool) b
 	case <-ctx.Done():
 		return false
 	}
-}
-
-// reportDifference sends what the consumer must learn for known to become
-// owned (sorted): removals first, lowest first, then additions; false when
-// ctx ended.
-func (w *hostBlockWatch) reportDifference(ctx context.Context, owned []netip.Prefix) bool {
-	current := map[netip.Prefix]bool{}
-	for _, p := range owned {
-		current[p] = true
-	}
-	var gone []netip.Prefix
-	for p := range w.known {
-		if !current[p] {
-			gone = append(gone, p)
-		}
-	}
-	slices.SortFunc(gone, comparePrefix)
-	for _, p := range gone {
-		if !w.send(ctx, p, false) {
-			return false
-		}
-		delete(w.known, p)
-	}
-	for _, p := range owned {
-		if !w.known[p] {
-			if !w.send(ctx, p, true) {
-				return false
-			}
-			w.known[p] = true
-		}
-	}
-	return true
-}
-
-// followChanges reports every change of ownership the etcd watch from rev
-// shows; true when the watch broke or ended (list again), false when ctx
-// ended while sending.
-func (w *hostBlockWatch) followChanges(ctx context.Context, rev int64) bool {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for ev := range w.e.store.Watch(wctx, w.prefix, rev) {
-		if ev.Err != nil {
-			w.log.WithError(ev.Err).Warn("watch on host blocks broke, re-listing")
-			break
-		}
-		_, p, ok := parseAffinityKey(ev.Key)
-		if !ok {
-			continue
-		}
-		owned := false
-		if ev.Type == datastore.EventPut {
-			_, owned = confirmedAffinity(ev.Key, ev.Value)
-		}
-		if owned != w.known[p] {
-			if !w.send(ctx, p, owned) {
-				return false
-			}
-			if owned {
-				w.known[p] = true
-			} else {
-				delete(w.known, p)
-			}
-		}
-	}
-	return true
 }

@@ -73,7 +73,8 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 		return err
 	}
 
-	// The services start in this order under one supervisor: the plugin
+	// The services start in this order under one supervisor: the datastore
+	// syncer (every other service follows the datastore through it), the plugin
 	// sockets, /metrics and /healthz, the datastore format follower, the
 	// heartbeat, the reconciler (once the sockets answer), the blackhole
 	// routes, the liveness lease, Docker's engine ID, VXLAN, WireGuard, BGP
@@ -83,6 +84,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	// afterwards by the defers, the last made first.
 	d.sup = newSupervisor(ctx, d.log)
 	d.health.Require("daemon services", d.sup.Health)
+	d.sup.Service("datastore syncer", d.syncer.Run)
 	socketPaths := d.serveSockets()
 	d.serveMetrics()
 	d.startLoops(socketPaths, alive, lease)
@@ -109,7 +111,10 @@ type daemon struct {
 	cfg   Config
 	log   logrus.FieldLogger
 	store *datastore.Store
-	ident *EngineIdentity
+	// syncer is the one reader that follows the datastore; every
+	// subsystem subscribes to it.
+	syncer *datastore.Syncer
+	ident  *EngineIdentity
 
 	engine *ipam.Engine
 	dp     *dataplane.Linux
@@ -147,13 +152,18 @@ func (d *daemon) openDatastore(ctx context.Context) error {
 		return fmt.Errorf("opening the datastore: %w", err)
 	}
 	d.store = store
+	kinds := append(datastore.Kinds(), ipam.Kinds()...)
+	if d.syncer, err = datastore.NewSyncer(store, datastore.SyncerConfig{Kinds: kinds, ResyncInterval: d.cfg.ResyncInterval, Log: d.log}); err != nil {
+		_ = store.Close()
+		return err
+	}
 	return nil
 }
 
 // openDataplane makes the address manager and opens the host's network
 // namespace; the caller closes d.dp.
 func (d *daemon) openDataplane() error {
-	d.engine = ipam.New(d.store, ipam.Options{ReleaseGracePeriod: d.cfg.ReleaseGracePeriod, Log: d.log,
+	d.engine = ipam.New(d.store, ipam.Options{ReleaseGracePeriod: d.cfg.ReleaseGracePeriod, Log: d.log, Records: d.syncer,
 		AssignGate: func(ctx context.Context) error { return d.store.AwaitRestoreHold(ctx, restoreHoldWait) }})
 	dp, err := dataplane.NewLinux("", d.log, dataplane.WithProcSys(d.cfg.ProcSys))
 	if err != nil {
@@ -274,7 +284,7 @@ func (d *daemon) startLoops(socketPaths []string, alive datastore.Alive, lease c
 	kick := make(chan struct{}, 1)
 	d.reconciler.Kick = kick
 	d.sup.Service("datastore format", func(ctx context.Context) error {
-		followFormat(ctx, d.store, d.cfg.ResyncInterval, kick, d.log)
+		followFormat(ctx, d.syncer, kick, d.log)
 		return ctx.Err()
 	})
 	d.sup.Service("heartbeat", func(ctx context.Context) error {

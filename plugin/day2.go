@@ -80,65 +80,44 @@ func retryUnavailable(ctx context.Context, d time.Duration, fn func(context.Cont
 	}
 }
 
-// followFormat kicks the reconciler whenever the format record changes (a
-// restore writes it last) and says loudly when a newer calico-cnm
-// upgraded the format under this daemon. It watches the record, re-watches
-// after a broken watch, and reads it again every resync (a watch on a wiped
-// and restored member waits for revisions it had seen before, which the new
-// member reaches late or never), until ctx is done.
-func followFormat(ctx context.Context, store *datastore.Store, resync time.Duration, kick chan<- struct{}, log logrus.FieldLogger) {
-	last := int64(-1) // revision of the format record last seen (0: none)
-	var readAt int64  // store revision of the last read
-	check := func() {
-		f, rev, storeRev, err := store.ReadFormatAt(ctx)
+// followFormat kicks the reconciler whenever the datastore format record
+// is rewritten after the first time it was seen (a restore ends by
+// rewriting it), until ctx is done. It follows the record through the
+// syncer, which re-lists after a broken watch, so a rewrite while no watch
+// ran is seen too.
+func followFormat(ctx context.Context, records *datastore.Syncer, kick chan<- struct{}, log logrus.FieldLogger) {
+	sub := records.Subscribe(ctx, "datastore format", datastore.FormatKey)
+	// The first batch is what the record held when the daemon started
+	// (the reconciler runs at start anyway).
+	for initial := true; ; initial = false {
+		b, err := sub.Next(ctx)
 		if err != nil {
-			if ctx.Err() == nil {
-				log.WithError(err).Debug("reading the datastore format record")
+			return
+		}
+		for _, c := range b.Changes {
+			f, ok := recordValue[datastore.Format](c.New)
+			if initial || c.Key != datastore.FormatKey || !ok {
+				continue // the prefix also matches format-*
 			}
-			return
-		}
-		readAt = storeRev
-		changed := last >= 0 && rev != last
-		last = rev
-		if !changed {
-			return
-		}
-		if err := datastore.CheckFormatVersion("the datastore", f); err != nil {
-			log.WithError(err).Error("a newer calico-cnm changed the datastore format under this daemon: upgrade this host")
-		}
-		log.WithField("cluster", f.ClusterID).Info("datastore format record rewritten (a restore?): reconciling")
-		select {
-		case kick <- struct{}{}:
-		default:
-		}
-	}
-	poll := time.NewTicker(resync)
-	defer poll.Stop()
-	for ctx.Err() == nil {
-		// Read before each watch, and watch from that read: a rewrite
-		// while no watch ran (the last one broke, e.g. because the store
-		// went back) is seen now, not at the next poll.
-		check()
-		watch := store.WatchFormat(ctx, readAt)
-		for watch != nil {
+			if err := datastore.CheckFormatVersion("the datastore", *f); err != nil {
+				log.WithError(err).Error("a newer calico-cnm changed the datastore format under this daemon: upgrade this host")
+			}
+			log.WithField("cluster", f.ClusterID).Info("datastore format record rewritten (a restore?): reconciling")
 			select {
-			case <-ctx.Done():
-				return
-			case _, ok := <-watch:
-				if !ok {
-					watch = nil
-					continue
-				}
-				check()
-			case <-poll.C:
-				check()
+			case kick <- struct{}{}:
+			default:
 			}
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
 	}
+}
+
+// recordValue is r's decoded value when it is a *T.
+func recordValue[T any](r *datastore.Synced) (*T, bool) {
+	if r == nil {
+		return nil, false
+	}
+	v, ok := r.Value.(*T)
+	return v, ok
 }
 
 // heartbeat publishes the node's heartbeat (version, routing summary)

@@ -13,8 +13,20 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
+	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/routing"
 )
+
+// runSyncer runs the daemon's datastore syncer over store until ctx ends.
+func runSyncer(t *testing.T, ctx context.Context, store *datastore.Store) *datastore.Syncer {
+	t.Helper()
+	s, err := datastore.NewSyncer(store, datastore.SyncerConfig{Kinds: append(datastore.Kinds(), ipam.Kinds()...), ResyncInterval: time.Hour, Log: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Run(ctx) }()
+	return s
+}
 
 func quietLogger() logrus.FieldLogger {
 	l := logrus.New()
@@ -38,7 +50,7 @@ func TestFollowFormatKicksOnRestore(t *testing.T) {
 	kick := make(chan struct{}, 1)
 	fctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { defer close(done); followFormat(fctx, store, time.Hour, kick, quietLogger()) }()
+	go func() { defer close(done); followFormat(fctx, runSyncer(t, fctx, store), kick, quietLogger()) }()
 	defer func() { stop(); <-done }()
 	// The follower reads the record once when it starts; a restore made
 	// before that read is its starting point, so restore until it kicks.
@@ -136,7 +148,7 @@ func TestFollowFormatSeesARestoreWhileItsWatchWasDown(t *testing.T) {
 	kick := make(chan struct{}, 1)
 	fctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { defer close(done); followFormat(fctx, daemon, time.Hour, kick, quietLogger()) }()
+	go func() { defer close(done); followFormat(fctx, runSyncer(t, fctx, daemon), kick, quietLogger()) }()
 	defer func() { stop(); <-done }()
 
 	m.Wipe(t)
