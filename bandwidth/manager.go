@@ -2,10 +2,10 @@ package bandwidth
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"path"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,10 +43,12 @@ type Stat struct {
 // and Run (datastore changes: a network's defaults, labels learnt after
 // Join) repair and update the rest. All kernel changes are serialised.
 type Manager struct {
-	store  *datastore.Store
-	node   string
-	shaper *Shaper
-	log    logrus.FieldLogger
+	// records is the datastore syncer's view: the endpoint and network
+	// records Sync reads and Run follows.
+	records datastore.Records
+	node    string
+	shaper  *Shaper
+	log     logrus.FieldLogger
 	// engineID gives this host's Docker engine ID ("" unknown): records
 	// another engine under the same node name wrote are left alone.
 	engineID func() string
@@ -81,14 +83,14 @@ type touch struct {
 }
 
 // NewManager shapes node's endpoints of store through shaper.
-func NewManager(store *datastore.Store, node string, shaper *Shaper, engineID func() string, log logrus.FieldLogger) *Manager {
+func NewManager(records datastore.Records, node string, shaper *Shaper, engineID func() string, log logrus.FieldLogger) *Manager {
 	if log == nil {
 		log = logrus.StandardLogger()
 	}
 	if engineID == nil {
 		engineID = func() string { return "" }
 	}
-	return &Manager{store: store, node: node, shaper: shaper, engineID: engineID, log: log.WithField("component", "bandwidth"), shaped: map[string]Stat{}, touched: map[string]touch{}, applied: map[string]appliedLimits{}}
+	return &Manager{records: records, node: node, shaper: shaper, engineID: engineID, log: log.WithField("component", "bandwidth"), shaped: map[string]Stat{}, touched: map[string]touch{}, applied: map[string]appliedLimits{}}
 }
 
 func (m *Manager) note(endpointID, hostIfName string, l Limits) {
@@ -137,30 +139,18 @@ type Desired struct {
 // of this engine's endpoint records, joined or not: the only veths whose
 // qdiscs Sweep may remove.
 func (m *Manager) desired(ctx context.Context) (want []Desired, keep, owned map[string]bool, netOpts map[string]map[string]string, err error) {
-	kvs, err := m.store.List(ctx, datastore.EndpointKey(m.node, ""))
-	if err != nil {
-		return nil, nil, nil, nil, fmt.Errorf("reading the endpoints of %s: %w", m.node, err)
-	}
-	nkvs, err := m.store.List(ctx, datastore.NetworksPrefix)
-	if err != nil {
-		return nil, nil, nil, nil, fmt.Errorf("reading the networks: %w", err)
-	}
+	epRecs, _ := m.records.List(datastore.EndpointKey(m.node, ""))
+	netRecs, _ := m.records.List(datastore.NetworksPrefix)
 	nets := map[string]*datastore.Network{}
 	netOpts = map[string]map[string]string{}
-	for _, kv := range nkvs {
-		var n datastore.Network
-		if json.Unmarshal(kv.Value, &n) == nil {
-			nets[n.ID] = &n
-			netOpts[n.ID] = n.Options
-		}
+	for _, n := range datastore.Values[datastore.Network](netRecs) {
+		nets[n.ID] = n
+		netOpts[n.ID] = n.Options
 	}
 	engine := m.engineID()
 	keep, owned = map[string]bool{}, map[string]bool{}
-	for _, kv := range kvs {
-		var ep datastore.Endpoint
-		if json.Unmarshal(kv.Value, &ep) != nil {
-			continue
-		}
+	for _, w := range datastore.Values[datastore.WorkloadEndpoint](epRecs) {
+		ep := w.Endpoint
 		if ep.OfOtherEngine(engine) {
 			keep[ep.HostIfName], keep[IfbName(ep.ID)] = true, true
 			continue
@@ -290,13 +280,10 @@ func (m *Manager) Stats(ctx context.Context) ([]Stat, error) {
 	return out, nil
 }
 
-// Timing of Run.
+// changeDebounce gathers a burst of record changes into one pass.
 const (
-	// changeDebounce gathers a burst of record changes into one pass.
 	changeDebounce = 200 * time.Millisecond
-	// rewatchDelay spaces the watches of an unreachable datastore.
-	rewatchDelay = 2 * time.Second
-	syncTimeout  = time.Minute
+	syncTimeout    = time.Minute
 )
 
 // Run syncs shortly after each change of a network record or of this
@@ -304,30 +291,17 @@ const (
 // after Join), until ctx ends. The periodic repair is the reconcile pass's
 // (Sync).
 func (m *Manager) Run(ctx context.Context) {
-	for ctx.Err() == nil {
-		nets := m.store.Watch(ctx, datastore.NetworksPrefix, 0)
-		eps := m.store.Watch(ctx, datastore.EndpointKey(m.node, ""), 0)
-		m.follow(ctx, nets, eps)
-		select {
-		case <-ctx.Done():
-		case <-time.After(rewatchDelay):
-		}
-	}
-}
-
-// follow syncs after changes until a watch breaks.
-func (m *Manager) follow(ctx context.Context, nets, eps <-chan datastore.Event) {
+	sub := m.records.Subscribe(ctx, "bandwidth", datastore.NetworksPrefix, datastore.EndpointKey(m.node, ""))
 	var debounce <-chan time.Time
 	for {
-		var ev datastore.Event
-		var ok bool
 		select {
 		case <-ctx.Done():
 			return
-		case ev, ok = <-nets:
-		case ev, ok = <-eps:
-			if ok && ev.Err == nil && !m.affects(ev) {
-				continue
+		case <-sub.Ready():
+			for _, c := range sub.Take().Changes {
+				if debounce == nil && m.affects(c) {
+					debounce = time.After(changeDebounce)
+				}
 			}
 		case <-debounce:
 			debounce = nil
@@ -336,34 +310,32 @@ func (m *Manager) follow(ctx context.Context, nets, eps <-chan datastore.Event) 
 				m.log.WithError(err).Warn("updating bandwidth limits")
 			}
 			cancel()
-			continue
-		}
-		if !ok || ev.Err != nil {
-			return
-		}
-		if debounce == nil {
-			debounce = time.After(changeDebounce)
 		}
 	}
 }
 
-// affects tells whether a change of an endpoint record may change the
-// kernel's shaping: not when it resolves to the limits already applied to
-// that veth (a Join's own write, its shaping done by the Join; a Leave's),
-// nor for a record of another engine. In doubt (a network no Sync has read
-// yet, labels unknown, a bad value) it does, and a Sync decides.
-func (m *Manager) affects(ev datastore.Event) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	have, shaped := m.applied[path.Base(ev.Key)]
-	shaped = shaped && !have.limits.None()
-	if ev.Type == datastore.EventDelete {
-		return shaped
-	}
-	var ep datastore.Endpoint
-	if json.Unmarshal(ev.Value, &ep) != nil {
+// affects tells whether a change of a record may change the kernel's
+// shaping: any network change does; an endpoint change not when it
+// resolves to the limits already applied to that veth (a Join's own
+// write, its shaping done by the Join; a Leave's), nor for a record of
+// another engine. In doubt (a network no Sync has read yet, labels
+// unknown, a bad value) it does, and a Sync decides.
+func (m *Manager) affects(c datastore.Change) bool {
+	if strings.HasPrefix(c.Key, datastore.NetworksPrefix) {
 		return true
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	have, shaped := m.applied[path.Base(c.Key)]
+	shaped = shaped && !have.limits.None()
+	if c.Deleted() {
+		return shaped
+	}
+	w, ok := c.New.Value.(*datastore.WorkloadEndpoint)
+	if !ok {
+		return true
+	}
+	ep := w.Endpoint
 	if ep.OfOtherEngine(m.engineID()) {
 		return false
 	}

@@ -42,7 +42,7 @@ func TestManagerSync(t *testing.T) {
 	m := etcdtest.Start(t)
 	ctx := context.Background()
 	k := newFakeKernel()
-	mgr := NewManager(m.Store, testNode, NewShaper(k), func() string { return "engine-a" }, quiet())
+	mgr := NewManager(etcdtest.Records(t, m.Store), testNode, NewShaper(k), func() string { return "engine-a" }, quiet())
 
 	nw := datastore.Network{ID: "net1", Options: map[string]string{NetworkOptionPrefix + Ingress: "100mbit", NetworkOptionPrefix + Egress: "40mbit"}}
 	put(t, m.Store, datastore.NetworkKey(nw.ID), nw)
@@ -166,7 +166,7 @@ func TestManagerFollowsRecords(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	k := newFakeKernel()
-	mgr := NewManager(m.Store, testNode, NewShaper(k), func() string { return "engine-a" }, quiet())
+	mgr := NewManager(etcdtest.Records(t, m.Store), testNode, NewShaper(k), func() string { return "engine-a" }, quiet())
 	nw := datastore.Network{ID: "net1"}
 	put(t, m.Store, datastore.NetworkKey(nw.ID), nw)
 	ep := datastore.Endpoint{ID: endpointID(1), Network: nw.ID, Node: testNode, Joined: true, HostIfName: "cali" + endpointID(1)[:11]}
@@ -202,7 +202,7 @@ func TestManagerAffects(t *testing.T) {
 	m := etcdtest.Start(t)
 	ctx := context.Background()
 	k := newFakeKernel()
-	mgr := NewManager(m.Store, testNode, NewShaper(k), func() string { return "engine-a" }, quiet())
+	mgr := NewManager(etcdtest.Records(t, m.Store), testNode, NewShaper(k), func() string { return "engine-a" }, quiet())
 	nw := datastore.Network{ID: "net1", Options: map[string]string{NetworkOptionPrefix + Egress: "40mbit"}}
 	put(t, m.Store, datastore.NetworkKey(nw.ID), nw)
 	if _, err := mgr.Sync(ctx); err != nil { // reads the network
@@ -214,21 +214,25 @@ func TestManagerAffects(t *testing.T) {
 	if err := mgr.Apply(ctx, id, host, Limits{EgressRate: 40e6}); err != nil { // Join
 		t.Fatal(err)
 	}
-	ev := func(id string, ep *datastore.Endpoint) datastore.Event {
+	ev := func(id string, ep *datastore.Endpoint) datastore.Change {
 		key := datastore.EndpointKey(testNode, id)
 		if ep == nil {
-			return datastore.Event{Type: datastore.EventDelete, Key: key}
+			return datastore.Change{Key: key}
 		}
 		ep.ID, ep.HostIfName = id, "cali"+id[:11]
 		if ep.Network == "" {
 			ep.Network = nw.ID
 		}
 		v, _ := json.Marshal(ep)
-		return datastore.Event{Type: datastore.EventPut, Key: key, Value: v}
+		w, err := datastore.ParseEndpoint(key, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return datastore.Change{Key: key, New: &datastore.Synced{Key: key, Raw: v, Value: w}}
 	}
 	tests := []struct {
 		name string
-		ev   datastore.Event
+		ev   datastore.Change
 		want bool
 	}{
 		{"the Join's own write", ev(id, &datastore.Endpoint{Joined: true}), false},
@@ -253,9 +257,9 @@ func TestManagerAffects(t *testing.T) {
 	if err := mgr.Remove(ctx, id, host); err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range []datastore.Event{ev(id, &datastore.Endpoint{}), ev(id, nil)} {
+	for _, e := range []datastore.Change{ev(id, &datastore.Endpoint{}), ev(id, nil)} {
 		if mgr.affects(e) {
-			t.Errorf("a write after the Leave (%v) needs a Sync", e.Type)
+			t.Errorf("a write after the Leave (deleted: %v) needs a Sync", e.Deleted())
 		}
 	}
 }

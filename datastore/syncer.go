@@ -505,3 +505,12 @@ func (sub *Subscription) Next(ctx context.Context) (Batch, error) {
 		return Batch{}, ctx.Err()
 	}
 }
+
+// Records is what the syncer offers its consumers (*Syncer has it): each
+// package takes this rather than the syncer, so tests may pass their own.
+type Records interface {
+	Subscribe(ctx context.Context, name string, prefixes ...string) *Subscription
+	List(prefix string) ([]*Synced, int64)
+	Get(key string) (*Synced, bool)
+	WaitRevision(ctx context.Context, rev int64) error
+}

@@ -84,7 +84,7 @@ type Options struct {
 	AssignGate func(ctx context.Context) error
 	// Records, when set, is the daemon's datastore syncer, which
 	// WatchHostBlocks follows.
-	Records Records
+	Records datastore.Records
 }
 
 // Config is the cluster-wide IPAM configuration (record ipam/config).
@@ -108,7 +108,7 @@ type Engine struct {
 	gate  func(ctx context.Context) error
 	// records is the datastore syncer WatchHostBlocks follows (nil: a
 	// syncer of its own).
-	records Records
+	records datastore.Records
 
 	mu     sync.Mutex
 	hosts  map[string]*hostState

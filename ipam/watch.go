@@ -65,11 +65,6 @@ func confirmedAffinity(key string, value []byte) (netip.Prefix, bool) {
 // blocks no more.
 var ErrHostBlocksEnded = errors.New("the stream of the host's blocks ended")
 
-// Records is the datastore syncer's view WatchHostBlocks follows.
-type Records interface {
-	Subscribe(ctx context.Context, name string, prefixes ...string) *datastore.Subscription
-}
-
 // WatchHostBlocks streams the host's blocks: first an Added event for every
 // block it owns now, then one event per change (only confirmed affinities
 // count as owned, so a claim in progress is reported once it is confirmed).

@@ -21,7 +21,7 @@ const bandwidthNetlinkTimeout = 10 * time.Second
 // newBandwidth makes the shaper of this host's endpoints (package
 // bandwidth) over its own netlink socket in the host namespace; close
 // releases the socket (the shaping stays in the kernel).
-func newBandwidth(cfg Config, store *datastore.Store, engineID func() string, log logrus.FieldLogger) (m *bandwidth.Manager, close func(), err error) {
+func newBandwidth(cfg Config, records datastore.Records, engineID func() string, log logrus.FieldLogger) (m *bandwidth.Manager, close func(), err error) {
 	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, nil, fmt.Errorf("bandwidth limits: opening netlink: %w", err)
@@ -30,7 +30,7 @@ func newBandwidth(cfg Config, store *datastore.Store, engineID func() string, lo
 		h.Close()
 		return nil, nil, fmt.Errorf("bandwidth limits: setting the netlink timeout: %w", err)
 	}
-	return bandwidth.NewManager(store, cfg.NodeName, bandwidth.NewShaper(h), engineID, log), h.Close, nil
+	return bandwidth.NewManager(records, cfg.NodeName, bandwidth.NewShaper(h), engineID, log), h.Close, nil
 }
 
 // startBandwidth follows the datastore (network defaults changed, labels

@@ -197,7 +197,7 @@ func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
 		return nil, err
 	}
 	var closeBandwidth func()
-	if d.bw, closeBandwidth, err = newBandwidth(d.cfg, d.store, d.ident.ID, d.log); err != nil {
+	if d.bw, closeBandwidth, err = newBandwidth(d.cfg, d.syncer, d.ident.ID, d.log); err != nil {
 		d.portsNFT.Close()
 		closePolicy()
 		return nil, err
