@@ -14,6 +14,7 @@ import (
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
 	"github.com/calico-cnm/calico-cnm/routing"
+	"github.com/calico-cnm/calico-cnm/vxlan"
 )
 
 func quietLogger() logrus.FieldLogger {
@@ -89,7 +90,7 @@ func TestSummarizeRouting(t *testing.T) {
 		},
 		{
 			name: "VXLAN without BGP: nodes without a route are named",
-			st: routing.Status{BGPOff: true, VXLAN: &routing.VXLANStatus{Device: routing.VXLANDevice, Nodes: []routing.VXLANNodeStatus{
+			st: routing.Status{BGPOff: true, VXLAN: &routing.VXLANStatus{Device: vxlan.Device, Nodes: []routing.VXLANNodeStatus{
 				{Name: "b", Routes: routing.RouteVXLAN}, {Name: "c", Routes: routing.RouteNone}}}},
 			want: datastore.RoutingSummary{VXLAN: true, Unreached: []string{"c"}},
 		},
