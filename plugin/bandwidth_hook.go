@@ -12,6 +12,7 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/bandwidth"
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/dockerapi"
 )
 
 // bandwidthNetlinkTimeout bounds each netlink request of the shaper: a
@@ -35,34 +36,12 @@ func newBandwidth(cfg Config, records datastore.Records, engineID func() string,
 
 // startBandwidth follows the datastore (network defaults changed, labels
 // learnt after Join) under sup. The reconcile pass does the periodic
-// repair (Reconciler.Shaping).
+// repair (reconcile.Reconciler.Shaping).
 func startBandwidth(sup *supervisor, m *bandwidth.Manager) {
 	sup.Service("bandwidth limits", func(ctx context.Context) error {
 		m.Run(ctx)
 		return ctx.Err()
 	})
-}
-
-// ShapingSyncer is the reconcile pass's hook into bandwidth shaping
-// (*bandwidth.Manager): it rebuilds the limits of the joined endpoints
-// from their records and removes what no endpoint needs.
-type ShapingSyncer interface {
-	Sync(ctx context.Context) (fixes int, err error)
-}
-
-// syncShaping runs the shaping part of a reconcile pass.
-func (r *Reconciler) syncShaping(ctx context.Context, fixes map[string]int) error {
-	if r.Shaping == nil {
-		return nil
-	}
-	n, err := r.Shaping.Sync(ctx)
-	if n > 0 {
-		fixes[FixShapingRepaired] += n
-	}
-	if err != nil {
-		return fmt.Errorf("bandwidth shaping: %w", err)
-	}
-	return nil
 }
 
 // bandwidthStats is what the shaping metrics are read from
@@ -103,7 +82,7 @@ func (c *bandwidthCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for _, s := range stats {
-		ep := shortID(s.EndpointID)
+		ep := dockerapi.ShortID(s.EndpointID)
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(s.Bytes), ep, s.Direction)
 		ch <- prometheus.MustNewConstMetric(c.drops, prometheus.CounterValue, float64(s.Drops), ep, s.Direction)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/policy"
+	"github.com/calico-cnm/calico-cnm/reconcile"
 	"github.com/calico-cnm/calico-cnm/routing"
 )
 
@@ -53,7 +54,7 @@ type Config struct {
 	// exist ("" = $DOCKER_HOST, else unix:///var/run/docker.sock).
 	DockerHost string
 	// ReconcileGrace is how long an endpoint record or address must look
-	// stale before reconcile removes it (0 = DefaultReconcileGrace).
+	// stale before reconcile removes it (0 = reconcile.DefaultGrace).
 	ReconcileGrace time.Duration
 
 	BGP routing.Config
@@ -96,7 +97,7 @@ func DefaultConfig(getenv func(string) string) Config {
 		ResyncInterval:     DefaultResyncInterval,
 		MetricsListen:      getenv(EnvMetricsListen),
 		DockerHost:         getenv(EnvDockerHost),
-		ReconcileGrace:     DefaultReconcileGrace,
+		ReconcileGrace:     reconcile.DefaultGrace,
 		Datastore: datastore.Config{
 			Endpoints:  SplitEndpoints(getenv(EnvEtcdEndpoints)),
 			CACertFile: getenv(EnvEtcdCA),

@@ -17,8 +17,10 @@ import (
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/driver"
+	"github.com/calico-cnm/calico-cnm/internal/dockerapi"
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/ports"
+	"github.com/calico-cnm/calico-cnm/reconcile"
 )
 
 // Run is `calico-cnm serve`: it opens the datastore, serves both plugin APIs
@@ -48,7 +50,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	// name (a cloned host) would remove this host's endpoints and free its
 	// addresses, and we its.
 	var err error
-	if d.ident, err = NewEngineIdentity(cfg.DockerHost); err != nil {
+	if d.ident, err = dockerapi.NewEngineIdentity(cfg.DockerHost); err != nil {
 		return err
 	}
 	alive, lease, err := claimNodeName(ctx, cfg, d.store, d.ident, d.log)
@@ -114,7 +116,7 @@ type daemon struct {
 	// syncer is the one reader that follows the datastore; every
 	// subsystem subscribes to it.
 	syncer *datastore.Syncer
-	ident  *EngineIdentity
+	ident  *dockerapi.EngineIdentity
 
 	engine *ipam.Engine
 	dp     *dataplane.Linux
@@ -132,7 +134,7 @@ type daemon struct {
 	srv             *Server
 	metrics         *Metrics
 	health          *Health
-	reconciler      *Reconciler
+	reconciler      *reconcile.Reconciler
 	metricsListener net.Listener // nil: no /metrics
 
 	// sup runs every service of the daemon (see Run for the order).
@@ -334,7 +336,7 @@ func (d *daemon) serveUntilDone(ctx context.Context) error {
 // holds its name (ClaimAlive logs who). The Docker engine ID, when Docker
 // answers at once, names this host in that message; the wait for it is
 // short, as a dockerd starting its managed plugins may not answer yet.
-func claimNodeName(ctx context.Context, cfg Config, store *datastore.Store, ident *EngineIdentity, log logrus.FieldLogger) (datastore.Alive, clientv3.LeaseID, error) {
+func claimNodeName(ctx context.Context, cfg Config, store *datastore.Store, ident *dockerapi.EngineIdentity, log logrus.FieldLogger) (datastore.Alive, clientv3.LeaseID, error) {
 	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	engineID, err := ident.Lookup(lctx)
 	cancel()

@@ -15,6 +15,7 @@ import (
 	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/routing"
+	"github.com/calico-cnm/calico-cnm/vxlan"
 )
 
 // runSyncer runs the daemon's datastore syncer over store until ctx ends.
@@ -101,7 +102,7 @@ func TestSummarizeRouting(t *testing.T) {
 		},
 		{
 			name: "VXLAN without BGP: nodes without a route are named",
-			st: routing.Status{BGPOff: true, VXLAN: &routing.VXLANStatus{Device: routing.VXLANDevice, Nodes: []routing.VXLANNodeStatus{
+			st: routing.Status{BGPOff: true, VXLAN: &routing.VXLANStatus{Device: vxlan.Device, Nodes: []routing.VXLANNodeStatus{
 				{Name: "b", Routes: routing.RouteVXLAN}, {Name: "c", Routes: routing.RouteNone}}}},
 			want: datastore.RoutingSummary{VXLAN: true, Unreached: []string{"c"}},
 		},

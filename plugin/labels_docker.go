@@ -19,6 +19,7 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/driver"
+	"github.com/calico-cnm/calico-cnm/internal/dockerapi"
 	"github.com/calico-cnm/calico-cnm/internal/retry"
 	"github.com/calico-cnm/calico-cnm/policy"
 )
@@ -139,7 +140,7 @@ func (d *dockerLabels) EndpointLabels(ctx context.Context, req driver.LabelReque
 // joinLabels are the container's labels of a joining endpoint.
 func (d *dockerLabels) joinLabels(ctx context.Context, req driver.LabelRequest) (map[string]string, error) {
 	name := d.networkName(ctx, req.NetworkID)
-	log := d.log.WithFields(logrus.Fields{"network": shortID(req.NetworkID), "endpoint": shortID(req.EndpointID)})
+	log := d.log.WithFields(logrus.Fields{"network": dockerapi.ShortID(req.NetworkID), "endpoint": dockerapi.ShortID(req.EndpointID)})
 	c, err := d.identify(ctx, req.NetworkID, req.EndpointID)
 	if err == nil {
 		log.WithField("container", c.Name).Debug("the network's endpoint list names the joining container")
@@ -160,7 +161,7 @@ func (d *dockerLabels) joinLabels(ctx context.Context, req driver.LabelRequest) 
 		log.WithError(err).WithField("candidates", len(cands)).Info("joining container not named by Docker: its labels are those of every candidate (its name comes with the connect event)")
 		return l, nil
 	}
-	return nil, fmt.Errorf("%w: %d candidates on network %s: %w", ErrLabelsUnknown, len(cands), shortID(req.NetworkID), err)
+	return nil, fmt.Errorf("%w: %d candidates on network %s: %w", ErrLabelsUnknown, len(cands), dockerapi.ShortID(req.NetworkID), err)
 }
 
 // Relearn learns the labels of a joined endpoint that has none (its
@@ -170,7 +171,7 @@ func (d *dockerLabels) joinLabels(ctx context.Context, req driver.LabelRequest) 
 func (d *dockerLabels) Relearn(ctx context.Context, endpointID, networkID string) {
 	d.setPending(endpointID, networkID)
 	if err := d.verify(ctx, endpointID, networkID); err != nil {
-		d.log.WithError(err).WithFields(logrus.Fields{"endpoint": shortID(endpointID), "network": shortID(networkID)}).
+		d.log.WithError(err).WithFields(logrus.Fields{"endpoint": dockerapi.ShortID(endpointID), "network": dockerapi.ShortID(networkID)}).
 			Info("the container of a rebuilt endpoint is not named by Docker yet: its labels come with the next event or retry")
 	}
 }
@@ -178,7 +179,7 @@ func (d *dockerLabels) Relearn(ctx context.Context, endpointID, networkID string
 // verify learns a pending endpoint's labels from the container Docker
 // names for it now; an endpoint the network no longer lists is dropped.
 func (d *dockerLabels) verify(ctx context.Context, endpointID, networkID string) error {
-	ctx, cancel := context.WithTimeout(ctx, dockerCallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, dockerapi.CallTimeout)
 	defer cancel()
 	c, err := d.identify(ctx, networkID, endpointID)
 	if errors.Is(err, errNotListed) {
@@ -199,7 +200,7 @@ func (d *dockerLabels) verify(ctx context.Context, endpointID, networkID string)
 func (d *dockerLabels) identify(ctx context.Context, networkID, endpointID string) (knownContainer, error) {
 	nw, err := d.cli.NetworkInspect(ctx, networkID, network.InspectOptions{})
 	if err != nil {
-		return knownContainer{}, fmt.Errorf("inspecting network %s: %w", shortID(networkID), err)
+		return knownContainer{}, fmt.Errorf("inspecting network %s: %w", dockerapi.ShortID(networkID), err)
 	}
 	id, name := "", ""
 	for key, r := range nw.Containers {
@@ -216,7 +217,7 @@ func (d *dockerLabels) identify(ctx context.Context, networkID, endpointID strin
 	case name != "":
 		return d.containerNamed(ctx, name)
 	}
-	return knownContainer{}, fmt.Errorf("network %s, endpoint %s: %w", shortID(networkID), shortID(endpointID), errNotListed)
+	return knownContainer{}, fmt.Errorf("network %s, endpoint %s: %w", dockerapi.ShortID(networkID), dockerapi.ShortID(endpointID), errNotListed)
 }
 
 // container is the container id: from the view, else Docker's listing.
@@ -233,7 +234,7 @@ func (d *dockerLabels) container(ctx context.Context, id string) (knownContainer
 			return fromSummary(s), nil
 		}
 	}
-	return knownContainer{}, fmt.Errorf("no container %s", shortID(id))
+	return knownContainer{}, fmt.Errorf("no container %s", dockerapi.ShortID(id))
 }
 
 // containerNamed is the container Docker names name now (its name
@@ -255,7 +256,7 @@ func (d *dockerLabels) containerNamed(ctx context.Context, name string) (knownCo
 
 // list is Docker's listing of the containers a filter matches.
 func (d *dockerLabels) list(ctx context.Context, filter, value string) ([]container.Summary, error) {
-	ctx, cancel := context.WithTimeout(ctx, dockerCallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, dockerapi.CallTimeout)
 	defer cancel()
 	list, err := d.cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg(filter, value))})
 	if err != nil {
@@ -404,7 +405,7 @@ func (d *dockerLabels) retryPending(ctx context.Context) {
 			}
 			for ep, p := range d.pendingNow() {
 				if err := d.verify(ctx, ep, p.network); err != nil && ctx.Err() == nil {
-					d.log.WithError(err).WithFields(logrus.Fields{"endpoint": shortID(ep), "network": shortID(p.network)}).Debug("a pending endpoint stays pending")
+					d.log.WithError(err).WithFields(logrus.Fields{"endpoint": dockerapi.ShortID(ep), "network": dockerapi.ShortID(p.network)}).Debug("a pending endpoint stays pending")
 				}
 			}
 		}
@@ -424,7 +425,7 @@ func (d *dockerLabels) follow(ctx context.Context) (healthy bool, err error) {
 	defer d.setCurrent(false)
 	since := opened.Add(-time.Second)
 	msgs, errs := d.cli.Events(ctx, events.ListOptions{Since: fmt.Sprintf("%d.%09d", since.Unix(), since.Nanosecond()), Filters: learnerEvents()})
-	lctx, lcancel := context.WithTimeout(ctx, dockerCallTimeout)
+	lctx, lcancel := context.WithTimeout(ctx, dockerapi.CallTimeout)
 	list, err := d.cli.ContainerList(lctx, container.ListOptions{All: true})
 	lcancel()
 	if err != nil {
@@ -504,7 +505,7 @@ func (d *dockerLabels) describe(ctx context.Context, id string, mayAdd bool) {
 	d.spawn(ctx, func(ctx context.Context) {
 		list, err := d.list(ctx, "id", id)
 		if err != nil {
-			d.log.WithError(err).WithField("container", shortID(id)).Debug("listing a container")
+			d.log.WithError(err).WithField("container", dockerapi.ShortID(id)).Debug("listing a container")
 		}
 		var got *knownContainer
 		for _, s := range list {
@@ -525,7 +526,7 @@ func (d *dockerLabels) renamed(ctx context.Context, id string) {
 		err = d.learnListed(ctx, list, func(string) bool { return true })
 	}
 	if err != nil && ctx.Err() == nil {
-		d.log.WithError(err).WithField("container", shortID(id)).Info("relabelling the endpoints of a renamed container")
+		d.log.WithError(err).WithField("container", dockerapi.ShortID(id)).Info("relabelling the endpoints of a renamed container")
 	}
 }
 
@@ -537,11 +538,11 @@ func (d *dockerLabels) connected(ctx context.Context, networkID, networkName, co
 	if len(pend) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, dockerCallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, dockerapi.CallTimeout)
 	defer cancel()
 	nw, err := d.cli.NetworkInspect(ctx, networkID, network.InspectOptions{})
 	if err != nil {
-		d.log.WithError(err).WithField("network", shortID(networkID)).Info("inspecting the network of a connect event")
+		d.log.WithError(err).WithField("network", dockerapi.ShortID(networkID)).Info("inspecting the network of a connect event")
 		return
 	}
 	d.dropUnlisted(pend, nw)
@@ -554,7 +555,7 @@ func (d *dockerLabels) connected(ctx context.Context, networkID, networkName, co
 		err = d.learn(ctx, r.EndpointID, c.labelsOn(networkName))
 	}
 	if err != nil && ctx.Err() == nil {
-		d.log.WithError(err).WithField("endpoint", shortID(r.EndpointID)).Info("learning the labels of a connected endpoint: retried")
+		d.log.WithError(err).WithField("endpoint", dockerapi.ShortID(r.EndpointID)).Info("learning the labels of a connected endpoint: retried")
 	}
 }
 
@@ -576,7 +577,7 @@ func (d *dockerLabels) dropUnlisted(pend map[string]bool, nw network.Inspect) {
 // known at Join (by this run, or before a restart) those of the container
 // the listing shows holding them.
 func (d *dockerLabels) learnFromListing(ctx context.Context, list []container.Summary) error {
-	ctx, cancel := context.WithTimeout(ctx, dockerCallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, dockerapi.CallTimeout)
 	defer cancel()
 	kvs, err := d.store.List(ctx, datastore.EndpointsPrefix+d.node+"/")
 	if err != nil {
@@ -642,11 +643,11 @@ func (d *dockerLabels) learn(ctx context.Context, endpointID string, labels map[
 		d.forgetIfStale(endpointID)
 		return err
 	case err != nil:
-		return fmt.Errorf("recording the labels of endpoint %s: %w", shortID(endpointID), err)
+		return fmt.Errorf("recording the labels of endpoint %s: %w", dockerapi.ShortID(endpointID), err)
 	}
 	d.forget(endpointID)
 	if changed {
-		d.log.WithFields(logrus.Fields{"endpoint": shortID(endpointID), "labels": labels}).Info("learnt the labels of an endpoint joined without them (or with a guess)")
+		d.log.WithFields(logrus.Fields{"endpoint": dockerapi.ShortID(endpointID), "labels": labels}).Info("learnt the labels of an endpoint joined without them (or with a guess)")
 	}
 	return nil
 }

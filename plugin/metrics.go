@@ -18,6 +18,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/reconcile"
 )
 
 // Metric names, as the README documents them.
@@ -37,27 +38,6 @@ const (
 	ipamUsageCacheDuration = 10 * time.Second
 	ipamUsageTimeout       = 5 * time.Second
 	healthPingTimeout      = 3 * time.Second
-)
-
-// Reconcile fix kinds (the "kind" label of MetricReconcileFixes).
-const (
-	FixEndpointRemoved  = "endpoint_removed"
-	FixAddressReleased  = "address_released"
-	FixOrphanReleased   = "orphan_released"
-	FixRouteRestored    = "route_restored"
-	FixInterfaceRemoved = "interface_removed"
-	FixAddressReclaimed = "address_reclaimed"
-	FixEndpointRebuilt  = "endpoint_rebuilt"
-	// FixShapingRepaired counts endpoints whose bandwidth shaping was
-	// rebuilt or updated and leftover shaping removed.
-	FixShapingRepaired = "shaping_repaired"
-)
-
-// Reconcile pass results (the "result" label of MetricReconcileRuns).
-const (
-	ReconcileOK       = "ok"
-	ReconcileNoDocker = "docker_unavailable"
-	ReconcileFailed   = "error"
 )
 
 // RoutingMetrics are the gauges the BGP speaker keeps current. They are
@@ -117,10 +97,10 @@ func NewMetrics(stats IPAMStats, log logrus.FieldLogger) *Metrics {
 			Name: MetricReconcileRuns, Help: "Reconcile passes, by result.",
 		}, []string{"result"}),
 	}
-	for _, k := range []string{FixEndpointRemoved, FixAddressReleased, FixOrphanReleased, FixRouteRestored, FixInterfaceRemoved, FixAddressReclaimed, FixEndpointRebuilt, FixShapingRepaired} {
+	for _, k := range reconcile.FixKinds() {
 		m.reconcileFixes.WithLabelValues(k)
 	}
-	for _, r := range []string{ReconcileOK, ReconcileNoDocker, ReconcileFailed} {
+	for _, r := range reconcile.Results() {
 		m.reconcileRuns.WithLabelValues(r)
 	}
 	m.Registry.MustRegister(

@@ -11,6 +11,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/dockerapi"
 	"github.com/calico-cnm/calico-cnm/policy"
 )
 
@@ -100,7 +101,7 @@ type dockerNames struct {
 }
 
 func newDockerNames(host string) (*dockerNames, error) {
-	cli, err := newDockerClient(host)
+	cli, err := dockerapi.NewClient(host)
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +115,7 @@ func (d *dockerNames) NetworkName(ctx context.Context, id string) (string, bool,
 		return "", false, nil
 	}
 	if err != nil {
-		return "", false, fmt.Errorf("inspecting Docker network %s: %w", shortID(id), err)
+		return "", false, fmt.Errorf("inspecting Docker network %s: %w", dockerapi.ShortID(id), err)
 	}
 	// Docker matches ids by prefix too: make sure it is this network.
 	if n.ID != id {

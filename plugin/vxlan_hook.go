@@ -10,13 +10,14 @@ import (
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/routing"
+	"github.com/calico-cnm/calico-cnm/vxlan"
 )
 
 // vxlanRunner is the VXLAN manager with its netlink handle, made early (the
 // network driver asks it for MTUs) and started with startVXLAN.
 type vxlanRunner struct {
-	mgr    *routing.VXLANManager
-	kernel *routing.NetlinkVXLAN
+	mgr    *vxlan.Manager
+	kernel *vxlan.Netlink
 	bgp    routing.Config
 }
 
@@ -28,13 +29,14 @@ func newVXLAN(cfg Config, store *datastore.Store, engine *ipam.Engine, log logru
 	if err := rc.Finish(); err != nil {
 		return nil, err
 	}
-	kernel, err := routing.NewNetlinkVXLAN()
+	kernel, err := vxlan.NewNetlink()
 	if err != nil {
 		return nil, fmt.Errorf("opening netlink for VXLAN: %w", err)
 	}
-	mgr, err := routing.NewVXLANManager(routing.VXLANDeps{
+	mgr, err := vxlan.NewManager(vxlan.Deps{
 		Store: store, Blocks: engine, Kernel: kernel, NodeName: cfg.NodeName,
-		Config: rc, Log: log, ResyncInterval: cfg.ResyncInterval,
+		Config: vxlan.Config{NodeIP: rc.NodeIP, AutodetectMethod: rc.AutodetectMethod, BGP: rc.Enabled},
+		Log:    log, ResyncInterval: cfg.ResyncInterval,
 	})
 	if err != nil {
 		kernel.Close()

@@ -4,13 +4,13 @@ import (
 	"testing"
 
 	"github.com/calico-cnm/calico-cnm/policy"
-	"github.com/calico-cnm/calico-cnm/routing"
+	"github.com/calico-cnm/calico-cnm/vxlan"
 )
 
-// The VXLAN filter (policy) must guard the port the device (routing) uses;
-// policy cannot import routing, so the two constants are compared here.
+// The VXLAN filter (policy) must guard the port the device (vxlan) uses;
+// policy cannot import vxlan, so the two constants are compared here.
 func TestVXLANPortAgrees(t *testing.T) {
-	if policy.VXLANPort != routing.VXLANPort {
-		t.Fatalf("policy filters UDP %d, the VXLAN device uses %d", policy.VXLANPort, routing.VXLANPort)
+	if policy.VXLANPort != vxlan.Port {
+		t.Fatalf("policy filters UDP %d, the VXLAN device uses %d", policy.VXLANPort, vxlan.Port)
 	}
 }

@@ -11,8 +11,8 @@ import (
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
-// VXLANPort is the UDP port of VXLAN (routing.VXLANPort; policy does not
-// import routing, so the value is repeated here and checked by a test).
+// VXLANPort is the UDP port of VXLAN (vxlan.Port; policy does not
+// import vxlan, so the value is repeated here and checked by a test).
 const VXLANPort = 4789
 
 // ChainVXLAN filters encapsulated traffic arriving at this host.

@@ -14,6 +14,8 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/follow"
+	"github.com/calico-cnm/calico-cnm/internal/nlconv"
 	"github.com/calico-cnm/calico-cnm/internal/retry"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
@@ -26,15 +28,7 @@ type BlockSource interface {
 }
 
 // Store is the part of the datastore routing uses (*datastore.Store has it).
-type Store interface {
-	Get(ctx context.Context, key string) (datastore.KV, error)
-	List(ctx context.Context, prefix string) ([]datastore.KV, error)
-	// ListWithRevision is List with the revision it read at.
-	ListWithRevision(ctx context.Context, prefix string) ([]datastore.KV, int64, error)
-	Txn(ctx context.Context, ops ...datastore.Op) error
-	Retry(ctx context.Context, fn func(ctx context.Context) error) error
-	Watch(ctx context.Context, prefix string, fromRev int64) <-chan datastore.Event
-}
+type Store = follow.Store
 
 // Deps are what the agent works with; tests pass fakes for Speaker and
 // Routes.
@@ -187,13 +181,13 @@ func (a *Agent) run(ctx context.Context) error {
 	// after rev was taken, so no change between a read and its watch is
 	// missed (see follow.go): a node that registers while this one starts
 	// is either in the first read of the nodes or signalled.
-	rev, err := storeRevision(ctx, a.d.Store, a.log)
+	rev, err := follow.Revision(ctx, a.d.Store, a.log)
 	if err != nil {
 		return fmt.Errorf("reading the datastore revision: %w", err)
 	}
 	dirty := make(chan string, 8)
 	for _, prefix := range []string{datastore.NodesPrefix, datastore.BGPPrefix, ipam.PoolsPrefix, datastore.EndpointsPrefix + a.d.NodeName + "/"} {
-		go followPrefix(ctx, a.d.Store, prefix, rev, dirty)
+		go follow.Prefix(ctx, a.d.Store, prefix, rev, dirty)
 	}
 
 	if err := a.startSpeaker(ctx, addr, addr6); err != nil {
@@ -421,7 +415,7 @@ func (a *Agent) ipv6NextHop(v4 netip.Addr) netip.Addr {
 // register writes this node's record: its name and address, and the ASN
 // when configured; the route-reflector settings (`bgp config`) are kept.
 func (a *Agent) register(ctx context.Context, addr, addr6 netip.Addr) error {
-	want, changed, err := updateNodeRecord(ctx, a.d.Store, a.d.NodeName, func(n *datastore.Node) {
+	want, changed, err := follow.UpdateNode(ctx, a.d.Store, a.d.NodeName, func(n *datastore.Node) {
 		// A record with an address: this node ran before.
 		a.restarted = n.IPv4 != ""
 		n.Name, n.IPv4, n.IPv6 = a.d.NodeName, addr.String(), ""
@@ -526,7 +520,7 @@ func (a *Agent) loadInitialExports(ctx context.Context) error {
 		return err
 	}
 	for _, b := range blocks {
-		if p, ok := prefixFromIPNet(b); ok {
+		if p, ok := nlconv.PrefixFromIPNet(b); ok {
 			a.blocks[p] = true
 		}
 	}
@@ -555,7 +549,7 @@ func (a *Agent) loadEndpoints(ctx context.Context) error {
 }
 
 func (a *Agent) applyBlockEvent(ev ipam.BlockEvent) {
-	p, ok := prefixFromIPNet(ev.Block)
+	p, ok := nlconv.PrefixFromIPNet(ev.Block)
 	if !ok {
 		return
 	}
@@ -949,7 +943,7 @@ func (a *Agent) updateStatus(sel Selection, states []PeerState) {
 	for p := range sel.Routes {
 		dsts = append(dsts, p)
 	}
-	slices.SortFunc(dsts, comparePrefix)
+	slices.SortFunc(dsts, nlconv.ComparePrefix)
 	for _, p := range dsts {
 		st.Routes = append(st.Routes, RouteStatus{Dst: p.String(), Via: addrStrings(sel.Routes[p])})
 	}

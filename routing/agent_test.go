@@ -17,6 +17,7 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
+	"github.com/calico-cnm/calico-cnm/internal/nlconv"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -133,7 +134,7 @@ func (f *fakeSpeaker) snapshot() (map[netip.Addr]PeerSpec, []netip.Prefix) {
 	for p := range f.advertised {
 		adv = append(adv, p)
 	}
-	slices.SortFunc(adv, comparePrefix)
+	slices.SortFunc(adv, nlconv.ComparePrefix)
 	peers := map[netip.Addr]PeerSpec{}
 	for k, v := range f.peers {
 		peers[k] = v
@@ -281,7 +282,7 @@ func TestAgentRestart(t *testing.T) {
 	eventually(t, "exports and the session to b", func() error {
 		peers, adv := sp.snapshot()
 		want := []netip.Prefix{myBlock, pfx("192.168.200.7/32")}
-		slices.SortFunc(want, comparePrefix)
+		slices.SortFunc(want, nlconv.ComparePrefix)
 		if !slices.Equal(adv, want) {
 			return fmt.Errorf("advertised %v, want %v", adv, want)
 		}

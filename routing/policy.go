@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/nlconv"
 )
 
 // PeerType says why a session exists; `node status` shows it.
@@ -192,7 +193,7 @@ func DesiredExports(blocks []netip.Prefix, workloadIPs []netip.Addr, ipv6 bool) 
 	for p := range set {
 		out = append(out, p)
 	}
-	slices.SortFunc(out, comparePrefix)
+	slices.SortFunc(out, nlconv.ComparePrefix)
 	return out
 }
 
@@ -375,11 +376,4 @@ func comparePreference(a, b LearnedPath) int {
 		return c
 	}
 	return cmp.Compare(len(b.ASPath), len(a.ASPath))
-}
-
-func comparePrefix(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.Bits(), b.Bits())
 }

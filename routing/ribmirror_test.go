@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/internal/nlconv"
 )
 
 func learned(peer, prefix, nextHop string) LearnedPath {
@@ -24,7 +26,7 @@ func sortedPaths(ps []LearnedPath) []LearnedPath {
 		if c := a.Peer.Compare(b.Peer); c != 0 {
 			return c
 		}
-		return comparePrefix(a.Prefix, b.Prefix)
+		return nlconv.ComparePrefix(a.Prefix, b.Prefix)
 	})
 	return out
 }
@@ -167,7 +169,7 @@ func TestKnownRoutes(t *testing.T) {
 		for _, r := range got {
 			dsts = append(dsts, r.Dst)
 		}
-		slices.SortFunc(dsts, comparePrefix)
+		slices.SortFunc(dsts, nlconv.ComparePrefix)
 		if !slices.Equal(dsts, want) || ct.lists != wantLists {
 			t.Errorf("routes %v after %d kernel lists, want %v after %d", dsts, ct.lists, want, wantLists)
 		}
@@ -246,7 +248,7 @@ func TestGoBGPPathsFollowAdjIn(t *testing.T) {
 			for _, p := range paths {
 				got = append(got, p.Prefix)
 			}
-			slices.SortFunc(got, comparePrefix)
+			slices.SortFunc(got, nlconv.ComparePrefix)
 			if slices.Equal(got, want) {
 				return
 			}

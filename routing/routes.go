@@ -11,9 +11,10 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"github.com/vishvananda/netlink"
-
-	"github.com/calico-cnm/calico-cnm/internal/nldump"
 	"golang.org/x/sys/unix"
+
+	"github.com/calico-cnm/calico-cnm/internal/nlconv"
+	"github.com/calico-cnm/calico-cnm/internal/nldump"
 )
 
 // KernelRoute is one learned route: a prefix via one or more gateways.
@@ -71,11 +72,11 @@ func DiffRoutes(desired map[netip.Prefix][]netip.Addr, kernel []KernelRoute, all
 			d.Kept = append(d.Kept, dst)
 		}
 	}
-	byDst := func(a, b KernelRoute) int { return comparePrefix(a.Dst, b.Dst) }
+	byDst := func(a, b KernelRoute) int { return nlconv.ComparePrefix(a.Dst, b.Dst) }
 	slices.SortFunc(d.Add, byDst)
 	slices.SortFunc(d.Replace, byDst)
-	slices.SortFunc(d.Delete, comparePrefix)
-	slices.SortFunc(d.Kept, comparePrefix)
+	slices.SortFunc(d.Delete, nlconv.ComparePrefix)
+	slices.SortFunc(d.Kept, nlconv.ComparePrefix)
 	return d
 }
 
@@ -178,16 +179,16 @@ func (t *NetlinkTable) ListLearned(ctx context.Context) ([]KernelRoute, error) {
 		if r.Dst == nil {
 			continue
 		}
-		dst, ok := prefixFromIPNet(*r.Dst)
+		dst, ok := nlconv.PrefixFromIPNet(*r.Dst)
 		if !ok {
 			continue
 		}
 		kr := KernelRoute{Dst: dst}
-		if a, ok := addrFromIP(r.Gw); ok {
+		if a, ok := nlconv.AddrFromIP(r.Gw); ok {
 			kr.Gateways = append(kr.Gateways, a)
 		}
 		for _, nh := range r.MultiPath {
-			if a, ok := addrFromIP(nh.Gw); ok {
+			if a, ok := nlconv.AddrFromIP(nh.Gw); ok {
 				kr.Gateways = append(kr.Gateways, a)
 			}
 		}
@@ -198,7 +199,7 @@ func (t *NetlinkTable) ListLearned(ctx context.Context) ([]KernelRoute, error) {
 }
 
 func (t *NetlinkTable) route(r KernelRoute) *netlink.Route {
-	dst := ipNetFromPrefix(r.Dst)
+	dst := nlconv.IPNetFromPrefix(r.Dst)
 	nr := &netlink.Route{Dst: &dst, Table: unix.RT_TABLE_MAIN, Protocol: LearnedProtocol, Scope: netlink.SCOPE_UNIVERSE}
 	if len(r.Gateways) == 1 {
 		nr.Gw = net.IP(r.Gateways[0].AsSlice())
@@ -225,7 +226,7 @@ func (t *NetlinkTable) Add(ctx context.Context, r KernelRoute) error {
 // route at that destination is ours: a kernel replace would otherwise
 // overwrite any route with the same destination and metric.
 func (t *NetlinkTable) Replace(ctx context.Context, r KernelRoute) error {
-	dst := ipNetFromPrefix(r.Dst)
+	dst := nlconv.IPNetFromPrefix(r.Dst)
 	family := netlink.FAMILY_V4
 	if r.Dst.Addr().Is6() {
 		family = netlink.FAMILY_V6
@@ -247,38 +248,12 @@ func (t *NetlinkTable) Replace(ctx context.Context, r KernelRoute) error {
 
 // Delete removes our route for dst (only ours: the filter names the protocol).
 func (t *NetlinkTable) Delete(ctx context.Context, dst netip.Prefix) error {
-	d := ipNetFromPrefix(dst)
+	d := nlconv.IPNetFromPrefix(dst)
 	err := t.h.RouteDel(&netlink.Route{Dst: &d, Table: unix.RT_TABLE_MAIN, Protocol: LearnedProtocol})
 	if errors.Is(err, unix.ESRCH) {
 		return nil
 	}
 	return err
-}
-
-// addrFromIP converts a gateway; ok is false for none.
-func addrFromIP(ip net.IP) (netip.Addr, bool) {
-	if ip == nil {
-		return netip.Addr{}, false
-	}
-	a, ok := netip.AddrFromSlice(ip)
-	return a.Unmap(), ok
-}
-
-func prefixFromIPNet(n net.IPNet) (netip.Prefix, bool) {
-	a, ok := netip.AddrFromSlice(n.IP)
-	if !ok {
-		return netip.Prefix{}, false
-	}
-	ones, _ := n.Mask.Size()
-	return netip.PrefixFrom(a.Unmap(), ones).Masked(), true
-}
-
-func ipNetFromPrefix(p netip.Prefix) net.IPNet {
-	bits := 32
-	if p.Addr().Is6() {
-		bits = 128
-	}
-	return net.IPNet{IP: net.IP(p.Masked().Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), bits)}
 }
 
 // knownRoutes is a RouteTable that remembers the learned routes it listed

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"time"
 
@@ -123,4 +124,74 @@ func FormatUptime(d time.Duration) string {
 		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
 	}
 	return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
+}
+
+// VXLANStatus is the VXLAN part of `node status`.
+type VXLANStatus struct {
+	Device string `json:"device,omitempty"` // "" while no pool uses VXLAN
+	VTEP   string `json:"vtep,omitempty"`
+	MAC    string `json:"mac,omitempty"`
+	MTU    int    `json:"mtu,omitempty"`
+	// Passes counts completed syncs (tests wait for one instead of
+	// sleeping).
+	Passes uint64            `json:"passes"`
+	Nodes  []VXLANNodeStatus `json:"nodes"`
+}
+
+// VXLANNodeStatus is one remote node as this node reaches it.
+type VXLANNodeStatus struct {
+	Name   string    `json:"name"`
+	NodeIP string    `json:"nodeIP,omitempty"`
+	VTEP   string    `json:"vtep,omitempty"`
+	MAC    string    `json:"mac,omitempty"`
+	Routes RouteKind `json:"routes"`
+	Blocks []string  `json:"blocks,omitempty"` // routed by VXLAN (via VTEP or directly)
+}
+
+// RouteKind says how this node reaches another node's workloads.
+type RouteKind string
+
+// Route kinds shown by `node status` and `node list`.
+const (
+	RouteVXLAN  RouteKind = "vxlan"  // encapsulated: <block> via <VTEP> dev vxlan.calico onlink
+	RouteDirect RouteKind = "direct" // same subnet, computed from the datastore: <block> via <node>
+	RouteBGP    RouteKind = "bgp"    // same subnet, left to the routes BGP learns
+	RouteNone   RouteKind = "-"      // no VXLAN pool, or the node has no VTEP yet
+)
+
+// VXLANRouter is what the BGP agent asks the VXLAN manager.
+type VXLANRouter interface {
+	Owns(dst netip.Prefix) bool
+	Status() VXLANStatus
+}
+
+// leaveToVXLAN drops the learned routes whose destinations VXLAN routes:
+// for an Always pool (and a CrossSubnet pool's remote-subnet nodes) the
+// encapsulated route must win over the path BGP learned.
+func leaveToVXLAN(routes map[netip.Prefix][]netip.Addr, v VXLANRouter) {
+	if v == nil {
+		return
+	}
+	for dst := range routes {
+		if v.Owns(dst) {
+			delete(routes, dst)
+		}
+	}
+}
+
+func vxlanStatus(v VXLANRouter) *VXLANStatus {
+	if v == nil {
+		return nil
+	}
+	st := v.Status()
+	return &st
+}
+
+// ServeVXLANStatus serves `node status` on the status socket when BGP is
+// off (with BGP on the agent serves it, VXLAN included).
+func ServeVXLANStatus(ctx context.Context, path, node string, v VXLANRouter, log logrus.FieldLogger) error {
+	return serveStatus(ctx, path, func(context.Context) Status {
+		st := v.Status()
+		return Status{Node: node, BGPOff: true, Peers: []PeerStatus{}, Advertised: []string{}, Routes: []RouteStatus{}, VXLAN: &st}
+	}, log)
 }

@@ -7,7 +7,7 @@ import (
 	"fmt"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
-	"github.com/calico-cnm/calico-cnm/routing"
+	"github.com/calico-cnm/calico-cnm/internal/follow"
 )
 
 // ErrInvalid marks a setting that cannot be applied (a usage error).
@@ -22,7 +22,7 @@ type Change struct {
 
 // ReadConfig reads the cluster setting (defaults when there is none)
 // with the revision it was read at (0: none).
-func ReadConfig(ctx context.Context, store routing.Store) (datastore.ClusterConfig, int64, error) {
+func ReadConfig(ctx context.Context, store follow.Store) (datastore.ClusterConfig, int64, error) {
 	var cfg datastore.ClusterConfig
 	kv, err := store.Get(ctx, datastore.ClusterConfigKey)
 	switch {
@@ -39,7 +39,7 @@ func ReadConfig(ctx context.Context, store routing.Store) (datastore.ClusterConf
 
 // Configure applies c to the cluster setting in one guarded write (every
 // daemon follows it at once) and returns the setting as written.
-func Configure(ctx context.Context, store routing.Store, c Change) (datastore.ClusterConfig, error) {
+func Configure(ctx context.Context, store follow.Store, c Change) (datastore.ClusterConfig, error) {
 	if c.Mode != nil {
 		if _, err := ParseMode(*c.Mode); err != nil {
 			return datastore.ClusterConfig{}, fmt.Errorf("%w: %w", ErrInvalid, err)

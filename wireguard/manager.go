@@ -14,6 +14,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/follow"
 	"github.com/calico-cnm/calico-cnm/internal/lastpass"
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/routing"
@@ -35,7 +36,7 @@ const AttrTypeTunnel = "wireguardTunnelAddress"
 
 // Deps wires a Manager; tests pass fakes for Blocks, Kernel and OpenLink.
 type Deps struct {
-	Store    routing.Store
+	Store    follow.Store
 	Blocks   Blocks
 	Kernel   Kernel
 	OpenLink func(mtu int, log logrus.FieldLogger, invalid InvalidHandshake) (Link, error)
@@ -131,13 +132,13 @@ func (m *Manager) Health() error { return m.last.Err() }
 // userspace device persists without its process: packets to it wait
 // dropped, never in clear, until the next daemon attaches).
 func (m *Manager) Run(ctx context.Context) error {
-	rev, err := routing.StoreRevision(ctx, m.d.Store, m.log)
+	rev, err := follow.Revision(ctx, m.d.Store, m.log)
 	if err != nil {
 		return nil // only when ctx ended
 	}
 	dirty := make(chan string, 8)
 	for _, prefix := range []string{datastore.ClusterConfigKey, datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix} {
-		go routing.FollowPrefix(ctx, m.d.Store, prefix, rev, dirty)
+		go follow.Prefix(ctx, m.d.Store, prefix, rev, dirty)
 	}
 	ticker := time.NewTicker(m.d.ResyncInterval)
 	defer ticker.Stop()
@@ -261,7 +262,7 @@ func (m *Manager) Sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	nodes, err := routing.ListNodes(ctx, m.d.Store)
+	nodes, err := follow.ListNodes(ctx, m.d.Store)
 	if err != nil {
 		return err
 	}
@@ -272,7 +273,7 @@ func (m *Manager) Sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	endpoints, err := routing.ListEndpoints(ctx, m.d.Store)
+	endpoints, err := follow.ListEndpoints(ctx, m.d.Store)
 	if err != nil {
 		return err
 	}
@@ -411,7 +412,7 @@ func (m *Manager) register(ctx context.Context, nodes []datastore.Node, port int
 			return nil
 		}
 	}
-	_, changed, err := routing.UpdateNodeRecord(ctx, m.d.Store, m.d.NodeName, func(n *datastore.Node) {
+	_, changed, err := follow.UpdateNode(ctx, m.d.Store, m.d.NodeName, func(n *datastore.Node) {
 		n.Name = m.d.NodeName
 		n.WireGuardPublicKey, n.WireGuardAddr, n.WireGuardPort = pub, m.addr.String(), port
 		n.WireGuardInterfaceAddr = ""
@@ -657,7 +658,7 @@ func (m *Manager) syncOff(ctx context.Context) error {
 	}
 	m.mu.Unlock()
 	errs = append(errs, m.d.Blocks.ReleaseByHandle(ctx, ipam.WireGuardTunnelHandle(m.d.NodeName)))
-	_, _, err := routing.UpdateNodeRecord(ctx, m.d.Store, m.d.NodeName, func(n *datastore.Node) {
+	_, _, err := follow.UpdateNode(ctx, m.d.Store, m.d.NodeName, func(n *datastore.Node) {
 		n.WireGuardPublicKey, n.WireGuardAddr, n.WireGuardPort, n.WireGuardInterfaceAddr = "", "", 0, ""
 	})
 	errs = append(errs, err)

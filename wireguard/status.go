@@ -17,7 +17,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
-	"github.com/calico-cnm/calico-cnm/routing"
+	"github.com/calico-cnm/calico-cnm/vxlan"
 )
 
 // What happens to the traffic to a node without a peer.
@@ -150,7 +150,7 @@ func (m *Manager) noteSilenceLocked(p PeerState) {
 
 // WorkloadMTU wraps the MTU choice of the other encapsulations (next,
 // VXLAN's): while WireGuard is on, a container gets the uplink MTU minus
-// Overhead, minus routing.VXLANOverhead more in a pool that may encapsulate (next
+// Overhead, minus vxlan.Overhead more in a pool that may encapsulate (next
 // answers non-zero).
 func (m *Manager) WorkloadMTU(next func(ctx context.Context, ip net.IP) (int, error)) func(ctx context.Context, ip net.IP) (int, error) {
 	return func(ctx context.Context, ip net.IP) (int, error) {
@@ -178,7 +178,7 @@ func (m *Manager) WorkloadMTU(next func(ctx context.Context, ip net.IP) (int, er
 			}
 		}
 		if base > 0 {
-			return uplink - Overhead - routing.VXLANOverhead, nil
+			return uplink - Overhead - vxlan.Overhead, nil
 		}
 		return uplink - Overhead, nil
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/plugin"
+	"github.com/calico-cnm/calico-cnm/reconcile"
 )
 
 // defaultLeakMinAge is how old an assignment must be before `ipam check`
@@ -29,14 +30,14 @@ type leakEvidence struct {
 	node   string
 	minAge time.Duration
 	// docker is nil when it could not be asked.
-	docker *plugin.DockerView
+	docker *reconcile.DockerView
 	// nodes are the nodes that have a record (a VTEP address lives as long
 	// as its node's record).
 	nodes map[string]bool
 }
 
 // gatherLeakEvidence reads the endpoint records (first: see
-// plugin.ReconcileInput) and asks the local Docker (DOCKER_HOST) for its
+// reconcile.Input) and asks the local Docker (DOCKER_HOST) for its
 // endpoints; when Docker does not answer, this node's addresses stay
 // unverified.
 func (a *app) gatherLeakEvidence(ctx context.Context, store *datastore.Store, minAge time.Duration) (recorded func(ipam.Allocation) bool, ev leakEvidence, err error) {
@@ -79,7 +80,7 @@ func (a *app) gatherLeakEvidence(ctx context.Context, store *datastore.Store, mi
 	}
 	host := a.getenv(plugin.EnvDockerHost)
 	log := a.log().WithFields(logrus.Fields{"node": ev.node, "docker": host})
-	src, err := plugin.NewDockerSource(host, log)
+	src, err := reconcile.NewDockerSource(host, log)
 	if err != nil {
 		return nil, ev, err
 	}

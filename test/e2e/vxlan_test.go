@@ -13,6 +13,7 @@ import (
 	"github.com/calico-cnm/calico-cnm/policy"
 	"github.com/calico-cnm/calico-cnm/routing"
 	"github.com/calico-cnm/calico-cnm/test/e2e/harness"
+	"github.com/calico-cnm/calico-cnm/vxlan"
 )
 
 // The VXLAN tests: hosts in two subnets (two fabrics) joined by a router
@@ -92,8 +93,8 @@ func (c *bgpCluster) vtepOf(t testing.TB, n *bgpHost) string {
 		}
 		for _, r := range rows {
 			if r.Name == n.Name && r.VTEP != "" {
-				if r.VTEPMAC != routing.VTEPMAC(n.Name).String() {
-					return fmt.Errorf("VTEP MAC %s, want %s", r.VTEPMAC, routing.VTEPMAC(n.Name))
+				if r.VTEPMAC != vxlan.VTEPMAC(n.Name).String() {
+					return fmt.Errorf("VTEP MAC %s, want %s", r.VTEPMAC, vxlan.VTEPMAC(n.Name))
 				}
 				vtep = r.VTEP
 				return nil
@@ -165,15 +166,15 @@ func TestVXLANAcrossRouter(t *testing.T) {
 
 	// The device as Calico makes it.
 	dev := a.MustExec(t, "ip", "-d", "link", "show", "vxlan.calico")
-	for _, want := range []string{"vxlan id 4096", "local " + a.IP.String(), "dstport 4789", "nolearning", "link/ether " + routing.VTEPMAC("a").String(), "mtu 1450"} {
+	for _, want := range []string{"vxlan id 4096", "local " + a.IP.String(), "dstport 4789", "nolearning", "link/ether " + vxlan.VTEPMAC("a").String(), "mtu 1450"} {
 		if !strings.Contains(dev, want) {
 			t.Errorf("vxlan.calico on a lacks %q:\n%s", want, dev)
 		}
 	}
-	if neigh := a.MustExec(t, "ip", "neigh", "show", "dev", "vxlan.calico"); !strings.Contains(neigh, vtepB+" lladdr "+routing.VTEPMAC("b").String()+" PERMANENT") {
+	if neigh := a.MustExec(t, "ip", "neigh", "show", "dev", "vxlan.calico"); !strings.Contains(neigh, vtepB+" lladdr "+vxlan.VTEPMAC("b").String()+" PERMANENT") {
 		t.Errorf("a has no permanent neighbour for b's VTEP:\n%s", neigh)
 	}
-	if fdb := a.MustExec(t, "bridge", "fdb", "show", "dev", "vxlan.calico"); !strings.Contains(fdb, routing.VTEPMAC("b").String()+" dst "+b.IP.String()) {
+	if fdb := a.MustExec(t, "bridge", "fdb", "show", "dev", "vxlan.calico"); !strings.Contains(fdb, vxlan.VTEPMAC("b").String()+" dst "+b.IP.String()) {
 		t.Errorf("a has no FDB entry for b:\n%s", fdb)
 	}
 	if mtu := a.MustDocker(t, "exec", "ca", "cat", "/sys/class/net/eth0/mtu"); mtu != "1450" {
@@ -239,7 +240,7 @@ func TestVXLANAcrossRouter(t *testing.T) {
 		if out := a.MustExec(t, "ip", "neigh", "show", "dev", "vxlan.calico"); strings.Contains(out, vtepB) {
 			return fmt.Errorf("neighbour remains: %s", out)
 		}
-		if out := a.MustExec(t, "bridge", "fdb", "show", "dev", "vxlan.calico"); strings.Contains(out, routing.VTEPMAC("b").String()) {
+		if out := a.MustExec(t, "bridge", "fdb", "show", "dev", "vxlan.calico"); strings.Contains(out, vxlan.VTEPMAC("b").String()) {
 			return fmt.Errorf("FDB entry remains: %s", out)
 		}
 		return nil
@@ -298,7 +299,7 @@ func TestVXLANCrossSubnetWithBGP(t *testing.T) {
 		t.Errorf("node status on a: route kinds %v, want b vxlan, c bgp", kinds)
 	}
 	for _, h := range []*bgpHost{a, b, hc} {
-		if mtu := h.MustDocker(t, "exec", "c"+h.Name, "cat", "/sys/class/net/eth0/mtu"); mtu != strconv.Itoa(1500-routing.VXLANOverhead) {
+		if mtu := h.MustDocker(t, "exec", "c"+h.Name, "cat", "/sys/class/net/eth0/mtu"); mtu != strconv.Itoa(1500-vxlan.Overhead) {
 			t.Errorf("%s: container MTU %s on a CrossSubnet pool, want 1450", h.Name, mtu)
 		}
 	}

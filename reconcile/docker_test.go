@@ -1,8 +1,9 @@
-package plugin_test
+package reconcile_test
 
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -11,7 +12,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/calico-cnm/calico-cnm/plugin"
+	"github.com/sirupsen/logrus"
+
+	"github.com/calico-cnm/calico-cnm/reconcile"
 )
 
 // fakeDockerd answers the few Engine API calls the reconciler makes, as
@@ -76,7 +79,7 @@ func TestDockerSourceView(t *testing.T) {
 	}
 	ts := httptest.NewServer(f)
 	t.Cleanup(ts.Close)
-	src, err := plugin.NewDockerSource("tcp://"+ts.Listener.Addr().String(), quietLog())
+	src, err := reconcile.NewDockerSource("tcp://"+ts.Listener.Addr().String(), quietLog())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +94,7 @@ func TestDockerSourceView(t *testing.T) {
 		}
 		return out
 	}
-	want := map[string]plugin.DockerEndpoint{
+	want := map[string]reconcile.DockerEndpoint{
 		"e1": {ID: "e1", Network: "n1", IPs: addrs("192.168.0.1", "fd00::1")},
 		"e2": {ID: "e2", Network: "n1", IPs: addrs("192.168.0.2")},
 		"e3": {ID: "e3", Network: "n2", IPs: addrs("172.17.0.2")},
@@ -119,7 +122,13 @@ func TestDockerSourceView(t *testing.T) {
 	if v, err := src.View(context.Background()); err == nil {
 		t.Errorf("unreachable Docker gave a view: %+v", v)
 	}
-	if _, err := plugin.NewDockerSource("bogus://x", quietLog()); err == nil {
+	if _, err := reconcile.NewDockerSource("bogus://x", quietLog()); err == nil {
 		t.Error("a malformed docker host was accepted")
 	}
+}
+
+func quietLog() *logrus.Logger {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	return l
 }

@@ -1,4 +1,4 @@
-package routing
+package vxlan
 
 import (
 	"errors"
@@ -8,9 +8,11 @@ import (
 	"slices"
 
 	"github.com/vishvananda/netlink"
-
-	"github.com/calico-cnm/calico-cnm/internal/nldump"
 	"golang.org/x/sys/unix"
+
+	"github.com/calico-cnm/calico-cnm/internal/nlconv"
+	"github.com/calico-cnm/calico-cnm/internal/nldump"
+	"github.com/calico-cnm/calico-cnm/routing"
 )
 
 // Uplink is the interface holding the node's underlay address.
@@ -21,8 +23,8 @@ type Uplink struct {
 	MTU    int
 }
 
-// VXLANDeviceSpec is what vxlan.calico must look like.
-type VXLANDeviceSpec struct {
+// DeviceSpec is what vxlan.calico must look like.
+type DeviceSpec struct {
 	Local  netip.Addr // source of encapsulated packets: the node address
 	Parent int        // the uplink's index
 	MAC    net.HardwareAddr
@@ -30,12 +32,12 @@ type VXLANDeviceSpec struct {
 	Addr   netip.Addr // the VTEP address, as a /32
 }
 
-// VXLANKernel is the netlink side of the VXLAN manager; unit tests use a
+// Kernel is the netlink side of the VXLAN manager; unit tests use a
 // fake. Neighbours, FDB entries and routes are only ever those of
-// vxlan.calico and of VXLANProtocol.
-type VXLANKernel interface {
+// vxlan.calico and of Protocol.
+type Kernel interface {
 	Uplink(addr netip.Addr) (Uplink, error)
-	EnsureDevice(spec VXLANDeviceSpec) error
+	EnsureDevice(spec DeviceSpec) error
 	// RemoveDevice deletes vxlan.calico (its neighbours, FDB entries and
 	// device routes go with it); nil when there is none.
 	RemoveDevice() error
@@ -45,40 +47,40 @@ type VXLANKernel interface {
 	FDB() (map[string]netip.Addr, error) // MAC -> node address
 	SetFDB(mac net.HardwareAddr, dst netip.Addr) error
 	DelFDB(mac net.HardwareAddr, dst netip.Addr) error
-	Routes() ([]VXLANRoute, error)
-	// SetRoute installs r with VXLANProtocol, replacing a BGP-learned
-	// route (LearnedProtocol) to the same destination: VXLAN takes
+	Routes() ([]Route, error)
+	// SetRoute installs r with Protocol, replacing a BGP-learned
+	// route (routing.LearnedProtocol) to the same destination: VXLAN takes
 	// precedence for its pools. A route of any other owner is left alone
-	// and ErrRouteConflict returned.
-	SetRoute(r VXLANRoute) error
+	// and routing.ErrRouteConflict returned.
+	SetRoute(r Route) error
 	DelRoute(dst netip.Prefix) error
 }
 
-// NetlinkVXLAN programs vxlan.calico in the process's network namespace.
-type NetlinkVXLAN struct {
+// Netlink programs vxlan.calico in the process's network namespace.
+type Netlink struct {
 	h *netlink.Handle
 }
 
-// NewNetlinkVXLAN opens rtnetlink in the current network namespace.
-func NewNetlinkVXLAN() (*NetlinkVXLAN, error) {
+// NewNetlink opens rtnetlink in the current network namespace.
+func NewNetlink() (*Netlink, error) {
 	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("opening rtnetlink: %w", err)
 	}
-	return &NetlinkVXLAN{h: h}, nil
+	return &Netlink{h: h}, nil
 }
 
 // Close releases the netlink socket; the device stays.
-func (k *NetlinkVXLAN) Close() { k.h.Close() }
+func (k *Netlink) Close() { k.h.Close() }
 
 // Uplink finds the interface that holds addr.
-func (k *NetlinkVXLAN) Uplink(addr netip.Addr) (Uplink, error) {
+func (k *Netlink) Uplink(addr netip.Addr) (Uplink, error) {
 	addrs, err := k.h.AddrList(nil, netlink.FAMILY_V4)
 	if err != nil {
 		return Uplink{}, fmt.Errorf("listing addresses: %w", err)
 	}
 	for _, a := range addrs {
-		ip, ok := addrFromIP(a.IP)
+		ip, ok := nlconv.AddrFromIP(a.IP)
 		if !ok || ip != addr {
 			continue
 		}
@@ -92,8 +94,8 @@ func (k *NetlinkVXLAN) Uplink(addr netip.Addr) (Uplink, error) {
 	return Uplink{}, fmt.Errorf("no interface holds the node address %s", addr)
 }
 
-func (k *NetlinkVXLAN) device() (*netlink.Vxlan, error) {
-	l, err := k.h.LinkByName(VXLANDevice)
+func (k *Netlink) device() (*netlink.Vxlan, error) {
+	l, err := k.h.LinkByName(Device)
 	var nf netlink.LinkNotFoundError
 	if errors.As(err, &nf) {
 		return nil, nil
@@ -103,7 +105,7 @@ func (k *NetlinkVXLAN) device() (*netlink.Vxlan, error) {
 	}
 	v, ok := l.(*netlink.Vxlan)
 	if !ok {
-		return nil, fmt.Errorf("%s exists but is a %s device, not vxlan", VXLANDevice, l.Type())
+		return nil, fmt.Errorf("%s exists but is a %s device, not vxlan", Device, l.Type())
 	}
 	return v, nil
 }
@@ -112,38 +114,38 @@ func (k *NetlinkVXLAN) device() (*netlink.Vxlan, error) {
 // device whose identity (VNI, port, source, parent, learning) differs is
 // recreated; MTU and MAC are changed in place. Checksum offload is left as
 // the kernel sets it (on): turning it off costs most of the throughput.
-func (k *NetlinkVXLAN) EnsureDevice(spec VXLANDeviceSpec) error {
+func (k *Netlink) EnsureDevice(spec DeviceSpec) error {
 	cur, err := k.device()
 	if err != nil {
 		return err
 	}
 	local := net.IP(spec.Local.AsSlice())
-	if cur != nil && (cur.VxlanId != VXLANVNI || cur.Port != VXLANPort || !cur.SrcAddr.Equal(local) || cur.VtepDevIndex != spec.Parent || cur.Learning) {
+	if cur != nil && (cur.VxlanId != VNI || cur.Port != Port || !cur.SrcAddr.Equal(local) || cur.VtepDevIndex != spec.Parent || cur.Learning) {
 		if err := k.h.LinkDel(cur); err != nil {
-			return fmt.Errorf("removing the outdated %s: %w", VXLANDevice, err)
+			return fmt.Errorf("removing the outdated %s: %w", Device, err)
 		}
 		cur = nil
 	}
 	if cur == nil {
 		dev := &netlink.Vxlan{
-			LinkAttrs: netlink.LinkAttrs{Name: VXLANDevice, HardwareAddr: spec.MAC, MTU: spec.MTU},
-			VxlanId:   VXLANVNI, VtepDevIndex: spec.Parent, SrcAddr: local, Port: VXLANPort, Learning: false,
+			LinkAttrs: netlink.LinkAttrs{Name: Device, HardwareAddr: spec.MAC, MTU: spec.MTU},
+			VxlanId:   VNI, VtepDevIndex: spec.Parent, SrcAddr: local, Port: Port, Learning: false,
 		}
 		if err := k.h.LinkAdd(dev); err != nil {
-			return fmt.Errorf("creating %s: %w", VXLANDevice, err)
+			return fmt.Errorf("creating %s: %w", Device, err)
 		}
 		if cur, err = k.device(); err != nil || cur == nil {
-			return fmt.Errorf("reading back %s: %v", VXLANDevice, err)
+			return fmt.Errorf("reading back %s: %v", Device, err)
 		}
 	}
 	if cur.MTU != spec.MTU {
 		if err := k.h.LinkSetMTU(cur, spec.MTU); err != nil {
-			return fmt.Errorf("setting the MTU of %s: %w", VXLANDevice, err)
+			return fmt.Errorf("setting the MTU of %s: %w", Device, err)
 		}
 	}
 	if cur.HardwareAddr.String() != spec.MAC.String() {
 		if err := k.h.LinkSetHardwareAddr(cur, spec.MAC); err != nil {
-			return fmt.Errorf("setting the MAC of %s: %w", VXLANDevice, err)
+			return fmt.Errorf("setting the MAC of %s: %w", Device, err)
 		}
 	}
 	if err := k.ensureAddr(cur, spec.Addr); err != nil {
@@ -151,41 +153,41 @@ func (k *NetlinkVXLAN) EnsureDevice(spec VXLANDeviceSpec) error {
 	}
 	if cur.Attrs().Flags&net.FlagUp == 0 {
 		if err := k.h.LinkSetUp(cur); err != nil {
-			return fmt.Errorf("bringing %s up: %w", VXLANDevice, err)
+			return fmt.Errorf("bringing %s up: %w", Device, err)
 		}
 	}
 	return nil
 }
 
 // ensureAddr leaves exactly addr/32 on the device.
-func (k *NetlinkVXLAN) ensureAddr(dev netlink.Link, addr netip.Addr) error {
+func (k *Netlink) ensureAddr(dev netlink.Link, addr netip.Addr) error {
 	have, err := k.h.AddrList(dev, netlink.FAMILY_V4)
 	if err != nil {
-		return fmt.Errorf("listing the addresses of %s: %w", VXLANDevice, err)
+		return fmt.Errorf("listing the addresses of %s: %w", Device, err)
 	}
 	found := false
 	for _, a := range have {
 		ones, _ := a.Mask.Size()
-		if ip, ok := addrFromIP(a.IP); ok && ip == addr && ones == 32 {
+		if ip, ok := nlconv.AddrFromIP(a.IP); ok && ip == addr && ones == 32 {
 			found = true
 			continue
 		}
 		if err := k.h.AddrDel(dev, &a); err != nil {
-			return fmt.Errorf("removing %s from %s: %w", a.IPNet, VXLANDevice, err)
+			return fmt.Errorf("removing %s from %s: %w", a.IPNet, Device, err)
 		}
 	}
 	if found {
 		return nil
 	}
-	n := ipNetFromPrefix(netip.PrefixFrom(addr, 32))
+	n := nlconv.IPNetFromPrefix(netip.PrefixFrom(addr, 32))
 	if err := k.h.AddrAdd(dev, &netlink.Addr{IPNet: &n}); err != nil {
-		return fmt.Errorf("adding %s to %s: %w", addr, VXLANDevice, err)
+		return fmt.Errorf("adding %s to %s: %w", addr, Device, err)
 	}
 	return nil
 }
 
 // RemoveDevice deletes vxlan.calico.
-func (k *NetlinkVXLAN) RemoveDevice() error {
+func (k *Netlink) RemoveDevice() error {
 	cur, err := k.device()
 	if err != nil || cur == nil {
 		return err
@@ -193,19 +195,19 @@ func (k *NetlinkVXLAN) RemoveDevice() error {
 	return k.h.LinkDel(cur)
 }
 
-func (k *NetlinkVXLAN) index() (int, error) {
+func (k *Netlink) index() (int, error) {
 	cur, err := k.device()
 	if err != nil {
 		return 0, err
 	}
 	if cur == nil {
-		return 0, fmt.Errorf("%s does not exist", VXLANDevice)
+		return 0, fmt.Errorf("%s does not exist", Device)
 	}
 	return cur.Index, nil
 }
 
 // Neighbors lists the permanent IPv4 neighbours of the device.
-func (k *NetlinkVXLAN) Neighbors() (map[netip.Addr]string, error) {
+func (k *Netlink) Neighbors() (map[netip.Addr]string, error) {
 	out := map[netip.Addr]string{}
 	idx, err := k.index()
 	if err != nil {
@@ -213,10 +215,10 @@ func (k *NetlinkVXLAN) Neighbors() (map[netip.Addr]string, error) {
 	}
 	ns, err := k.h.NeighList(idx, netlink.FAMILY_V4)
 	if err != nil {
-		return nil, fmt.Errorf("listing neighbours of %s: %w", VXLANDevice, err)
+		return nil, fmt.Errorf("listing neighbours of %s: %w", Device, err)
 	}
 	for _, n := range ns {
-		if ip, ok := addrFromIP(n.IP); ok && n.State&netlink.NUD_PERMANENT != 0 {
+		if ip, ok := nlconv.AddrFromIP(n.IP); ok && n.State&netlink.NUD_PERMANENT != 0 {
 			out[ip] = n.HardwareAddr.String()
 		}
 	}
@@ -224,7 +226,7 @@ func (k *NetlinkVXLAN) Neighbors() (map[netip.Addr]string, error) {
 }
 
 // SetNeighbor adds or replaces the permanent entry VTEP address -> MAC.
-func (k *NetlinkVXLAN) SetNeighbor(ip netip.Addr, mac net.HardwareAddr) error {
+func (k *Netlink) SetNeighbor(ip netip.Addr, mac net.HardwareAddr) error {
 	idx, err := k.index()
 	if err != nil {
 		return err
@@ -233,7 +235,7 @@ func (k *NetlinkVXLAN) SetNeighbor(ip netip.Addr, mac net.HardwareAddr) error {
 }
 
 // DelNeighbor removes the entry for ip.
-func (k *NetlinkVXLAN) DelNeighbor(ip netip.Addr) error {
+func (k *Netlink) DelNeighbor(ip netip.Addr) error {
 	idx, err := k.index()
 	if err != nil {
 		return err
@@ -246,7 +248,7 @@ func (k *NetlinkVXLAN) DelNeighbor(ip netip.Addr) error {
 }
 
 // FDB lists the device's forwarding entries that have a destination.
-func (k *NetlinkVXLAN) FDB() (map[string]netip.Addr, error) {
+func (k *Netlink) FDB() (map[string]netip.Addr, error) {
 	out := map[string]netip.Addr{}
 	idx, err := k.index()
 	if err != nil {
@@ -254,17 +256,17 @@ func (k *NetlinkVXLAN) FDB() (map[string]netip.Addr, error) {
 	}
 	ns, err := k.h.NeighList(idx, unix.AF_BRIDGE)
 	if err != nil {
-		return nil, fmt.Errorf("listing the FDB of %s: %w", VXLANDevice, err)
+		return nil, fmt.Errorf("listing the FDB of %s: %w", Device, err)
 	}
 	for _, n := range ns {
-		if ip, ok := addrFromIP(n.IP); ok && len(n.HardwareAddr) == 6 {
+		if ip, ok := nlconv.AddrFromIP(n.IP); ok && len(n.HardwareAddr) == 6 {
 			out[n.HardwareAddr.String()] = ip
 		}
 	}
 	return out, nil
 }
 
-func (k *NetlinkVXLAN) fdbEntry(mac net.HardwareAddr, dst netip.Addr) (*netlink.Neigh, error) {
+func (k *Netlink) fdbEntry(mac net.HardwareAddr, dst netip.Addr) (*netlink.Neigh, error) {
 	idx, err := k.index()
 	if err != nil {
 		return nil, err
@@ -273,7 +275,7 @@ func (k *NetlinkVXLAN) fdbEntry(mac net.HardwareAddr, dst netip.Addr) (*netlink.
 }
 
 // SetFDB sends frames for mac to dst.
-func (k *NetlinkVXLAN) SetFDB(mac net.HardwareAddr, dst netip.Addr) error {
+func (k *Netlink) SetFDB(mac net.HardwareAddr, dst netip.Addr) error {
 	n, err := k.fdbEntry(mac, dst)
 	if err != nil {
 		return err
@@ -282,7 +284,7 @@ func (k *NetlinkVXLAN) SetFDB(mac net.HardwareAddr, dst netip.Addr) error {
 }
 
 // DelFDB removes the entry mac -> dst.
-func (k *NetlinkVXLAN) DelFDB(mac net.HardwareAddr, dst netip.Addr) error {
+func (k *Netlink) DelFDB(mac net.HardwareAddr, dst netip.Addr) error {
 	n, err := k.fdbEntry(mac, dst)
 	if err != nil {
 		return err
@@ -294,48 +296,48 @@ func (k *NetlinkVXLAN) DelFDB(mac net.HardwareAddr, dst netip.Addr) error {
 	return err
 }
 
-// Routes lists the main table's IPv4 routes with VXLANProtocol.
-func (k *NetlinkVXLAN) Routes() ([]VXLANRoute, error) {
+// Routes lists the main table's IPv4 routes with Protocol.
+func (k *Netlink) Routes() ([]Route, error) {
 	var rs []netlink.Route
 	var err error
 	rs, err = nldump.Retry(func() ([]netlink.Route, error) {
-		return k.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: VXLANProtocol},
+		return k.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: Protocol},
 			netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("listing VXLAN routes: %w", err)
 	}
 	idx, _ := k.index()
-	var out []VXLANRoute
+	var out []Route
 	for _, r := range rs {
 		if r.Dst == nil {
 			continue
 		}
-		dst, ok := prefixFromIPNet(*r.Dst)
-		gw, ok2 := addrFromIP(r.Gw)
+		dst, ok := nlconv.PrefixFromIPNet(*r.Dst)
+		gw, ok2 := nlconv.AddrFromIP(r.Gw)
 		if !ok || !ok2 {
 			continue
 		}
-		out = append(out, VXLANRoute{Dst: dst, Via: gw, Encap: idx != 0 && r.LinkIndex == idx})
+		out = append(out, Route{Dst: dst, Via: gw, Encap: idx != 0 && r.LinkIndex == idx})
 	}
-	slices.SortFunc(out, func(a, b VXLANRoute) int { return comparePrefix(a.Dst, b.Dst) })
+	slices.SortFunc(out, func(a, b Route) int { return nlconv.ComparePrefix(a.Dst, b.Dst) })
 	return out, nil
 }
 
-// SetRoute installs r (see VXLANKernel).
-func (k *NetlinkVXLAN) SetRoute(r VXLANRoute) error {
-	dst := ipNetFromPrefix(r.Dst)
+// SetRoute installs r (see Kernel).
+func (k *Netlink) SetRoute(r Route) error {
+	dst := nlconv.IPNetFromPrefix(r.Dst)
 	existing, err := k.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: &dst, Table: unix.RT_TABLE_MAIN},
 		netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
 	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		return err
 	}
 	for _, e := range existing {
-		if e.Priority == 0 && e.Protocol != VXLANProtocol && e.Protocol != LearnedProtocol {
-			return fmt.Errorf("%w: %s", ErrRouteConflict, r.Dst)
+		if e.Priority == 0 && e.Protocol != Protocol && e.Protocol != routing.LearnedProtocol {
+			return fmt.Errorf("%w: %s", routing.ErrRouteConflict, r.Dst)
 		}
 	}
-	nr := &netlink.Route{Dst: &dst, Table: unix.RT_TABLE_MAIN, Protocol: VXLANProtocol, Scope: netlink.SCOPE_UNIVERSE, Gw: net.IP(r.Via.AsSlice())}
+	nr := &netlink.Route{Dst: &dst, Table: unix.RT_TABLE_MAIN, Protocol: Protocol, Scope: netlink.SCOPE_UNIVERSE, Gw: net.IP(r.Via.AsSlice())}
 	if r.Encap {
 		idx, err := k.index()
 		if err != nil {
@@ -348,9 +350,9 @@ func (k *NetlinkVXLAN) SetRoute(r VXLANRoute) error {
 }
 
 // DelRoute removes our route to dst.
-func (k *NetlinkVXLAN) DelRoute(dst netip.Prefix) error {
-	d := ipNetFromPrefix(dst)
-	err := k.h.RouteDel(&netlink.Route{Dst: &d, Table: unix.RT_TABLE_MAIN, Protocol: VXLANProtocol})
+func (k *Netlink) DelRoute(dst netip.Prefix) error {
+	d := nlconv.IPNetFromPrefix(dst)
+	err := k.h.RouteDel(&netlink.Route{Dst: &d, Table: unix.RT_TABLE_MAIN, Protocol: Protocol})
 	if errors.Is(err, unix.ESRCH) {
 		return nil
 	}

@@ -1,4 +1,8 @@
-package plugin
+// Package reconcile brings the datastore, IPAM and the kernel in line with
+// what Docker really has attached on this node: MakePlan decides from one
+// picture of the three, a Reconciler reads that picture, repairs and runs
+// the passes. The daemon (plugin) wires it.
+package reconcile
 
 import (
 	"fmt"
@@ -12,10 +16,11 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/dockerapi"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
-// DefaultReconcileGrace is how long something must look stale (an endpoint
+// DefaultGrace is how long something must look stale (an endpoint
 // record Docker does not have, an address no endpoint holds) before the
 // reconcile loop removes it. Docker legitimately holds such states for a
 // moment: an address exists between RequestAddress and CreateEndpoint, an
@@ -23,7 +28,7 @@ import (
 // Docker deletes its endpoint before calling DeleteEndpoint/ReleaseAddress.
 // dockerd 20.10 retries a call to an unreachable plugin for 15 s (backoff
 // 1+2+4+8 s), so such a window can last that long around a daemon restart.
-const DefaultReconcileGrace = 20 * time.Second
+const DefaultGrace = 20 * time.Second
 
 // DockerEndpoint is one endpoint as Docker reports it (network inspect).
 type DockerEndpoint struct {
@@ -69,11 +74,11 @@ type StoredEndpoint struct {
 	Rev      int64
 }
 
-// ReconcileInput is one consistent-enough picture of the three sources of
+// Input is one consistent-enough picture of the three sources of
 // truth. The datastore side must be read before Docker's: whatever Docker
 // creates after its view was taken is then absent from the records too,
 // never a record without its Docker endpoint.
-type ReconcileInput struct {
+type Input struct {
 	Node  string
 	Now   time.Time
 	Grace time.Duration
@@ -213,7 +218,7 @@ func allocAddr(a ipam.Allocation) (netip.Addr, bool) {
 	return ip.Unmap(), ok
 }
 
-// PlanReconcile decides, without side effects, what a reconcile pass does.
+// MakePlan decides, without side effects, what a reconcile pass does.
 // The rules:
 //
 //   - Docker's view unknown: only ensure the routes of this node's joined
@@ -240,7 +245,7 @@ func allocAddr(a ipam.Allocation) (netip.Addr, bool) {
 //     claiming an address a container uses is always right, and every
 //     moment it stays free it may be handed out again). This is what
 //     brings IPAM back in line after a restore.
-func PlanReconcile(in ReconcileInput) Plan {
+func MakePlan(in Input) Plan {
 	plan := Plan{Pending: map[string]time.Time{}}
 	mature := func(key string) bool {
 		first, ok := in.FirstSeen[key]
@@ -265,7 +270,7 @@ func PlanReconcile(in ReconcileInput) Plan {
 		return plan
 	}
 
-	idx := indexReconcileInput(in)
+	idx := indexInput(in)
 	for _, se := range in.Endpoints {
 		ep := se.Endpoint
 		if ep.Node != in.Node || otherEngine(ep, in.Docker) {
@@ -339,7 +344,7 @@ func rebuiltEndpoint(node, engineID string, de DockerEndpoint) datastore.Endpoin
 	return ep
 }
 
-// reconcileIndex is what PlanReconcile looks up while Docker's view is
+// reconcileIndex is what MakePlan looks up while Docker's view is
 // known.
 type reconcileIndex struct {
 	dockerIPs   map[netip.Addr]string // address -> Docker endpoint id
@@ -356,7 +361,7 @@ type reconcileIndex struct {
 }
 
 // indexReconcileInput indexes in, whose Docker view must be known.
-func indexReconcileInput(in ReconcileInput) reconcileIndex {
+func indexInput(in Input) reconcileIndex {
 	idx := reconcileIndex{
 		dockerIPs:     map[netip.Addr]string{},
 		auxIPs:        in.Docker.AuxAddresses,
@@ -398,7 +403,7 @@ func (idx reconcileIndex) endpointRemoval(se StoredEndpoint) EndpointRemoval {
 	rm := EndpointRemoval{Endpoint: ep, Rev: se.Rev, RemoveVeth: !idx.liveIfNames[dataplane.HostIfName(ep.ID)]}
 	for _, ip := range endpointAddrs(ep) {
 		if other, used := idx.dockerIPs[ip]; used {
-			rm.Kept = append(rm.Kept, fmt.Sprintf("%s is in use by Docker endpoint %s", ip, shortID(other)))
+			rm.Kept = append(rm.Kept, fmt.Sprintf("%s is in use by Docker endpoint %s", ip, dockerapi.ShortID(other)))
 			continue
 		}
 		a, held := idx.holders[ip]
@@ -476,11 +481,4 @@ func nextDue(pending map[string]time.Time, grace time.Duration) time.Time {
 		}
 	}
 	return due
-}
-
-func shortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
 }

@@ -1,4 +1,4 @@
-package plugin
+package reconcile
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/docker/docker/client"
 	"github.com/sirupsen/logrus"
 
+	"github.com/calico-cnm/calico-cnm/internal/dockerapi"
 	"github.com/calico-cnm/calico-cnm/internal/retry"
 )
 
@@ -35,23 +36,23 @@ const dockerCallTimeout = 15 * time.Second
 type dockerClient struct {
 	cli    *client.Client
 	log    logrus.FieldLogger
-	engine *EngineIdentity
+	engine *dockerapi.EngineIdentity
 }
 
 // NewDockerSource is the Docker view reconcile compares with (see
 // newDockerClient for host).
 func NewDockerSource(host string, log logrus.FieldLogger) (DockerSource, error) {
-	cli, err := newDockerClient(host)
+	cli, err := dockerapi.NewClient(host)
 	if err != nil {
 		return nil, err
 	}
-	return &dockerClient{cli: cli, log: log, engine: &EngineIdentity{cli: cli}}, nil
+	return &dockerClient{cli: cli, log: log, engine: dockerapi.IdentityOf(cli)}, nil
 }
 
 // View inspects every network but host and null (which have no addresses).
 // A network removed between the list and its inspect has no endpoints.
 func (d *dockerClient) View(ctx context.Context) (DockerView, error) {
-	ctx, cancel := context.WithTimeout(ctx, dockerCallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, dockerapi.CallTimeout)
 	defer cancel()
 	nets, err := d.cli.NetworkList(ctx, network.ListOptions{})
 	if err != nil {
@@ -137,7 +138,7 @@ func (d *dockerClient) Changes(ctx context.Context) <-chan struct{} {
 						return ctx.Err()
 					case m := <-msgs:
 						backoff.Reset() // the stream works
-						d.log.WithFields(logrus.Fields{"type": m.Type, "action": m.Action, "id": shortID(m.Actor.ID)}).Debug("Docker event")
+						d.log.WithFields(logrus.Fields{"type": m.Type, "action": m.Action, "id": dockerapi.ShortID(m.Actor.ID)}).Debug("Docker event")
 						signal()
 					case err := <-errs:
 						return err
@@ -158,7 +159,7 @@ func (d *dockerClient) Changes(ctx context.Context) <-chan struct{} {
 }
 
 func (d *dockerClient) ping(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, dockerCallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, dockerapi.CallTimeout)
 	defer cancel()
 	_, err := d.cli.Ping(ctx)
 	return err

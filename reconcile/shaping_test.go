@@ -1,4 +1,4 @@
-package plugin_test
+package reconcile_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/calico-cnm/calico-cnm/plugin"
+	"github.com/calico-cnm/calico-cnm/reconcile"
 )
 
 // countingShaping is a ShapingSyncer that reports fixed results.
@@ -31,7 +32,7 @@ func TestReconcilePassSyncsShaping(t *testing.T) {
 	shaping := &countingShaping{fixes: 2}
 	e.rec.Shaping = shaping
 	res := e.pass(t)
-	if shaping.calls != 1 || res.Fixes[plugin.FixShapingRepaired] != 2 {
+	if shaping.calls != 1 || res.Fixes[reconcile.FixShapingRepaired] != 2 {
 		t.Fatalf("pass: %d Sync calls, fixes %v; want 1 call and 2 shaping repairs", shaping.calls, res.Fixes)
 	}
 	e.docker.mu.Lock()
@@ -44,7 +45,7 @@ func TestReconcilePassSyncsShaping(t *testing.T) {
 	if shaping.calls != 2 {
 		t.Errorf("Sync not called while Docker is unreachable (%d calls)", shaping.calls)
 	}
-	if err := testutil.GatherAndCompare(e.rec.Metrics.Registry, strings.NewReader(`
+	if err := testutil.GatherAndCompare(e.metrics.Registry, strings.NewReader(`
 # HELP calico_cnm_reconcile_fixes_total Repairs made by the reconcile loop, by kind.
 # TYPE calico_cnm_reconcile_fixes_total counter
 calico_cnm_reconcile_fixes_total{kind="address_reclaimed"} 0

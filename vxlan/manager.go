@@ -1,8 +1,7 @@
-package routing
+package vxlan
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -13,27 +12,37 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/follow"
 	"github.com/calico-cnm/calico-cnm/internal/lastpass"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/routing"
 )
 
-// VXLANBlocks is the part of IPAM the VXLAN manager uses (*ipam.Engine).
-type VXLANBlocks interface {
+// Blocks is the part of IPAM the VXLAN manager uses (*ipam.Engine).
+type Blocks interface {
 	ListPools(ctx context.Context) ([]ipam.Pool, error)
 	BlockOwners(ctx context.Context) (map[netip.Prefix]string, error)
 	EnsureTunnelAddress(ctx context.Context, node string, pools []netip.Prefix) (netip.Addr, error)
 	ReleaseTunnelAddress(ctx context.Context, node string) error
 }
 
-// VXLANDeps wires a VXLANManager; tests pass fakes for Blocks and Kernel.
-type VXLANDeps struct {
-	Store    Store
-	Blocks   VXLANBlocks
-	Kernel   VXLANKernel
-	NodeName string
-	// Config gives the node address (NodeIP or AutodetectMethod) and
-	// whether BGP runs (Enabled): then same-subnet CrossSubnet routes are
-	// left to BGP.
+// Config is the node's VXLAN settings.
+type Config struct {
+	// NodeIP is the node's address, the outer source of its tunnels; ""
+	// detects it with AutodetectMethod (routing.DetectAddress).
+	NodeIP           string
+	AutodetectMethod string
+	// BGP: a BGP speaker runs on this node, so same-subnet CrossSubnet
+	// routes are left to the routes it learns.
+	BGP bool
+}
+
+// Deps wires a Manager; tests pass fakes for Blocks and Kernel.
+type Deps struct {
+	Store         follow.Store
+	Blocks        Blocks
+	Kernel        Kernel
+	NodeName      string
 	Config        Config
 	Log           logrus.FieldLogger
 	DetectAddress func(method string) (netip.Addr, error)
@@ -41,13 +50,13 @@ type VXLANDeps struct {
 	ResyncInterval time.Duration
 }
 
-// VXLANManager keeps vxlan.calico, its neighbours, FDB entries and routes
+// Manager keeps vxlan.calico, its neighbours, FDB entries and routes
 // equal to what the datastore's pools, node records and block affinities
 // ask for (Felix's vxlan_mgr, without a BGP speaker needed): desired state
-// computed by DesiredVXLAN, diffed against the kernel on every change and
+// computed by ComputeDesired, diffed against the kernel on every change and
 // every ResyncInterval.
-type VXLANManager struct {
-	d   VXLANDeps
+type Manager struct {
+	d   Deps
 	log logrus.FieldLogger
 
 	addr   netip.Addr
@@ -61,44 +70,52 @@ type VXLANManager struct {
 
 	mu        sync.Mutex
 	uplinkMTU int // for WorkloadMTU; 0 until located
-	desired   VXLANDesired
-	status    VXLANStatus
+	desired   Desired
+	status    routing.VXLANStatus
 }
 
-// NewVXLANManager checks deps.
-func NewVXLANManager(d VXLANDeps) (*VXLANManager, error) {
+// NewManager checks deps.
+func NewManager(d Deps) (*Manager, error) {
 	if d.Store == nil || d.Blocks == nil || d.Kernel == nil {
 		return nil, errors.New("the VXLAN manager needs a datastore, IPAM and a kernel")
 	}
 	if d.NodeName == "" {
 		return nil, errors.New("the VXLAN manager needs the node name")
 	}
-	defaultLogDetectResync(&d.Log, &d.DetectAddress, &d.ResyncInterval)
-	return &VXLANManager{d: d, log: d.Log.WithField("component", "vxlan"), last: lastpass.New("VXLAN")}, nil
+	if d.Log == nil {
+		d.Log = logrus.StandardLogger()
+	}
+	if d.DetectAddress == nil {
+		d.DetectAddress = routing.DetectAddress
+	}
+	if d.ResyncInterval <= 0 {
+		d.ResyncInterval = 10 * time.Second
+	}
+	return &Manager{d: d, log: d.Log.WithField("component", "vxlan"), last: lastpass.New("VXLAN")}, nil
 }
 
 // Health is nil unless the last pass failed (/healthz).
-func (m *VXLANManager) Health() error { return m.last.Err() }
+func (m *Manager) Health() error { return m.last.Err() }
 
 // Owns says whether dst is routed by VXLAN now; the BGP agent leaves such
 // destinations alone.
-func (m *VXLANManager) Owns(dst netip.Prefix) bool {
+func (m *Manager) Owns(dst netip.Prefix) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.desired.Owns(dst)
 }
 
 // Run works until ctx ends.
-func (m *VXLANManager) Run(ctx context.Context) error {
+func (m *Manager) Run(ctx context.Context) error {
 	// The watches follow every change after rev, and every read of the
 	// passes comes after rev was taken: none falls in between.
-	rev, err := storeRevision(ctx, m.d.Store, m.log)
+	rev, err := follow.Revision(ctx, m.d.Store, m.log)
 	if err != nil {
 		return nil // only when ctx ended
 	}
 	dirty := make(chan string, 8)
 	for _, prefix := range []string{datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix} {
-		go followPrefix(ctx, m.d.Store, prefix, rev, dirty)
+		go follow.Prefix(ctx, m.d.Store, prefix, rev, dirty)
 	}
 	ticker := time.NewTicker(m.d.ResyncInterval)
 	defer ticker.Stop()
@@ -126,7 +143,7 @@ func (m *VXLANManager) Run(ctx context.Context) error {
 // claims, endpoints and nodes anywhere in the cluster are not worth a pass
 // on every node (at 64 nodes claiming at once, those passes' datastore
 // reads slowed the claims themselves).
-func (m *VXLANManager) waitForChange(ctx context.Context, dirty <-chan string, resync <-chan time.Time) (string, bool) {
+func (m *Manager) waitForChange(ctx context.Context, dirty <-chan string, resync <-chan time.Time) (string, bool) {
 	matters := func(prefix string) bool {
 		return !m.clean || prefix == ipam.PoolsPrefix
 	}
@@ -154,7 +171,7 @@ func (m *VXLANManager) waitForChange(ctx context.Context, dirty <-chan string, r
 
 // locate finds this node's underlay address and its interface, once: only
 // a node that needs VXLAN needs them.
-func (m *VXLANManager) locate() error {
+func (m *Manager) locate() error {
 	if m.uplink.Index != 0 {
 		return nil
 	}
@@ -180,7 +197,7 @@ func (m *VXLANManager) locate() error {
 }
 
 // Sync reads the datastore and makes the kernel match it: one pass.
-func (m *VXLANManager) Sync(ctx context.Context) error {
+func (m *Manager) Sync(ctx context.Context) error {
 	pools, err := m.d.Blocks.ListPools(ctx)
 	if err != nil {
 		return err
@@ -189,7 +206,7 @@ func (m *VXLANManager) Sync(ctx context.Context) error {
 		return m.syncWithoutVXLAN(ctx)
 	}
 	m.clean = false // every change matters again, even if this pass fails
-	nodes, err := listNodes(ctx, m.d.Store)
+	nodes, err := follow.ListNodes(ctx, m.d.Store)
 	if err != nil {
 		return err
 	}
@@ -197,16 +214,16 @@ func (m *VXLANManager) Sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	endpoints, err := listEndpoints(ctx, m.d.Store)
+	endpoints, err := follow.ListEndpoints(ctx, m.d.Store)
 	if err != nil {
 		return err
 	}
-	in := VXLANInput{Self: m.d.NodeName, BGP: m.d.Config.Enabled, Nodes: nodes, Pools: pools, Owners: owners, Endpoints: endpoints}
+	in := Input{Self: m.d.NodeName, BGP: m.d.Config.BGP, Nodes: nodes, Pools: pools, Owners: owners, Endpoints: endpoints}
 	if err := m.locate(); err != nil {
 		return err
 	}
 	in.SelfIP, in.SelfSubnet = m.addr, m.uplink.Subnet
-	want := DesiredVXLAN(in)
+	want := ComputeDesired(in)
 	vtep, err := m.d.Blocks.EnsureTunnelAddress(ctx, m.d.NodeName, want.Pools)
 	if err != nil {
 		return err
@@ -214,7 +231,7 @@ func (m *VXLANManager) Sync(ctx context.Context) error {
 	if err := m.register(ctx, vtep); err != nil {
 		return err
 	}
-	spec := VXLANDeviceSpec{Local: m.addr, Parent: m.uplink.Index, MAC: VTEPMAC(m.d.NodeName), MTU: m.uplink.MTU - VXLANOverhead, Addr: vtep}
+	spec := DeviceSpec{Local: m.addr, Parent: m.uplink.Index, MAC: VTEPMAC(m.d.NodeName), MTU: m.uplink.MTU - Overhead, Addr: vtep}
 	if err := m.d.Kernel.EnsureDevice(spec); err != nil {
 		return err
 	}
@@ -226,21 +243,21 @@ func (m *VXLANManager) Sync(ctx context.Context) error {
 
 // syncWithoutVXLAN removes what VXLAN left once no pool uses it; later
 // passes stay read-only until one does again.
-func (m *VXLANManager) syncWithoutVXLAN(ctx context.Context) error {
+func (m *Manager) syncWithoutVXLAN(ctx context.Context) error {
 	var err error
 	if !m.clean {
-		err = errors.Join(m.syncRoutes(VXLANDesired{}, true), m.teardown(ctx))
+		err = errors.Join(m.syncRoutes(Desired{}, true), m.teardown(ctx))
 		m.clean = err == nil
 	}
-	m.publish(VXLANDesired{}, netip.Addr{})
+	m.publish(Desired{}, netip.Addr{})
 	return err
 }
 
 // teardown removes what VXLAN left: the device (with its neighbours and
 // FDB), the VTEP address and its record fields.
-func (m *VXLANManager) teardown(ctx context.Context) error {
+func (m *Manager) teardown(ctx context.Context) error {
 	if err := m.d.Kernel.RemoveDevice(); err != nil {
-		return fmt.Errorf("removing %s: %w", VXLANDevice, err)
+		return fmt.Errorf("removing %s: %w", Device, err)
 	}
 	if err := m.d.Blocks.ReleaseTunnelAddress(ctx, m.d.NodeName); err != nil {
 		return err
@@ -250,8 +267,8 @@ func (m *VXLANManager) teardown(ctx context.Context) error {
 
 // register writes this node's underlay address and VTEP (none: vtep
 // invalid) into its record, keeping every other field.
-func (m *VXLANManager) register(ctx context.Context, vtep netip.Addr) error {
-	want, changed, err := updateNodeRecord(ctx, m.d.Store, m.d.NodeName, func(n *datastore.Node) {
+func (m *Manager) register(ctx context.Context, vtep netip.Addr) error {
+	want, changed, err := follow.UpdateNode(ctx, m.d.Store, m.d.NodeName, func(n *datastore.Node) {
 		n.VXLANTunnelAddr, n.VXLANTunnelMAC = "", ""
 		if vtep.IsValid() {
 			n.Name, n.IPv4 = m.d.NodeName, m.addr.String()
@@ -266,12 +283,12 @@ func (m *VXLANManager) register(ctx context.Context, vtep netip.Addr) error {
 
 // syncRoutes deletes unwanted VXLAN routes (deletes) or adds and fixes
 // the wanted ones (!deletes).
-func (m *VXLANManager) syncRoutes(want VXLANDesired, deletes bool) error {
+func (m *Manager) syncRoutes(want Desired, deletes bool) error {
 	have, err := m.d.Kernel.Routes()
 	if err != nil {
 		return err
 	}
-	haveBy := map[netip.Prefix]VXLANRoute{}
+	haveBy := map[netip.Prefix]Route{}
 	for _, r := range have {
 		haveBy[r.Dst] = r
 	}
@@ -305,7 +322,7 @@ func (m *VXLANManager) syncRoutes(want VXLANDesired, deletes bool) error {
 	return errors.Join(errs...)
 }
 
-func (m *VXLANManager) syncNeighbors(want VXLANDesired) error {
+func (m *Manager) syncNeighbors(want Desired) error {
 	have, err := m.d.Kernel.Neighbors()
 	if err != nil {
 		return err
@@ -331,7 +348,7 @@ func (m *VXLANManager) syncNeighbors(want VXLANDesired) error {
 	return errors.Join(errs...)
 }
 
-func (m *VXLANManager) syncFDB(want VXLANDesired) error {
+func (m *Manager) syncFDB(want Desired) error {
 	have, err := m.d.Kernel.FDB()
 	if err != nil {
 		return err
@@ -365,39 +382,4 @@ func (m *VXLANManager) syncFDB(want VXLANDesired) error {
 		m.log.WithFields(logrus.Fields{"mac": mac, "nodeIP": dst.String()}).Info("VXLAN peer removed")
 	}
 	return errors.Join(errs...)
-}
-
-// listEndpoints reads every node's endpoint records; the key says which
-// node an endpoint is on.
-func listEndpoints(ctx context.Context, store Store) ([]datastore.Endpoint, error) {
-	kvs, err := store.List(ctx, datastore.EndpointsPrefix)
-	if err != nil {
-		return nil, fmt.Errorf("listing endpoints: %w", err)
-	}
-	var out []datastore.Endpoint
-	for _, kv := range kvs {
-		var ep datastore.Endpoint
-		node, _, ok := datastore.EndpointNodeAndID(kv.Key)
-		if ok && json.Unmarshal(kv.Value, &ep) == nil {
-			ep.Node = node
-			out = append(out, ep)
-		}
-	}
-	return out, nil
-}
-
-// listNodes reads every node record.
-func listNodes(ctx context.Context, store Store) ([]datastore.Node, error) {
-	kvs, err := store.List(ctx, datastore.NodesPrefix)
-	if err != nil {
-		return nil, fmt.Errorf("listing nodes: %w", err)
-	}
-	var out []datastore.Node
-	for _, kv := range kvs {
-		var n datastore.Node
-		if err := json.Unmarshal(kv.Value, &n); err == nil && n.Name != "" {
-			out = append(out, n)
-		}
-	}
-	return out, nil
 }

@@ -1,4 +1,4 @@
-package routing
+package vxlan
 
 import (
 	"context"
@@ -7,8 +7,12 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/routing"
 )
 
 func TestVTEPMAC(t *testing.T) {
@@ -45,39 +49,39 @@ func TestDesiredVXLAN(t *testing.T) {
 		{Node: "near", IPv4: "10.0.1.6/32"}, // its own
 		{Node: "self", IPv4: "10.0.2.10/32"},
 	}
-	base := VXLANInput{Self: "self", SelfIP: a("172.16.1.2"), SelfSubnet: p("172.16.1.0/24"), Nodes: nodes, Owners: owners, Endpoints: endpoints}
-	encap := func(via string) VXLANRoute { return VXLANRoute{Via: a(via), Encap: true} }
+	base := Input{Self: "self", SelfIP: a("172.16.1.2"), SelfSubnet: p("172.16.1.0/24"), Nodes: nodes, Owners: owners, Endpoints: endpoints}
+	encap := func(via string) Route { return Route{Via: a(via), Encap: true} }
 	cases := []struct {
 		name   string
 		mode   string
 		bgp    bool
 		needed bool
-		routes map[string]VXLANRoute
-		kinds  map[string]RouteKind
+		routes map[string]Route
+		kinds  map[string]routing.RouteKind
 	}{
 		{name: "never", mode: "Never"},
 		{name: "always", mode: "Always", needed: true,
-			routes: map[string]VXLANRoute{"10.0.1.0/26": encap("10.0.1.1"), "10.0.2.0/26": encap("10.0.2.1"),
+			routes: map[string]Route{"10.0.1.0/26": encap("10.0.1.1"), "10.0.2.0/26": encap("10.0.2.1"),
 				"10.0.1.5/32": encap("10.0.2.1"), "10.0.2.9/32": encap("10.0.1.1")},
-			kinds: map[string]RouteKind{"near": RouteVXLAN, "far": RouteVXLAN, "novtep": RouteNone}},
+			kinds: map[string]routing.RouteKind{"near": routing.RouteVXLAN, "far": routing.RouteVXLAN, "novtep": routing.RouteNone}},
 		{name: "always with BGP", mode: "Always", bgp: true, needed: true,
-			routes: map[string]VXLANRoute{"10.0.1.0/26": encap("10.0.1.1"), "10.0.2.0/26": encap("10.0.2.1"),
+			routes: map[string]Route{"10.0.1.0/26": encap("10.0.1.1"), "10.0.2.0/26": encap("10.0.2.1"),
 				"10.0.1.5/32": encap("10.0.2.1"), "10.0.2.9/32": encap("10.0.1.1")},
-			kinds: map[string]RouteKind{"near": RouteVXLAN, "far": RouteVXLAN, "novtep": RouteNone}},
+			kinds: map[string]routing.RouteKind{"near": routing.RouteVXLAN, "far": routing.RouteVXLAN, "novtep": routing.RouteNone}},
 		{name: "cross subnet without BGP", mode: "CrossSubnet", needed: true,
-			routes: map[string]VXLANRoute{"10.0.1.0/26": {Via: a("172.16.1.3")}, "10.0.2.0/26": encap("10.0.2.1"),
+			routes: map[string]Route{"10.0.1.0/26": {Via: a("172.16.1.3")}, "10.0.2.0/26": encap("10.0.2.1"),
 				"10.0.1.5/32": encap("10.0.2.1"), "10.0.2.9/32": {Via: a("172.16.1.3")}},
-			kinds: map[string]RouteKind{"near": RouteDirect, "far": RouteVXLAN, "novtep": RouteNone}},
+			kinds: map[string]routing.RouteKind{"near": routing.RouteDirect, "far": routing.RouteVXLAN, "novtep": routing.RouteNone}},
 		{name: "cross subnet with BGP", mode: "CrossSubnet", bgp: true, needed: true,
-			routes: map[string]VXLANRoute{"10.0.2.0/26": encap("10.0.2.1"), "10.0.1.5/32": encap("10.0.2.1")},
-			kinds:  map[string]RouteKind{"near": RouteBGP, "far": RouteVXLAN, "novtep": RouteNone}},
+			routes: map[string]Route{"10.0.2.0/26": encap("10.0.2.1"), "10.0.1.5/32": encap("10.0.2.1")},
+			kinds:  map[string]routing.RouteKind{"near": routing.RouteBGP, "far": routing.RouteVXLAN, "novtep": routing.RouteNone}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			in := base
 			in.BGP = c.bgp
 			in.Pools = []ipam.Pool{{CIDR: "10.0.0.0/16", VXLANMode: c.mode}, {CIDR: "fd00::/64"}}
-			d := DesiredVXLAN(in)
+			d := ComputeDesired(in)
 			if d.Needed != c.needed {
 				t.Fatalf("Needed = %v, want %v", d.Needed, c.needed)
 			}
@@ -124,21 +128,21 @@ func TestDesiredVXLAN(t *testing.T) {
 // fakeVXLANKernel records the device, neighbours, FDB and routes.
 type fakeVXLANKernel struct {
 	uplink Uplink
-	dev    *VXLANDeviceSpec
+	dev    *DeviceSpec
 	neigh  map[netip.Addr]string
 	fdb    map[string]netip.Addr
-	routes map[netip.Prefix]VXLANRoute
+	routes map[netip.Prefix]Route
 }
 
 func newFakeVXLANKernel() *fakeVXLANKernel {
 	return &fakeVXLANKernel{
 		uplink: Uplink{Index: 2, Name: "eth0", Subnet: netip.MustParsePrefix("172.16.1.0/24"), MTU: 1500},
-		neigh:  map[netip.Addr]string{}, fdb: map[string]netip.Addr{}, routes: map[netip.Prefix]VXLANRoute{},
+		neigh:  map[netip.Addr]string{}, fdb: map[string]netip.Addr{}, routes: map[netip.Prefix]Route{},
 	}
 }
 
 func (k *fakeVXLANKernel) Uplink(netip.Addr) (Uplink, error) { return k.uplink, nil }
-func (k *fakeVXLANKernel) EnsureDevice(s VXLANDeviceSpec) error {
+func (k *fakeVXLANKernel) EnsureDevice(s DeviceSpec) error {
 	k.dev = &s
 	return nil
 }
@@ -179,14 +183,14 @@ func (k *fakeVXLANKernel) DelFDB(mac net.HardwareAddr, _ netip.Addr) error {
 	delete(k.fdb, mac.String())
 	return nil
 }
-func (k *fakeVXLANKernel) Routes() ([]VXLANRoute, error) {
-	var out []VXLANRoute
+func (k *fakeVXLANKernel) Routes() ([]Route, error) {
+	var out []Route
 	for _, r := range k.routes {
 		out = append(out, r)
 	}
 	return out, nil
 }
-func (k *fakeVXLANKernel) SetRoute(r VXLANRoute) error { k.routes[r.Dst] = r; return nil }
+func (k *fakeVXLANKernel) SetRoute(r Route) error { k.routes[r.Dst] = r; return nil }
 func (k *fakeVXLANKernel) DelRoute(dst netip.Prefix) error {
 	delete(k.routes, dst)
 	return nil
@@ -196,10 +200,10 @@ func (k *fakeVXLANKernel) DelRoute(dst netip.Prefix) error {
 // a fake kernel: a remote node appears, the pool changes mode, the node is
 // deleted, VXLAN is switched off.
 func TestVXLANManagerSync(t *testing.T) {
-	store, eng, ctx, cancel, log := newAgentFixture(t)
+	store, eng, ctx, cancel, log := newFixture(t)
 	defer cancel()
 	k := newFakeVXLANKernel()
-	m, err := NewVXLANManager(VXLANDeps{Store: store, Blocks: eng, Kernel: k, NodeName: "a", Log: log})
+	m, err := NewManager(Deps{Store: store, Blocks: eng, Kernel: k, NodeName: "a", Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +260,7 @@ func TestVXLANManagerSync(t *testing.T) {
 		t.Fatalf("neighbours %v, FDB %v", k.neigh, k.fdb)
 	}
 	st := m.Status()
-	if st.Passes != 2 || len(st.Nodes) != 1 || st.Nodes[0].Routes != RouteVXLAN || st.Nodes[0].VTEP != bVTEP.String() {
+	if st.Passes != 2 || len(st.Nodes) != 1 || st.Nodes[0].Routes != routing.RouteVXLAN || st.Nodes[0].VTEP != bVTEP.String() {
 		t.Fatalf("status %+v", st)
 	}
 	if !m.Owns(bBlock) {
@@ -272,7 +276,7 @@ func TestVXLANManagerSync(t *testing.T) {
 		t.Fatalf("after b left: routes %v, neighbours %v, FDB %v", k.routes, k.neigh, k.fdb)
 	}
 	// A stale route of ours from an earlier run is removed.
-	k.routes[netip.MustParsePrefix("10.0.99.0/26")] = VXLANRoute{Dst: netip.MustParsePrefix("10.0.99.0/26"), Via: bVTEP, Encap: true}
+	k.routes[netip.MustParsePrefix("10.0.99.0/26")] = Route{Dst: netip.MustParsePrefix("10.0.99.0/26"), Via: bVTEP, Encap: true}
 	sync()
 	if len(k.routes) != 0 {
 		t.Fatalf("stale route kept: %v", k.routes)
@@ -302,33 +306,6 @@ func putNode(t *testing.T, ctx context.Context, store *datastore.Store, n datast
 	}
 }
 
-type ownsSet map[netip.Prefix]bool
-
-func (o ownsSet) Owns(dst netip.Prefix) bool { return o[dst] }
-func (o ownsSet) Status() VXLANStatus        { return VXLANStatus{Passes: 7} }
-
-// TestLeaveToVXLAN: the BGP agent drops learned routes VXLAN owns, keeps
-// the others, and reports VXLAN's status.
-func TestLeaveToVXLAN(t *testing.T) {
-	p := netip.MustParsePrefix
-	gw := []netip.Addr{netip.MustParseAddr("172.16.1.3")}
-	routes := map[netip.Prefix][]netip.Addr{p("10.0.1.0/26"): gw, p("10.0.2.0/26"): gw, p("10.0.2.7/32"): gw}
-	leaveToVXLAN(routes, ownsSet{p("10.0.2.0/26"): true})
-	if len(routes) != 2 || routes[p("10.0.2.0/26")] != nil || routes[p("10.0.1.0/26")] == nil || routes[p("10.0.2.7/32")] == nil {
-		t.Fatalf("routes after leaveToVXLAN: %v", routes)
-	}
-	leaveToVXLAN(routes, nil)
-	if len(routes) != 2 {
-		t.Fatalf("no VXLAN manager, yet routes changed: %v", routes)
-	}
-	if st := vxlanStatus(ownsSet{}); st == nil || st.Passes != 7 {
-		t.Fatalf("status %+v", st)
-	}
-	if vxlanStatus(nil) != nil {
-		t.Fatal("a VXLAN status without a manager")
-	}
-}
-
 // TestVXLANManagerIgnoresChurnWithoutVXLAN: while no pool uses VXLAN (the
 // last pass cleaned up), block claims, endpoints and nodes anywhere in the
 // cluster do not start a pass; a pool change does. With a VXLAN pool every
@@ -338,7 +315,7 @@ func TestVXLANManagerIgnoresChurnWithoutVXLAN(t *testing.T) {
 		clean bool
 		want  string
 	}{{true, ipam.PoolsPrefix}, {false, ipam.AffinityWatchPrefix}} {
-		m := &VXLANManager{clean: tc.clean}
+		m := &Manager{clean: tc.clean}
 		dirty := make(chan string, 4)
 		dirty <- ipam.AffinityWatchPrefix
 		dirty <- datastore.EndpointsPrefix
@@ -356,24 +333,24 @@ func TestVXLANManagerIgnoresChurnWithoutVXLAN(t *testing.T) {
 
 // ownersCounting counts the block-owner reads of a VXLAN manager.
 type ownersCounting struct {
-	VXLANBlocks
+	Blocks
 	reads int
 }
 
 func (o *ownersCounting) BlockOwners(ctx context.Context) (map[netip.Prefix]string, error) {
 	o.reads++
-	return o.VXLANBlocks.BlockOwners(ctx)
+	return o.Blocks.BlockOwners(ctx)
 }
 
 // TestVXLANManagerPassWithoutVXLANReadsPools: without a VXLAN pool a pass
 // reads the pools and nothing else (no block owners), and the first pass
 // with one reads everything.
 func TestVXLANManagerPassWithoutVXLANReadsPools(t *testing.T) {
-	store, eng, ctx, cancel, log := newAgentFixture(t)
+	store, eng, ctx, cancel, log := newFixture(t)
 	defer cancel()
 	k := newFakeVXLANKernel()
-	blocks := &ownersCounting{VXLANBlocks: eng}
-	m, err := NewVXLANManager(VXLANDeps{Store: store, Blocks: blocks, Kernel: k, NodeName: "a", Log: log})
+	blocks := &ownersCounting{Blocks: eng}
+	m, err := NewManager(Deps{Store: store, Blocks: blocks, Kernel: k, NodeName: "a", Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -398,4 +375,15 @@ func TestVXLANManagerPassWithoutVXLANReadsPools(t *testing.T) {
 	if blocks.reads != 1 || m.clean {
 		t.Errorf("with a VXLAN pool: %d block-owner reads, clean %v; want 1 and not clean", blocks.reads, m.clean)
 	}
+}
+
+// newFixture is a real (embedded) datastore and IPAM for a manager under
+// test, with a context the test cancels.
+func newFixture(t *testing.T) (*datastore.Store, *ipam.Engine, context.Context, context.CancelFunc, *logrus.Logger) {
+	t.Helper()
+	store := etcdtest.Start(t).Client(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	log := logrus.New()
+	log.SetLevel(logrus.WarnLevel)
+	return store, ipam.New(store, ipam.Options{Log: log}), ctx, cancel, log
 }

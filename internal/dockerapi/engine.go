@@ -1,4 +1,4 @@
-package plugin
+package dockerapi
 
 import (
 	"context"
@@ -20,14 +20,17 @@ type EngineIdentity struct {
 	id  atomic.Pointer[string]
 }
 
-// NewEngineIdentity asks the Docker daemon at host (see newDockerClient).
+// NewEngineIdentity asks the Docker daemon at host (see NewClient).
 func NewEngineIdentity(host string) (*EngineIdentity, error) {
-	cli, err := newDockerClient(host)
+	cli, err := NewClient(host)
 	if err != nil {
 		return nil, err
 	}
 	return &EngineIdentity{cli: cli}, nil
 }
+
+// IdentityOf learns the engine ID through cli.
+func IdentityOf(cli *client.Client) *EngineIdentity { return &EngineIdentity{cli: cli} }
 
 // ID is the engine ID, "" while Docker has not answered yet.
 func (e *EngineIdentity) ID() string {
@@ -42,7 +45,7 @@ func (e *EngineIdentity) Lookup(ctx context.Context) (string, error) {
 	if id := e.ID(); id != "" {
 		return id, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, dockerCallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
 	defer cancel()
 	info, err := e.cli.Info(ctx)
 	if err != nil {

@@ -1,4 +1,4 @@
-package plugin_test
+package reconcile_test
 
 import (
 	"context"
@@ -10,14 +10,14 @@ import (
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
-	"github.com/calico-cnm/calico-cnm/plugin"
+	"github.com/calico-cnm/calico-cnm/reconcile"
 )
 
 func TestPlanReconcileReclaims(t *testing.T) {
 	tests := []struct {
 		name   string
 		allocs []ipam.Allocation
-		docker *plugin.DockerView
+		docker *reconcile.DockerView
 		want   []string // "ip endpoint-tag"
 		// rebuilt are the tags of the records to rebuild.
 		rebuilt []string
@@ -50,7 +50,7 @@ func TestPlanReconcileReclaims(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			plan := plugin.PlanReconcile(plugin.ReconcileInput{
+			plan := reconcile.MakePlan(reconcile.Input{
 				Node: host, Now: time.Now(), Grace: time.Minute,
 				Allocations: tc.allocs, Networks: map[string]bool{"net1": true},
 				Docker: tc.docker, ReleaseOrphans: true,
@@ -115,7 +115,7 @@ func TestReconcilerAfterRestore(t *testing.T) {
 	if want := []string{id3 + "@net1"}; !reflect.DeepEqual(relabelled, want) {
 		t.Fatalf("labels asked for %v; want the rebuilt endpoint's (%v)", relabelled, want)
 	}
-	if res.Fixes[plugin.FixAddressReclaimed] != 1 || len(res.Plan.Unknown) != 1 || tagOf(res.Plan.Unknown[0]) != "c3" {
+	if res.Fixes[reconcile.FixAddressReclaimed] != 1 || len(res.Plan.Unknown) != 1 || tagOf(res.Plan.Unknown[0]) != "c3" {
 		t.Fatalf("pass after restore: fixes %v, unknown %v; want c3's address reclaimed and c3 reported", res.Fixes, res.Plan.Unknown)
 	}
 	as, err := e.engine.Allocations(ctx)
@@ -151,7 +151,7 @@ func TestReconcilerAfterRestore(t *testing.T) {
 	if !reflect.DeepEqual(ep3, want3) {
 		t.Fatalf("c3's rebuilt record:\n got %+v\nwant %+v", ep3, want3)
 	}
-	if res.Fixes[plugin.FixEndpointRebuilt] != 1 {
+	if res.Fixes[reconcile.FixEndpointRebuilt] != 1 {
 		t.Fatalf("fixes %v: want one endpoint rebuilt", res.Fixes)
 	}
 	if !e.kernel.ifaces[dataplane.HostIfName(id3)][ip3.String()] {

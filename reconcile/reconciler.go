@@ -1,4 +1,4 @@
-package plugin
+package reconcile
 
 import (
 	"context"
@@ -15,12 +15,13 @@ import (
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/driver"
+	"github.com/calico-cnm/calico-cnm/internal/dockerapi"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
-// ReconcileDataplane is what the reconcile loop repairs in the kernel
+// Dataplane is what the reconcile loop repairs in the kernel
 // (*dataplane.Linux).
-type ReconcileDataplane interface {
+type Dataplane interface {
 	// RemoveWorkload deletes the endpoint's veth and host routes; removing
 	// what is not there is fine.
 	RemoveWorkload(ctx context.Context, endpointID string, ips []net.IPNet) error
@@ -36,14 +37,18 @@ type ReconcileDataplane interface {
 	RemoveDetachedWorkload(ctx context.Context, hostIfName string) error
 }
 
-// ReconcileIPAM is what the reconcile loop needs of the address manager
+// IPAM is what the reconcile loop needs of the address manager
 // (*ipam.Engine).
-type ReconcileIPAM interface {
+type IPAM interface {
 	Allocations(ctx context.Context) ([]ipam.Allocation, error)
 	ReleaseByHandle(ctx context.Context, handleID string) error
 	// AssignIP re-assigns an address a live endpoint uses (Plan.Reclaim).
 	AssignIP(ctx context.Context, a ipam.AssignIPArgs) error
 }
+
+// DefaultInterval is the time between periodic passes when the
+// Reconciler's Interval is 0 (the daemon passes its resync interval).
+const DefaultInterval = 30 * time.Second
 
 // Why Run started a pass (the "trigger" field of its debug log line).
 const (
@@ -80,21 +85,21 @@ const (
 // Docker really has attached on this node: it cleans up after containers
 // that went while the daemon was down (Docker's Leave, DeleteEndpoint and
 // ReleaseAddress calls then fail and are never repeated) and restores
-// routes that went missing. See PlanReconcile for the rules.
+// routes that went missing. See MakePlan for the rules.
 type Reconciler struct {
 	Node      string
 	Store     *datastore.Store
-	IPAM      ReconcileIPAM
-	Dataplane ReconcileDataplane
+	IPAM      IPAM
+	Dataplane Dataplane
 	// Docker may be nil: then Docker's view is always unknown and only
 	// routes are repaired.
 	Docker DockerSource
-	// Grace: DefaultReconcileGrace when 0.
+	// Grace: DefaultGrace when 0.
 	Grace time.Duration
-	// Interval between periodic passes: DefaultResyncInterval when 0.
+	// Interval between periodic passes: DefaultInterval when 0.
 	Interval       time.Duration
 	ReleaseOrphans bool
-	Metrics        *Metrics // may be nil
+	Metrics        Metrics // may be nil
 	Log            logrus.FieldLogger
 	Now            func() time.Time
 	// Kick, when set, asks for a pass at once (the datastore was
@@ -115,6 +120,20 @@ type Reconciler struct {
 	stillBad   map[string]bool // problems seen by the running pass
 }
 
+// fixed counts repairs (none without Metrics).
+func (r *Reconciler) fixed(kind string, n int) {
+	if r.Metrics != nil {
+		r.Metrics.Fixed(kind, n)
+	}
+}
+
+// ran counts a pass (none without Metrics).
+func (r *Reconciler) ran(result string) {
+	if r.Metrics != nil {
+		r.Metrics.ReconcileRun(result)
+	}
+}
+
 // PassResult is what one pass found and did.
 type PassResult struct {
 	Plan        Plan
@@ -132,7 +151,7 @@ func (r *Reconciler) now() time.Time {
 
 func (r *Reconciler) grace() time.Duration {
 	if r.Grace == 0 {
-		return DefaultReconcileGrace
+		return DefaultGrace
 	}
 	return r.Grace
 }
@@ -195,7 +214,7 @@ func (r *Reconciler) Pass(ctx context.Context) (PassResult, error) {
 	}
 	res.DockerKnown = in.Docker != nil
 
-	plan := PlanReconcile(in)
+	plan := MakePlan(in)
 	r.pending = plan.Pending
 	res.Plan = plan
 
@@ -206,32 +225,32 @@ func (r *Reconciler) Pass(ctx context.Context) (PassResult, error) {
 		}
 	}
 	for kind, n := range res.Fixes {
-		r.Metrics.Fixed(kind, n)
+		r.fixed(kind, n)
 	}
 	switch {
 	case err != nil:
-		r.Metrics.ReconcileRun(ReconcileFailed)
+		r.ran(ResultFailed)
 	case !res.DockerKnown:
-		r.Metrics.ReconcileRun(ReconcileNoDocker)
+		r.ran(ResultNoDocker)
 	default:
-		r.Metrics.ReconcileRun(ReconcileOK)
+		r.ran(ResultOK)
 	}
 	return res, err
 }
 
 // readInput reads the sources of truth, the datastore first and Docker
-// second: see ReconcileInput. A failed read of the datastore or IPAM fails
+// second: see Input. A failed read of the datastore or IPAM fails
 // the pass (and counts so); an unreachable Docker leaves in.Docker nil.
-func (r *Reconciler) readInput(ctx context.Context) (ReconcileInput, error) {
+func (r *Reconciler) readInput(ctx context.Context) (Input, error) {
 	eps, nets, err := r.readEndpoints(ctx)
 	if err != nil {
-		r.Metrics.ReconcileRun(ReconcileFailed)
-		return ReconcileInput{}, err
+		r.ran(ResultFailed)
+		return Input{}, err
 	}
 	allocs, err := r.IPAM.Allocations(ctx)
 	if err != nil {
-		r.Metrics.ReconcileRun(ReconcileFailed)
-		return ReconcileInput{}, fmt.Errorf("reading IPAM allocations: %w", err)
+		r.ran(ResultFailed)
+		return Input{}, fmt.Errorf("reading IPAM allocations: %w", err)
 	}
 	detached, err := r.Dataplane.ListDetachedWorkloads(ctx)
 	if err != nil {
@@ -241,9 +260,9 @@ func (r *Reconciler) readInput(ctx context.Context) (ReconcileInput, error) {
 	}
 	view, err := r.dockerView(ctx)
 	if err != nil {
-		return ReconcileInput{}, err
+		return Input{}, err
 	}
-	return ReconcileInput{
+	return Input{
 		Node:           r.Node,
 		Now:            r.now(),
 		Grace:          r.grace(),
@@ -322,7 +341,7 @@ func (r *Reconciler) repair(ctx context.Context, plan Plan, dockerKnown bool, fi
 			continue // logged as rebuilt (or retried next pass)
 		}
 		if r.firstWarning("unknown/" + id) {
-			r.Log.WithFields(logrus.Fields{"endpoint": shortID(id), "node": r.Node}).Warn("Docker has an endpoint on a calico network that the datastore does not record for this node (was NODENAME changed?): leaving it alone")
+			r.Log.WithFields(logrus.Fields{"endpoint": dockerapi.ShortID(id), "node": r.Node}).Warn("Docker has an endpoint on a calico network that the datastore does not record for this node (was NODENAME changed?): leaving it alone")
 		}
 	}
 	return errs
@@ -336,7 +355,7 @@ func (r *Reconciler) reclaim(ctx context.Context, addrs []AddressReclaim, fixes 
 	var errs []error
 	handles := map[string][]string{}
 	for _, a := range addrs {
-		log := r.Log.WithFields(logrus.Fields{"ip": a.IP.String(), "endpoint": shortID(a.Endpoint), "network": shortID(a.Network)})
+		log := r.Log.WithFields(logrus.Fields{"ip": a.IP.String(), "endpoint": dockerapi.ShortID(a.Endpoint), "network": dockerapi.ShortID(a.Network)})
 		handle := driver.NewHandleID()
 		err := r.IPAM.AssignIP(ctx, ipam.AssignIPArgs{IP: a.IP.AsSlice(), Host: r.Node, HandleID: handle,
 			Attrs: map[string]string{ipam.AttrNode: r.Node, ipam.AttrReclaimedFor: a.Endpoint}})
@@ -349,7 +368,7 @@ func (r *Reconciler) reclaim(ctx context.Context, addrs []AddressReclaim, fixes 
 			continue
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("re-assigning %s, in use by Docker endpoint %s: %w", a.IP, shortID(a.Endpoint), err))
+			errs = append(errs, fmt.Errorf("re-assigning %s, in use by Docker endpoint %s: %w", a.IP, dockerapi.ShortID(a.Endpoint), err))
 			continue
 		}
 		handles[a.Endpoint] = append(handles[a.Endpoint], handle)
@@ -373,11 +392,11 @@ func (r *Reconciler) rebuild(ctx context.Context, eps []datastore.Endpoint, hand
 			continue
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("rebuilding the record of endpoint %s: %w", shortID(ep.ID), err))
+			errs = append(errs, fmt.Errorf("rebuilding the record of endpoint %s: %w", dockerapi.ShortID(ep.ID), err))
 			continue
 		}
 		fixes[FixEndpointRebuilt]++
-		r.Log.WithFields(logrus.Fields{"endpoint": shortID(ep.ID), "network": shortID(ep.Network), "ip": strings.Join(nonEmpty(ep.IPv4, ep.IPv6), ",")}).
+		r.Log.WithFields(logrus.Fields{"endpoint": dockerapi.ShortID(ep.ID), "network": dockerapi.ShortID(ep.Network), "ip": strings.Join(nonEmpty(ep.IPv4, ep.IPv6), ",")}).
 			Warn("reconcile: rebuilt the record of a running container's endpoint the datastore had lost")
 		if r.Relabel != nil {
 			r.Relabel(ctx, ep.ID, ep.Network)
@@ -417,17 +436,17 @@ func (r *Reconciler) releaseOrphans(ctx context.Context, orphans []AddressReleas
 // record goes last so that a failure half way is retried.
 func (r *Reconciler) removeEndpoint(ctx context.Context, rm EndpointRemoval, fixes map[string]int) error {
 	ep := rm.Endpoint
-	log := r.Log.WithFields(logrus.Fields{"endpoint": shortID(ep.ID), "network": shortID(ep.Network), "ip": strings.Join(nonEmpty(ep.IPv4, ep.IPv6), ",")})
+	log := r.Log.WithFields(logrus.Fields{"endpoint": dockerapi.ShortID(ep.ID), "network": dockerapi.ShortID(ep.Network), "ip": strings.Join(nonEmpty(ep.IPv4, ep.IPv6), ",")})
 	if rm.RemoveVeth {
 		if err := r.Dataplane.RemoveWorkload(ctx, ep.ID, endpointNets(ep)); err != nil {
-			return fmt.Errorf("removing the veth of stale endpoint %s: %w", shortID(ep.ID), err)
+			return fmt.Errorf("removing the veth of stale endpoint %s: %w", dockerapi.ShortID(ep.ID), err)
 		}
 	} else {
 		log.Warn("reconcile: a live Docker endpoint has the same interface name as this stale one: keeping the veth")
 	}
 	for _, rel := range rm.Release {
 		if err := r.IPAM.ReleaseByHandle(ctx, rel.Handle); err != nil {
-			return fmt.Errorf("releasing %s of stale endpoint %s: %w", rel.IP, shortID(ep.ID), err)
+			return fmt.Errorf("releasing %s of stale endpoint %s: %w", rel.IP, dockerapi.ShortID(ep.ID), err)
 		}
 		fixes[FixAddressReleased]++
 		log.WithFields(logrus.Fields{"released": rel.IP.String(), "handle": rel.Handle}).Info("reconcile: released the address of an endpoint Docker no longer has")
@@ -441,7 +460,7 @@ func (r *Reconciler) removeEndpoint(ctx context.Context, rm EndpointRemoval, fix
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("deleting stale endpoint record %s: %w", shortID(ep.ID), err)
+		return fmt.Errorf("deleting stale endpoint record %s: %w", dockerapi.ShortID(ep.ID), err)
 	}
 	fixes[FixEndpointRemoved]++
 	log.WithField("joined", ep.Joined).Info("reconcile: removed an endpoint Docker no longer has (its container went while calico-cnm was down)")
@@ -450,7 +469,7 @@ func (r *Reconciler) removeEndpoint(ctx context.Context, rm EndpointRemoval, fix
 
 // ensureRoutes restores the missing host routes of a live endpoint.
 func (r *Reconciler) ensureRoutes(ctx context.Context, ep datastore.Endpoint, dockerKnown bool, fixes map[string]int) error {
-	log := r.Log.WithFields(logrus.Fields{"endpoint": shortID(ep.ID), "network": shortID(ep.Network), "interface": ep.HostIfName})
+	log := r.Log.WithFields(logrus.Fields{"endpoint": dockerapi.ShortID(ep.ID), "network": dockerapi.ShortID(ep.Network), "interface": ep.HostIfName})
 	missing, err := r.Dataplane.MissingWorkloadRoutes(ctx, ep.HostIfName, endpointNets(ep))
 	if errors.Is(err, dataplane.ErrNoInterface) {
 		if dockerKnown && r.firstWarning("noveth/"+ep.ID) {
@@ -479,7 +498,7 @@ func (r *Reconciler) ensureRoutes(ctx context.Context, ep datastore.Endpoint, do
 func (r *Reconciler) Run(ctx context.Context) {
 	interval := r.Interval
 	if interval <= 0 {
-		interval = DefaultResyncInterval
+		interval = DefaultInterval
 	}
 	var changes <-chan struct{}
 	if r.Docker != nil {
@@ -540,50 +559,6 @@ func (r *Reconciler) Run(ctx context.Context) {
 			pass(PassKicked)
 		}
 	}
-}
-
-// newReconciler wires the daemon's reconciler.
-func newReconciler(cfg Config, store *datastore.Store, engine *ipam.Engine, dp ReconcileDataplane, m *Metrics, log logrus.FieldLogger) (*Reconciler, error) {
-	docker, err := NewDockerSource(cfg.DockerHost, log.WithField("component", "docker"))
-	if err != nil {
-		return nil, err
-	}
-	return &Reconciler{
-		Node:      cfg.NodeName,
-		Store:     store,
-		IPAM:      engine,
-		Dataplane: dp,
-		Docker:    docker,
-		Grace:     cfg.ReconcileGrace,
-		Interval:  cfg.ResyncInterval,
-		// Every scope: PlanReconcile never counts the swarm manager's
-		// assignments (for other nodes' tasks) as orphans.
-		ReleaseOrphans: true,
-		Metrics:        m,
-		Log:            log.WithField("component", "reconcile"),
-	}, nil
-}
-
-// waitServed waits until every socket in paths accepts connections.
-func waitServed(ctx context.Context, paths []string) error {
-	for _, p := range paths {
-		for {
-			var d net.Dialer
-			dctx, cancel := context.WithTimeout(ctx, time.Second)
-			c, err := d.DialContext(dctx, "unix", p)
-			cancel()
-			if err == nil {
-				c.Close()
-				break
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-	}
-	return nil
 }
 
 func nonEmpty(ss ...string) []string {

@@ -1,4 +1,4 @@
-package plugin_test
+package reconcile_test
 
 import (
 	"context"
@@ -24,7 +24,11 @@ import (
 	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/plugin"
+	"github.com/calico-cnm/calico-cnm/reconcile"
 )
+
+// host is the node the reconciler under test runs on.
+const host = "host-a"
 
 // epID makes a Docker-like 64-character endpoint id from a short tag (not
 // ending in 0); the tag leads, as it decides the interface name.
@@ -32,20 +36,20 @@ func epID(tag string) string {
 	return tag + strings.Repeat("0", 64-len(tag))
 }
 
-func stored(node, tag, ip string, joined bool, rev int64) plugin.StoredEndpoint {
+func stored(node, tag, ip string, joined bool, rev int64) reconcile.StoredEndpoint {
 	id := epID(tag)
-	return plugin.StoredEndpoint{Rev: rev, Endpoint: datastore.Endpoint{
+	return reconcile.StoredEndpoint{Rev: rev, Endpoint: datastore.Endpoint{
 		ID: id, Network: "net1", Node: node, IPv4: ip + "/32", Joined: joined,
 		HostIfName: dataplane.HostIfName(id), MAC: "ee:ee:ee:ee:ee:ee",
 	}}
 }
 
-func onEngine(engine string, se plugin.StoredEndpoint) plugin.StoredEndpoint {
+func onEngine(engine string, se reconcile.StoredEndpoint) reconcile.StoredEndpoint {
 	se.Endpoint.EngineID = engine
 	return se
 }
 
-func onEngineView(engine string, v *plugin.DockerView) *plugin.DockerView {
+func onEngineView(engine string, v *reconcile.DockerView) *reconcile.DockerView {
 	v.EngineID = engine
 	return v
 }
@@ -58,7 +62,7 @@ func alloc(ip, handle, node string) ipam.Allocation {
 	return a
 }
 
-func withHandles(se plugin.StoredEndpoint, handles ...string) plugin.StoredEndpoint {
+func withHandles(se reconcile.StoredEndpoint, handles ...string) reconcile.StoredEndpoint {
 	se.Endpoint.Handles = handles
 	return se
 }
@@ -76,16 +80,16 @@ func withAttr(a ipam.Allocation, k, v string) ipam.Allocation {
 	return a
 }
 
-func dockerEP(tag, network string, ips ...string) plugin.DockerEndpoint {
-	de := plugin.DockerEndpoint{ID: epID(tag), Network: network}
+func dockerEP(tag, network string, ips ...string) reconcile.DockerEndpoint {
+	de := reconcile.DockerEndpoint{ID: epID(tag), Network: network}
 	for _, ip := range ips {
 		de.IPs = append(de.IPs, netip.MustParseAddr(ip))
 	}
 	return de
 }
 
-func view(eps ...plugin.DockerEndpoint) *plugin.DockerView {
-	v := &plugin.DockerView{Endpoints: map[string]plugin.DockerEndpoint{}}
+func view(eps ...reconcile.DockerEndpoint) *reconcile.DockerView {
+	v := &reconcile.DockerView{Endpoints: map[string]reconcile.DockerEndpoint{}}
 	for _, e := range eps {
 		v.Endpoints[e.ID] = e
 	}
@@ -104,7 +108,7 @@ type planSummary struct {
 
 func tagOf(id string) string { return strings.TrimRight(id, "0") }
 
-func summarize(p plugin.Plan) planSummary {
+func summarize(p reconcile.Plan) planSummary {
 	var s planSummary
 	for _, rm := range p.RemoveEndpoints {
 		var rel []string
@@ -150,9 +154,9 @@ func TestPlanReconcile(t *testing.T) {
 	}
 	tests := []struct {
 		name      string
-		eps       []plugin.StoredEndpoint
+		eps       []reconcile.StoredEndpoint
 		allocs    []ipam.Allocation
-		docker    *plugin.DockerView
+		docker    *reconcile.DockerView
 		detached  []string
 		firstSeen map[string]time.Time
 		orphans   bool
@@ -162,7 +166,7 @@ func TestPlanReconcile(t *testing.T) {
 	}{
 		{
 			name:   "docker unknown: only routes of this node's joined endpoints; nothing removed even when overdue",
-			eps:    []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5), stored(host, "a2", "10.0.0.2", false, 6), stored("host-b", "b1", "10.0.0.65", true, 7)},
+			eps:    []reconcile.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5), stored(host, "a2", "10.0.0.2", false, 6), stored("host-b", "b1", "10.0.0.65", true, 7)},
 			allocs: []ipam.Allocation{alloc("10.0.0.1", "h1", host), alloc("10.0.0.9", "h9", host)},
 			// Overdue candidates are carried over, not acted on.
 			firstSeen: seenAt(epKey(host, "a2", 6), "address/10.0.0.9/h9"),
@@ -175,7 +179,7 @@ func TestPlanReconcile(t *testing.T) {
 		},
 		{
 			name:    "live endpoints: routes for the joined one, nothing else",
-			eps:     []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5), stored(host, "a2", "10.0.0.2", false, 6)},
+			eps:     []reconcile.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5), stored(host, "a2", "10.0.0.2", false, 6)},
 			allocs:  []ipam.Allocation{alloc("10.0.0.1", "h1", host), alloc("10.0.0.2", "h2", host)},
 			docker:  view(dockerEP("a1", "net1", "10.0.0.1"), dockerEP("a2", "net1", "10.0.0.2")),
 			orphans: true,
@@ -183,7 +187,7 @@ func TestPlanReconcile(t *testing.T) {
 		},
 		{
 			name:    "stale endpoint seen for the first time: pending, not removed",
-			eps:     []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
+			eps:     []reconcile.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
 			allocs:  []ipam.Allocation{alloc("10.0.0.1", "h1", host)},
 			docker:  view(),
 			orphans: true,
@@ -192,7 +196,7 @@ func TestPlanReconcile(t *testing.T) {
 		},
 		{
 			name:      "stale endpoint seen again within the grace period: still pending",
-			eps:       []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
+			eps:       []reconcile.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
 			allocs:    []ipam.Allocation{alloc("10.0.0.1", "h1", host)},
 			docker:    view(),
 			firstSeen: map[string]time.Time{epKey(host, "a1", 5): now.Add(-grace + time.Second)},
@@ -201,7 +205,7 @@ func TestPlanReconcile(t *testing.T) {
 		},
 		{
 			name:      "stale endpoint past the grace period: veth, its address (by handle) and record go",
-			eps:       []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5), stored(host, "a3", "10.0.0.3", true, 8)},
+			eps:       []reconcile.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5), stored(host, "a3", "10.0.0.3", true, 8)},
 			allocs:    []ipam.Allocation{alloc("10.0.0.1", "h1", host), alloc("10.0.0.3", "h3", host)},
 			docker:    view(dockerEP("a3", "net1", "10.0.0.3")),
 			firstSeen: seenAt(epKey(host, "a1", 5)),
@@ -213,7 +217,7 @@ func TestPlanReconcile(t *testing.T) {
 		},
 		{
 			name: "stale endpoint: its address re-assigned to a new handle since is kept; its own handle's address goes",
-			eps: []plugin.StoredEndpoint{
+			eps: []reconcile.StoredEndpoint{
 				withHandles(stored(host, "a1", "10.0.0.1", true, 5), "h1old"),
 				withHandles(stored(host, "a2", "10.0.0.2", true, 6), "h2"),
 			},
@@ -230,7 +234,7 @@ func TestPlanReconcile(t *testing.T) {
 			// handle; an assignment stamped with its time was made by a
 			// daemon that records handles, so it is not this record's.
 			name:      "stale record without handles: a newer (stamped) assignment of its address is kept",
-			eps:       []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
+			eps:       []reconcile.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
 			allocs:    []ipam.Allocation{stampedAlloc("10.0.0.1", "h1new", host, t0)},
 			docker:    view(),
 			firstSeen: seenAt(epKey(host, "a1", 5)),
@@ -238,7 +242,7 @@ func TestPlanReconcile(t *testing.T) {
 		},
 		{
 			name: "stale endpoint of a swarm task: the address stays with the swarm manager",
-			eps:  []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
+			eps:  []reconcile.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
 			allocs: []ipam.Allocation{{IP: net.ParseIP("10.0.0.1").To4(), HandleID: "hm", Block: "10.0.0.0/26", Host: "manager",
 				Attrs: map[string]string{"node": "manager", "swarm": "true"}}},
 			docker:    view(),
@@ -247,7 +251,7 @@ func TestPlanReconcile(t *testing.T) {
 		},
 		{
 			name:      "a changed record restarts its grace period",
-			eps:       []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 9)},
+			eps:       []reconcile.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 9)},
 			allocs:    []ipam.Allocation{alloc("10.0.0.1", "h1", host)},
 			docker:    view(),
 			firstSeen: seenAt(epKey(host, "a1", 5)),
@@ -256,14 +260,14 @@ func TestPlanReconcile(t *testing.T) {
 		},
 		{
 			name:      "stale endpoint whose address is already free: only veth and record go",
-			eps:       []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", false, 5)},
+			eps:       []reconcile.StoredEndpoint{stored(host, "a1", "10.0.0.1", false, 5)},
 			docker:    view(),
 			firstSeen: seenAt(epKey(host, "a1", 5)),
 			want:      planSummary{Remove: []string{"a1 veth=true release= kept=0"}},
 		},
 		{
 			name:      "stale endpoint whose address Docker shows on another endpoint: the address is kept",
-			eps:       []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
+			eps:       []reconcile.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
 			allocs:    []ipam.Allocation{alloc("10.0.0.1", "h1", host)},
 			docker:    view(dockerEP("zz", "othernet", "10.0.0.1")),
 			firstSeen: seenAt(epKey(host, "a1", 5)),
@@ -272,7 +276,7 @@ func TestPlanReconcile(t *testing.T) {
 		{
 			name: "stale endpoint sharing its interface name with a live one: the veth is kept",
 			// Same first 11 characters, different ids.
-			eps:       []plugin.StoredEndpoint{stored(host, "abcdef123451", "10.0.0.1", true, 5)},
+			eps:       []reconcile.StoredEndpoint{stored(host, "abcdef123451", "10.0.0.1", true, 5)},
 			allocs:    []ipam.Allocation{alloc("10.0.0.1", "h1", host)},
 			docker:    view(dockerEP("abcdef123452", "net1", "10.0.0.2")),
 			firstSeen: seenAt(epKey(host, "abcdef123451", 5)),
@@ -283,7 +287,7 @@ func TestPlanReconcile(t *testing.T) {
 		},
 		{
 			name:      "other nodes' endpoints are never touched",
-			eps:       []plugin.StoredEndpoint{stored("host-b", "b1", "10.0.0.65", true, 5)},
+			eps:       []reconcile.StoredEndpoint{stored("host-b", "b1", "10.0.0.65", true, 5)},
 			allocs:    []ipam.Allocation{alloc("10.0.0.65", "hb", "host-b")},
 			docker:    view(),
 			firstSeen: seenAt(epKey("host-b", "b1", 5)),
@@ -294,7 +298,7 @@ func TestPlanReconcile(t *testing.T) {
 			// A cloned host running with our node name: its Docker is not
 			// ours, so our Docker's view says nothing about its records.
 			name:      "another Docker engine's endpoints under this node name are never touched; ours and unmarked ones are",
-			eps:       []plugin.StoredEndpoint{onEngine("engine-b", stored(host, "b1", "10.0.0.5", true, 5)), onEngine("engine-a", stored(host, "a1", "10.0.0.1", true, 6)), stored(host, "a2", "10.0.0.2", true, 7)},
+			eps:       []reconcile.StoredEndpoint{onEngine("engine-b", stored(host, "b1", "10.0.0.5", true, 5)), onEngine("engine-a", stored(host, "a1", "10.0.0.1", true, 6)), stored(host, "a2", "10.0.0.2", true, 7)},
 			allocs:    []ipam.Allocation{alloc("10.0.0.5", "h5", host), alloc("10.0.0.1", "h1", host), alloc("10.0.0.2", "h2", host)},
 			docker:    onEngineView("engine-a", view()),
 			firstSeen: seenAt(epKey(host, "b1", 5), epKey(host, "a1", 6), epKey(host, "a2", 7), "address/10.0.0.5/h5"),
@@ -303,7 +307,7 @@ func TestPlanReconcile(t *testing.T) {
 		},
 		{
 			name: "orphaned address: first pending, then released by handle; in-use, foreign and unattributed ones stay",
-			eps:  []plugin.StoredEndpoint{stored("host-b", "b1", "10.0.0.5", true, 5)},
+			eps:  []reconcile.StoredEndpoint{stored("host-b", "b1", "10.0.0.5", true, 5)},
 			allocs: []ipam.Allocation{
 				alloc("10.0.0.9", "h9", host),       // orphan, seen at t0: released
 				alloc("10.0.0.10", "h10", host),     // orphan, new: pending
@@ -332,7 +336,7 @@ func TestPlanReconcile(t *testing.T) {
 		},
 		{
 			name:   "detached veth pairs: a record's or a Docker endpoint's stay, others go after the grace period",
-			eps:    []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", false, 5)},
+			eps:    []reconcile.StoredEndpoint{stored(host, "a1", "10.0.0.1", false, 5)},
 			docker: view(dockerEP("a1", "net1", "10.0.0.1"), dockerEP("d2", "net1", "10.0.0.2")),
 			detached: []string{
 				dataplane.HostIfName(epID("a1")), // its record's (mid-Join)
@@ -378,7 +382,7 @@ func TestPlanReconcile(t *testing.T) {
 				alloc("10.0.0.12", "h12", host),
 				alloc("10.0.0.13", "h13", host),
 			},
-			docker: func() *plugin.DockerView {
+			docker: func() *reconcile.DockerView {
 				v := view()
 				v.AuxAddresses = map[netip.Addr]string{netip.MustParseAddr("10.0.0.12"): "macvlan1"}
 				return v
@@ -403,7 +407,7 @@ func TestPlanReconcile(t *testing.T) {
 		},
 		{
 			name:    "negative grace acts at once",
-			eps:     []plugin.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
+			eps:     []reconcile.StoredEndpoint{stored(host, "a1", "10.0.0.1", true, 5)},
 			allocs:  []ipam.Allocation{alloc("10.0.0.1", "h1", host), alloc("10.0.0.9", "h9", host)},
 			docker:  view(),
 			orphans: true,
@@ -420,7 +424,7 @@ func TestPlanReconcile(t *testing.T) {
 			if tc.grace != 0 {
 				g = tc.grace
 			}
-			plan := plugin.PlanReconcile(plugin.ReconcileInput{
+			plan := reconcile.MakePlan(reconcile.Input{
 				Node: host, Now: now, Grace: g,
 				Endpoints: tc.eps, Allocations: tc.allocs,
 				Networks: map[string]bool{"net1": true},
@@ -445,20 +449,20 @@ func TestPlanReconcile(t *testing.T) {
 // fakeDocker is a DockerSource whose view the test sets.
 type fakeDocker struct {
 	mu      sync.Mutex
-	view    plugin.DockerView
+	view    reconcile.DockerView
 	err     error
 	changes chan struct{}
 	views   int // View calls
 }
 
-func (f *fakeDocker) View(ctx context.Context) (plugin.DockerView, error) {
+func (f *fakeDocker) View(ctx context.Context) (reconcile.DockerView, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.views++
 	if f.err != nil {
-		return plugin.DockerView{}, f.err
+		return reconcile.DockerView{}, f.err
 	}
-	v := plugin.DockerView{Endpoints: map[string]plugin.DockerEndpoint{}}
+	v := reconcile.DockerView{Endpoints: map[string]reconcile.DockerEndpoint{}}
 	for k, e := range f.view.Endpoints {
 		v.Endpoints[k] = e
 	}
@@ -473,13 +477,13 @@ func (f *fakeDocker) viewCalls() int {
 	return f.views
 }
 
-func (f *fakeDocker) set(v *plugin.DockerView, err error) {
+func (f *fakeDocker) set(v *reconcile.DockerView, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.view, f.err = *v, err
 }
 
-// fakeKernel is a ReconcileDataplane with interfaces and host routes.
+// fakeKernel is a Dataplane with interfaces and host routes.
 type fakeKernel struct {
 	mu       sync.Mutex
 	ifaces   map[string]map[string]bool // interface -> routed IPs
@@ -545,19 +549,22 @@ type recEnv struct {
 	engine *ipam.Engine
 	docker *fakeDocker
 	kernel *fakeKernel
-	rec    *plugin.Reconciler
-	clock  time.Time
+	rec    *reconcile.Reconciler
+	// metrics are the daemon's, which the reconciler counts into.
+	metrics *plugin.Metrics
+	clock   time.Time
 }
 
 func newRecEnv(t *testing.T) *recEnv {
 	t.Helper()
 	m := etcdtest.Start(t)
 	e := &recEnv{
-		store:  m.Store,
-		engine: ipam.New(m.Store, ipam.Options{Log: quietLog()}),
-		docker: &fakeDocker{},
-		kernel: &fakeKernel{ifaces: map[string]map[string]bool{}, detached: map[string]bool{}},
-		clock:  time.Date(2024, 1, 1, 12, 0, 0, 0, time.UTC),
+		store:   m.Store,
+		engine:  ipam.New(m.Store, ipam.Options{Log: quietLog()}),
+		docker:  &fakeDocker{},
+		kernel:  &fakeKernel{ifaces: map[string]map[string]bool{}, detached: map[string]bool{}},
+		clock:   time.Date(2024, 1, 1, 12, 0, 0, 0, time.UTC),
+		metrics: plugin.NewMetrics(nil, quietLog()),
 	}
 	if _, err := e.engine.AddPool(context.Background(), ipam.Pool{CIDR: "10.20.0.0/16"}); err != nil {
 		t.Fatal(err)
@@ -565,10 +572,10 @@ func newRecEnv(t *testing.T) *recEnv {
 	if err := e.store.Txn(context.Background(), datastore.Create(datastore.NetworkKey("net1"), datastore.MustJSON(datastore.Network{ID: "net1"}))); err != nil {
 		t.Fatal(err)
 	}
-	e.rec = &plugin.Reconciler{
+	e.rec = &reconcile.Reconciler{
 		Node: host, Store: m.Store, IPAM: e.engine, Dataplane: e.kernel, Docker: e.docker,
 		Grace: 20 * time.Second, ReleaseOrphans: true,
-		Metrics: plugin.NewMetrics(nil, quietLog()),
+		Metrics: e.metrics,
 		Log:     quietLog(), Now: func() time.Time { return e.clock },
 	}
 	return e
@@ -608,7 +615,7 @@ func (e *recEnv) allocated(t *testing.T) map[string]string {
 	return out
 }
 
-func (e *recEnv) pass(t *testing.T) plugin.PassResult {
+func (e *recEnv) pass(t *testing.T) reconcile.PassResult {
 	t.Helper()
 	res, err := e.rec.Pass(context.Background())
 	if err != nil {
@@ -636,7 +643,7 @@ func TestReconcilerRepairsAfterACrash(t *testing.T) {
 	delete(e.kernel.ifaces[dataplane.HostIfName(id3)], ip3.String())
 
 	res := e.pass(t)
-	if res.Fixes[plugin.FixRouteRestored] != 1 || !e.kernel.ifaces[dataplane.HostIfName(id3)][ip3.String()] {
+	if res.Fixes[reconcile.FixRouteRestored] != 1 || !e.kernel.ifaces[dataplane.HostIfName(id3)][ip3.String()] {
 		t.Errorf("c3's route not restored at once: fixes %v", res.Fixes)
 	}
 	if len(e.kernel.removed) != 0 || len(e.allocated(t)) != 4 {
@@ -645,7 +652,7 @@ func TestReconcilerRepairsAfterACrash(t *testing.T) {
 
 	e.clock = e.clock.Add(21 * time.Second)
 	res = e.pass(t)
-	want := map[string]int{plugin.FixEndpointRemoved: 1, plugin.FixAddressReleased: 1, plugin.FixOrphanReleased: 1, plugin.FixInterfaceRemoved: 1}
+	want := map[string]int{reconcile.FixEndpointRemoved: 1, reconcile.FixAddressReleased: 1, reconcile.FixOrphanReleased: 1, reconcile.FixInterfaceRemoved: 1}
 	if !reflect.DeepEqual(res.Fixes, want) {
 		t.Errorf("fixes %v, want %v", res.Fixes, want)
 	}
@@ -668,7 +675,7 @@ func TestReconcilerRepairsAfterACrash(t *testing.T) {
 			t.Errorf("live endpoint record %s: %v", id[:12], err)
 		}
 	}
-	if err := testutil.GatherAndCompare(e.rec.Metrics.Registry, strings.NewReader(`
+	if err := testutil.GatherAndCompare(e.metrics.Registry, strings.NewReader(`
 # HELP calico_cnm_reconcile_fixes_total Repairs made by the reconcile loop, by kind.
 # TYPE calico_cnm_reconcile_fixes_total counter
 calico_cnm_reconcile_fixes_total{kind="address_reclaimed"} 0
@@ -712,7 +719,7 @@ func TestReconcilerReleasesNothingWhileDockerIsUnreachable(t *testing.T) {
 	if !e.kernel.ifaces[dataplane.HostIfName(id1)][ip1.String()] {
 		t.Error("route not restored while Docker was unreachable")
 	}
-	if got := counterValue(t, e.rec.Metrics, plugin.MetricReconcileRuns, "docker_unavailable"); got != 3 {
+	if got := counterValue(t, e.metrics, plugin.MetricReconcileRuns, "docker_unavailable"); got != 3 {
 		t.Errorf("docker_unavailable runs = %v, want 3", got)
 	}
 
@@ -723,7 +730,7 @@ func TestReconcilerReleasesNothingWhileDockerIsUnreachable(t *testing.T) {
 		t.Errorf("acted on the first pass with Docker's view: %+v", res.Plan)
 	}
 	e.clock = e.clock.Add(21 * time.Second)
-	if res := e.pass(t); res.Fixes[plugin.FixEndpointRemoved] != 1 || res.Fixes[plugin.FixOrphanReleased] != 1 {
+	if res := e.pass(t); res.Fixes[reconcile.FixEndpointRemoved] != 1 || res.Fixes[reconcile.FixOrphanReleased] != 1 {
 		t.Errorf("after the grace period: fixes %v", res.Fixes)
 	}
 	if n := len(e.allocated(t)); n != 0 {
@@ -807,10 +814,10 @@ func TestReconcilerRun(t *testing.T) {
 	before := len(triggers())
 	e.docker.changes <- struct{}{}
 	deadline := time.Now().Add(15 * time.Second)
-	for !slices.Contains(triggers()[before:], plugin.PassDockerEvent) && time.Now().Before(deadline) {
+	for !slices.Contains(triggers()[before:], reconcile.PassDockerEvent) && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if got := triggers()[before:]; !slices.Equal(got, []string{plugin.PassDockerEvent}) {
+	if got := triggers()[before:]; !slices.Equal(got, []string{reconcile.PassDockerEvent}) {
 		t.Errorf("passes after the follow-up, for one Docker event: %q", got)
 	}
 }
@@ -848,7 +855,7 @@ func TestReconcilerReleasesAbandonedAssignments(t *testing.T) {
 	if !held("cnm.task2") {
 		t.Fatal("fixture: the timed-out assignment did not land")
 	}
-	rec := &plugin.Reconciler{
+	rec := &reconcile.Reconciler{
 		Node: host, Store: m.Store, IPAM: engine, Dataplane: &fakeKernel{ifaces: map[string]map[string]bool{}, detached: map[string]bool{}},
 		Docker: &fakeDocker{}, ReleaseOrphans: false, // as a swarm manager that releases no orphans
 		Metrics: plugin.NewMetrics(nil, quietLog()), Log: quietLog(),
@@ -857,7 +864,7 @@ func TestReconcilerReleasesAbandonedAssignments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Fixes[plugin.FixOrphanReleased] != 1 || held("cnm.task2") {
+	if res.Fixes[reconcile.FixOrphanReleased] != 1 || held("cnm.task2") {
 		t.Errorf("after a pass: fixes %v, cnm.task2 still held: %v; want it released", res.Fixes, held("cnm.task2"))
 	}
 	if !held("cnm.task1") {
@@ -868,8 +875,8 @@ func TestReconcilerReleasesAbandonedAssignments(t *testing.T) {
 // TestDockerViewUses: what Docker holds is its endpoints' addresses and the
 // networks' --aux-address reservations (ipam check judges leaks by it).
 func TestDockerViewUses(t *testing.T) {
-	v := &plugin.DockerView{
-		Endpoints:    map[string]plugin.DockerEndpoint{"e1": {ID: "e1", IPs: []netip.Addr{netip.MustParseAddr("10.0.0.1")}}},
+	v := &reconcile.DockerView{
+		Endpoints:    map[string]reconcile.DockerEndpoint{"e1": {ID: "e1", IPs: []netip.Addr{netip.MustParseAddr("10.0.0.1")}}},
 		AuxAddresses: map[netip.Addr]string{netip.MustParseAddr("10.0.0.2"): "macvlan1"},
 	}
 	got := v.Uses()

@@ -1,4 +1,4 @@
-package routing
+package vxlan
 
 import (
 	"context"
@@ -8,10 +8,10 @@ import (
 )
 
 // WorkloadMTU is the MTU for a container interface with address ip: the
-// uplink's MTU minus VXLANOverhead when ip is in a pool that may
+// uplink's MTU minus Overhead when ip is in a pool that may
 // encapsulate (Always or CrossSubnet: one MTU for every destination, so
 // that no path needs fragmentation), 0 (the default) otherwise.
-func (m *VXLANManager) WorkloadMTU(ctx context.Context, ip net.IP) (int, error) {
+func (m *Manager) WorkloadMTU(ctx context.Context, ip net.IP) (int, error) {
 	a, ok := netip.AddrFromSlice(ip)
 	if !ok {
 		return 0, nil
@@ -38,12 +38,12 @@ func (m *VXLANManager) WorkloadMTU(ctx context.Context, ip net.IP) (int, error) 
 			return 0, err
 		}
 	}
-	return mtu - VXLANOverhead, nil
+	return mtu - Overhead, nil
 }
 
 // detectUplinkMTU finds the MTU of the interface holding the node address
 // without the manager's netlink handle, which belongs to its own goroutine.
-func (m *VXLANManager) detectUplinkMTU() (int, error) {
+func (m *Manager) detectUplinkMTU() (int, error) {
 	var addr netip.Addr
 	var err error
 	if m.d.Config.NodeIP != "" {

@@ -1,4 +1,9 @@
-package routing
+// Package vxlan keeps vxlan.calico, its neighbours, FDB entries and the
+// routes to other hosts' blocks equal to what the pools, node records and
+// block affinities ask for, with or without BGP. The BGP agent (routing)
+// asks it which destinations it owns (routing.VXLANRouter); its status is
+// the VXLAN part of `node status` (routing.VXLANStatus).
+package vxlan
 
 import (
 	"crypto/sha1"
@@ -11,24 +16,25 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/routing"
 )
 
 // Calico's VXLAN choices, so that a node computes every other node's
 // tunnel endpoint the same way Calico does.
 const (
-	VXLANDevice = "vxlan.calico"
-	VXLANVNI    = 4096
-	VXLANPort   = 4789
-	// VXLANOverhead is what the encapsulation adds to a packet: outer
+	Device = "vxlan.calico"
+	VNI    = 4096
+	Port   = 4789
+	// Overhead is what the encapsulation adds to a packet: outer
 	// IPv4 (20), UDP (8), VXLAN (8) and inner Ethernet (14) headers.
-	VXLANOverhead = 50
+	Overhead = 50
 )
 
-// VXLANProtocol marks the routes the VXLAN manager installs ("proto 82"):
+// Protocol marks the routes the VXLAN manager installs ("proto 82"):
 // neither dataplane.RouteProtocol (80: blackholes, workload routes) nor
-// LearnedProtocol (81: BGP), so that each owner's cleanup deletes only its
-// own routes.
-const VXLANProtocol netlink.RouteProtocol = 82
+// routing.LearnedProtocol (81: BGP), so that each owner's cleanup deletes
+// only its own routes.
+const Protocol netlink.RouteProtocol = 82
 
 // VTEPMAC is the MAC of node's vxlan.calico device: 0x66 ('f') followed by
 // the first five bytes of SHA-1 of the node name, as Calico computes it
@@ -39,17 +45,6 @@ func VTEPMAC(node string) net.HardwareAddr {
 	return append(net.HardwareAddr{0x66}, sum[:5]...)
 }
 
-// RouteKind says how this node reaches another node's workloads.
-type RouteKind string
-
-// Route kinds shown by `node status` and `node list`.
-const (
-	RouteVXLAN  RouteKind = "vxlan"  // encapsulated: <block> via <VTEP> dev vxlan.calico onlink
-	RouteDirect RouteKind = "direct" // same subnet, computed from the datastore: <block> via <node>
-	RouteBGP    RouteKind = "bgp"    // same subnet, left to the routes BGP learns
-	RouteNone   RouteKind = "-"      // no VXLAN pool, or the node has no VTEP yet
-)
-
 // VTEP is a remote node's tunnel endpoint.
 type VTEP struct {
 	Node   string
@@ -58,16 +53,16 @@ type VTEP struct {
 	MAC    net.HardwareAddr
 }
 
-// VXLANRoute is one route of the VXLAN manager: via a VTEP on the device
+// Route is one route of the VXLAN manager: via a VTEP on the device
 // (Encap) or via a node address directly.
-type VXLANRoute struct {
+type Route struct {
 	Dst   netip.Prefix
 	Via   netip.Addr
 	Encap bool
 }
 
-// VXLANInput is what the desired VXLAN state is computed from.
-type VXLANInput struct {
+// Input is what the desired VXLAN state is computed from.
+type Input struct {
 	Self       string
 	SelfIP     netip.Addr   // this node's underlay address
 	SelfSubnet netip.Prefix // the subnet of SelfIP's interface (CrossSubnet)
@@ -80,27 +75,27 @@ type VXLANInput struct {
 	Endpoints []datastore.Endpoint
 }
 
-// VXLANDesired is the state the kernel should have.
-type VXLANDesired struct {
+// Desired is the state the kernel should have.
+type Desired struct {
 	// Needed: some pool uses VXLAN, so this node has a device and a VTEP.
 	Needed bool
 	// Pools are the enabled and disabled pools with vxlanMode != Never:
 	// the VTEP address comes from one of them.
 	Pools  []netip.Prefix
 	VTEPs  []VTEP // every remote node with a VTEP, by name
-	Routes map[netip.Prefix]VXLANRoute
+	Routes map[netip.Prefix]Route
 	// Kinds is, per remote node, how its workloads are reached (the
 	// strongest kind over its blocks: vxlan, then direct, then bgp).
-	Kinds map[string]RouteKind
+	Kinds map[string]routing.RouteKind
 }
 
-// DesiredVXLAN computes device, VTEPs and routes from the datastore's view.
+// ComputeDesired computes device, VTEPs and routes from the datastore's view.
 // A remote block in an Always pool is routed through the owner's VTEP; in a
 // CrossSubnet pool likewise when the owner is outside SelfSubnet, and
 // directly otherwise (left to BGP when BGP runs). Never pools are not
 // touched (BGP's, or nobody's).
-func DesiredVXLAN(in VXLANInput) VXLANDesired {
-	d := VXLANDesired{Routes: map[netip.Prefix]VXLANRoute{}, Kinds: map[string]RouteKind{}}
+func ComputeDesired(in Input) Desired {
+	d := Desired{Routes: map[netip.Prefix]Route{}, Kinds: map[string]routing.RouteKind{}}
 	pools := vxlanPools(in.Pools)
 	for _, p := range pools {
 		d.Pools = append(d.Pools, p.pfx)
@@ -112,7 +107,7 @@ func DesiredVXLAN(in VXLANInput) VXLANDesired {
 	r := vxlanRouter{in: in, d: &d, pools: pools, vteps: map[string]VTEP{}, nodeIPs: map[string]netip.Addr{}}
 	r.readRemoteNodes()
 	for name := range r.nodeIPs {
-		d.Kinds[name] = RouteNone
+		d.Kinds[name] = routing.RouteNone
 	}
 	for block, owner := range in.Owners {
 		if owner != in.Self && owner != "" {
@@ -144,13 +139,13 @@ func vxlanPools(all []ipam.Pool) []vxlanPool {
 
 // routeKindRank orders the kinds by strength: a node's kind is the
 // strongest over its blocks.
-var routeKindRank = map[RouteKind]int{RouteNone: 0, RouteBGP: 1, RouteDirect: 2, RouteVXLAN: 3}
+var routeKindRank = map[routing.RouteKind]int{routing.RouteNone: 0, routing.RouteBGP: 1, routing.RouteDirect: 2, routing.RouteVXLAN: 3}
 
 // vxlanRouter fills d's VTEPs, routes and kinds from in, once the VXLAN
 // pools are known.
 type vxlanRouter struct {
-	in      VXLANInput
-	d       *VXLANDesired
+	in      Input
+	d       *Desired
 	pools   []vxlanPool
 	vteps   map[string]VTEP       // remote node -> its VTEP
 	nodeIPs map[string]netip.Addr // remote node -> its underlay address
@@ -184,7 +179,7 @@ func (r *vxlanRouter) readRemoteNodes() {
 }
 
 // note raises node's kind to k unless it already has a stronger one.
-func (r *vxlanRouter) note(node string, k RouteKind) {
+func (r *vxlanRouter) note(node string, k routing.RouteKind) {
 	if routeKindRank[k] > routeKindRank[r.d.Kinds[node]] {
 		r.d.Kinds[node] = k
 	}
@@ -209,17 +204,17 @@ func (r *vxlanRouter) route(dst netip.Prefix, node string) {
 	sameSubnet := r.in.SelfSubnet.IsValid() && r.in.SelfSubnet.Contains(nodeIP)
 	switch {
 	case pool.mode == ipam.EncapCrossSubnet && sameSubnet && r.in.BGP:
-		r.note(node, RouteBGP)
+		r.note(node, routing.RouteBGP)
 	case pool.mode == ipam.EncapCrossSubnet && sameSubnet:
-		r.d.Routes[dst] = VXLANRoute{Dst: dst, Via: nodeIP}
-		r.note(node, RouteDirect)
+		r.d.Routes[dst] = Route{Dst: dst, Via: nodeIP}
+		r.note(node, routing.RouteDirect)
 	default:
 		v, ok := r.vteps[node]
 		if !ok {
 			return // no VTEP yet: the node's manager has not started
 		}
-		r.d.Routes[dst] = VXLANRoute{Dst: dst, Via: v.Addr, Encap: true}
-		r.note(node, RouteVXLAN)
+		r.d.Routes[dst] = Route{Dst: dst, Via: v.Addr, Encap: true}
+		r.note(node, routing.RouteVXLAN)
 	}
 }
 
@@ -256,7 +251,7 @@ func endpointIPv4(ep datastore.Endpoint) (netip.Addr, bool) {
 
 // Owns says whether the VXLAN manager routes dst; BGP must then leave it
 // alone (VXLAN takes precedence over BGP-learned routes for its pools).
-func (d VXLANDesired) Owns(dst netip.Prefix) bool {
+func (d Desired) Owns(dst netip.Prefix) bool {
 	_, ok := d.Routes[dst.Masked()]
 	return ok
 }

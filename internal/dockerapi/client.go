@@ -1,17 +1,20 @@
-package plugin
+// Package dockerapi is how the daemon talks to its Docker engine: one way
+// to make a client, one bound on a call, the engine's identity.
+package dockerapi
 
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/docker/docker/client"
 )
 
-// newDockerClient talks to the Docker daemon at host (e.g.
+// NewClient talks to the Docker daemon at host (e.g.
 // unix:///var/run/docker.sock; "" = $DOCKER_HOST, else that default),
 // negotiating the API version so that dockerd 20.10 (API 1.41) works. It
 // does not connect yet.
-func newDockerClient(host string) (*client.Client, error) {
+func NewClient(host string) (*client.Client, error) {
 	opts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
 	if host != "" {
 		// The client library accepts any scheme and fails only at the first
@@ -28,4 +31,17 @@ func newDockerClient(host string) (*client.Client, error) {
 		return nil, fmt.Errorf("docker host %q: %w", host, err)
 	}
 	return cli, nil
+}
+
+// CallTimeout bounds one Docker call: a hung dockerd must not hang the
+// loop that asked.
+const CallTimeout = 15 * time.Second
+
+// ShortID is a Docker ID as Docker shows it (12 characters), for logs and
+// metric labels.
+func ShortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
 }

@@ -1,4 +1,9 @@
-package routing
+// Package follow holds the datastore reads that the BGP agent (routing),
+// the VXLAN manager (vxlan) and the WireGuard manager (wireguard) share:
+// following a prefix from a revision, and reading or changing node and
+// endpoint records. It is a stopgap until one datastore syncer feeds them
+// all.
+package follow
 
 import (
 	"context"
@@ -10,6 +15,18 @@ import (
 	"github.com/calico-cnm/calico-cnm/internal/retry"
 )
 
+// Store is the part of the datastore the followers use (*datastore.Store
+// has it).
+type Store interface {
+	Get(ctx context.Context, key string) (datastore.KV, error)
+	List(ctx context.Context, prefix string) ([]datastore.KV, error)
+	// ListWithRevision is List with the revision it read at.
+	ListWithRevision(ctx context.Context, prefix string) ([]datastore.KV, int64, error)
+	Txn(ctx context.Context, ops ...datastore.Op) error
+	Retry(ctx context.Context, fn func(ctx context.Context) error) error
+	Watch(ctx context.Context, prefix string, fromRev int64) <-chan datastore.Event
+}
+
 // Following the datastore. A watch from "now" (revision 0) is not live
 // when Watch returns: etcd registers it when the request reaches the
 // server, later. A change written between a first read and that moment
@@ -17,12 +34,12 @@ import (
 // records before the last 7 nodes had registered, and its watch went live
 // after they had; it rejected their blocks (reflected with a next hop it
 // did not know as a node) until the 30 s resync. So the revision comes
-// first (storeRevision), the reads after it, and the watches replay every
+// first (Revision), the reads after it, and the watches replay every
 // change after it.
 
-// storeRevision is the datastore's current revision, retried until it is
+// Revision is the datastore's current revision, retried until it is
 // read; an error only when ctx ends.
-func storeRevision(ctx context.Context, store Store, log logrus.FieldLogger) (int64, error) {
+func Revision(ctx context.Context, store Store, log logrus.FieldLogger) (int64, error) {
 	var rev int64
 	err := retry.Until(ctx, retry.Standard(), 0, func(ctx context.Context) error {
 		var err error
@@ -41,12 +58,12 @@ func currentRevision(ctx context.Context, store Store) (int64, error) {
 	return rev, err
 }
 
-// followPrefix signals dirty with prefix for every change under it after
+// Prefix signals dirty with prefix for every change under it after
 // revision fromRev: the caller takes fromRev before it first reads what
 // prefix holds, so every change its read may have missed is signalled.
 // After a break it takes a new revision, watches from there and signals
 // once (whatever changed during the break is in the next read).
-func followPrefix(ctx context.Context, store Store, prefix string, fromRev int64, dirty chan<- string) {
+func Prefix(ctx context.Context, store Store, prefix string, fromRev int64, dirty chan<- string) {
 	signal := func() bool {
 		select {
 		case dirty <- prefix:
