@@ -15,6 +15,9 @@ type PoolInfo struct {
 	Prefix netip.Prefix
 }
 
+// ComparePools orders pools as ListPools does.
+func ComparePools(a, b *PoolInfo) int { return comparePoolPrefixes(a.Prefix, b.Prefix) }
+
 // BlockAffinity is a host's claim on a block; only a confirmed one makes
 // the block the host's.
 type BlockAffinity struct {

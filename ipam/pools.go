@@ -129,16 +129,19 @@ func decodePool(kv datastore.KV) (poolEntry, error) {
 }
 
 func sortPools(ps []poolEntry) {
-	slices.SortFunc(ps, func(a, b poolEntry) int {
-		// IPv4 first, then by address.
-		if a.prefix.Addr().Is4() != b.prefix.Addr().Is4() {
-			if a.prefix.Addr().Is4() {
-				return -1
-			}
-			return 1
+	slices.SortFunc(ps, func(a, b poolEntry) int { return comparePoolPrefixes(a.prefix, b.prefix) })
+}
+
+// comparePoolPrefixes is the order pools are listed and tried in: IPv4
+// first, then by address.
+func comparePoolPrefixes(a, b netip.Prefix) int {
+	if a.Addr().Is4() != b.Addr().Is4() {
+		if a.Addr().Is4() {
+			return -1
 		}
-		return comparePrefix(a.prefix, b.prefix)
-	})
+		return 1
+	}
+	return comparePrefix(a, b)
 }
 
 // loadPools reads all pools and refreshes the cache.

@@ -93,7 +93,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 
 	defer startVXLAN(d.sup, cfg, d.vx, d.log)()
 	defer startWireGuard(d.sup, cfg, d.wgd)()
-	closeRouting, err := startRouting(d.sup, cfg, d.store, d.engine, d.vx.mgr, d.metrics.Routing, d.health, d.log)
+	closeRouting, err := startRouting(d.sup, cfg, d.store, d.syncer, d.engine, d.vx.mgr, d.metrics.Routing, d.health, d.log)
 	if err != nil {
 		_ = d.sup.Stop()
 		return fmt.Errorf("starting BGP: %w", err)
@@ -180,10 +180,10 @@ func (d *daemon) openDataplane() error {
 // the ports' nftables handle, then the policy's unless pol.start took them
 // over.
 func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
-	if d.vx, err = newVXLAN(d.cfg, d.store, d.engine, d.log); err != nil {
+	if d.vx, err = newVXLAN(d.cfg, d.store, d.syncer, d.engine, d.log); err != nil {
 		return nil, fmt.Errorf("starting VXLAN: %w", err)
 	}
-	if d.wgd, err = newWireGuard(d.cfg, d.store, d.engine, d.log); err != nil {
+	if d.wgd, err = newWireGuard(d.cfg, d.store, d.syncer, d.engine, d.log); err != nil {
 		return nil, fmt.Errorf("starting WireGuard: %w", err)
 	}
 	if d.pol, err = newPolicy(d.cfg, d.store, d.log); err != nil {

@@ -20,7 +20,7 @@ import (
 // It only validates and spawns: node registration, address detection and
 // the speaker all retry in the background, so a slow datastore or a BGP
 // port still held by a dying predecessor never delays the plugin sockets.
-func startRouting(sup *supervisor, cfg Config, store *datastore.Store, engine *ipam.Engine, vxlan routing.VXLANRouter, rm RoutingMetrics, health *Health, log logrus.FieldLogger) (release func(), err error) {
+func startRouting(sup *supervisor, cfg Config, store *datastore.Store, records datastore.Records, engine *ipam.Engine, vxlan routing.VXLANRouter, rm RoutingMetrics, health *Health, log logrus.FieldLogger) (release func(), err error) {
 	if !cfg.BGP.Enabled {
 		return func() {}, nil
 	}
@@ -37,7 +37,7 @@ func startRouting(sup *supervisor, cfg Config, store *datastore.Store, engine *i
 	}
 	speaker := routing.NewGoBGP(log)
 	agent, err := routing.NewAgent(routing.Deps{
-		Store: store, Blocks: engine, Speaker: speaker, Routes: routes,
+		Store: store, Records: records, Blocks: engine, Speaker: speaker, Routes: routes,
 		NodeName: cfg.NodeName, Config: bgp, Log: log, ResyncInterval: cfg.ResyncInterval, VXLAN: vxlan,
 	})
 	if err != nil {

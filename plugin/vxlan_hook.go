@@ -24,7 +24,7 @@ type vxlanRunner struct {
 // newVXLAN makes the VXLAN manager: it follows the pools, and while one of
 // them uses VXLAN it keeps vxlan.calico and the routes to the other hosts'
 // blocks, with or without BGP.
-func newVXLAN(cfg Config, store *datastore.Store, engine *ipam.Engine, log logrus.FieldLogger) (*vxlanRunner, error) {
+func newVXLAN(cfg Config, store *datastore.Store, records datastore.Records, engine *ipam.Engine, log logrus.FieldLogger) (*vxlanRunner, error) {
 	rc := cfg.BGP
 	if err := rc.Finish(); err != nil {
 		return nil, err
@@ -34,7 +34,7 @@ func newVXLAN(cfg Config, store *datastore.Store, engine *ipam.Engine, log logru
 		return nil, fmt.Errorf("opening netlink for VXLAN: %w", err)
 	}
 	mgr, err := vxlan.NewManager(vxlan.Deps{
-		Store: store, Blocks: engine, Kernel: kernel, NodeName: cfg.NodeName,
+		Store: store, Records: records, Blocks: engine, Kernel: kernel, NodeName: cfg.NodeName,
 		Config: vxlan.Config{NodeIP: rc.NodeIP, AutodetectMethod: rc.AutodetectMethod, BGP: rc.Enabled},
 		Log:    log, ResyncInterval: cfg.ResyncInterval,
 	})

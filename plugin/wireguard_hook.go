@@ -22,7 +22,7 @@ type wgRunner struct {
 // newWireGuard makes the WireGuard manager: it follows the cluster
 // setting (`calico-cnm cluster set --wireguard on`), and while it is on
 // keeps wireguard.cali, its peers and their routes.
-func newWireGuard(cfg Config, store *datastore.Store, engine *ipam.Engine, log logrus.FieldLogger) (*wgRunner, error) {
+func newWireGuard(cfg Config, store *datastore.Store, records datastore.Records, engine *ipam.Engine, log logrus.FieldLogger) (*wgRunner, error) {
 	rc := cfg.BGP
 	if err := rc.Finish(); err != nil {
 		return nil, err
@@ -32,7 +32,7 @@ func newWireGuard(cfg Config, store *datastore.Store, engine *ipam.Engine, log l
 		return nil, fmt.Errorf("opening netlink for WireGuard: %w", err)
 	}
 	mgr, err := wireguard.NewManager(wireguard.Deps{
-		Store: store, Blocks: engine, Kernel: kernel, NodeName: cfg.NodeName, StateDir: cfg.StateDir,
+		Store: store, Records: records, Blocks: engine, Kernel: kernel, NodeName: cfg.NodeName, StateDir: cfg.StateDir,
 		NodeIP: rc.NodeIP, AutodetectMethod: rc.AutodetectMethod, Log: log, ResyncInterval: cfg.ResyncInterval,
 	})
 	if err != nil {

@@ -2,10 +2,8 @@ package routing
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
 	"sync"
@@ -22,9 +20,7 @@ import (
 
 // BlockSource is the part of IPAM routing follows (ipam.Engine has it).
 type BlockSource interface {
-	HostBlocks(ctx context.Context, host string) ([]net.IPNet, error)
 	WatchHostBlocks(ctx context.Context, host string) <-chan ipam.BlockEvent
-	ListPools(ctx context.Context) ([]ipam.Pool, error)
 }
 
 // Store is the part of the datastore routing uses (*datastore.Store has it).
@@ -33,7 +29,10 @@ type Store = follow.Store
 // Deps are what the agent works with; tests pass fakes for Speaker and
 // Routes.
 type Deps struct {
+	// Store is where the agent writes its node record; Records is the
+	// datastore syncer it reads everything from.
 	Store    Store
+	Records  datastore.Records
 	Blocks   BlockSource
 	Speaker  Speaker
 	Routes   RouteTable
@@ -116,6 +115,9 @@ func NewAgent(d Deps) (*Agent, error) {
 	if d.NodeName == "" {
 		return nil, errors.New("routing needs the node name")
 	}
+	if d.Records == nil {
+		return nil, errors.New("routing needs the datastore syncer")
+	}
 	defaultLogDetectResync(&d.Log, &d.DetectAddress, &d.ResyncInterval)
 	if d.DetectIPv6 == nil {
 		d.DetectIPv6 = DetectIPv6
@@ -177,18 +179,12 @@ func (a *Agent) run(ctx context.Context) error {
 	a.log = a.log.WithField("address", addr.String())
 	addr6 := a.ipv6NextHop(addr)
 
-	// The watches follow every change after rev, and the first reads come
-	// after rev was taken, so no change between a read and its watch is
-	// missed (see follow.go): a node that registers while this one starts
-	// is either in the first read of the nodes or signalled.
-	rev, err := follow.Revision(ctx, a.d.Store, a.log)
-	if err != nil {
-		return fmt.Errorf("reading the datastore revision: %w", err)
-	}
+	// The syncer's subscription starts with every record it holds and
+	// then has each change, so the reads of the records (from the
+	// syncer's memory) miss nothing: a node that registers while this one
+	// starts is either in the first read of the nodes or signalled.
 	dirty := make(chan string, 8)
-	for _, prefix := range []string{datastore.NodesPrefix, datastore.BGPPrefix, ipam.PoolsPrefix, datastore.EndpointsPrefix + a.d.NodeName + "/"} {
-		go follow.Prefix(ctx, a.d.Store, prefix, rev, dirty)
-	}
+	go follow.Prefixes(ctx, a.d.Records, "bgp", []string{datastore.NodesPrefix, datastore.BGPPrefix, ipam.PoolsPrefix, datastore.EndpointsPrefix + a.d.NodeName + "/"}, dirty)
 
 	if err := a.startSpeaker(ctx, addr, addr6); err != nil {
 		return err
@@ -415,7 +411,7 @@ func (a *Agent) ipv6NextHop(v4 netip.Addr) netip.Addr {
 // register writes this node's record: its name and address, and the ASN
 // when configured; the route-reflector settings (`bgp config`) are kept.
 func (a *Agent) register(ctx context.Context, addr, addr6 netip.Addr) error {
-	want, changed, err := follow.UpdateNode(ctx, a.d.Store, a.d.NodeName, func(n *datastore.Node) {
+	want, changed, rev, err := follow.UpdateNode(ctx, a.d.Store, a.d.NodeName, func(n *datastore.Node) {
 		// A record with an address: this node ran before.
 		a.restarted = n.IPv4 != ""
 		n.Name, n.IPv4, n.IPv6 = a.d.NodeName, addr.String(), ""
@@ -426,52 +422,38 @@ func (a *Agent) register(ctx context.Context, addr, addr6 netip.Addr) error {
 			n.ASN = a.d.Config.ASN
 		}
 	})
-	if err == nil && changed {
+	if err != nil {
+		return err
+	}
+	if changed {
 		a.log.WithFields(logrus.Fields{"node": want.Name, "asn": want.ASN}).Info("node registered")
 	}
-	return err
+	// What follows reads the syncer's memory: it must hold this write.
+	return a.d.Records.WaitRevision(ctx, rev)
 }
 
 // loadNodesAndPeers reads nodes, explicit peers and the BGP config, and
 // refreshes self (route-reflector settings may change at run time).
 func (a *Agent) loadNodesAndPeers(ctx context.Context) error {
 	var cfg datastore.BGPConfig
-	kv, err := a.d.Store.Get(ctx, datastore.BGPConfigKey)
-	switch {
-	case err == nil:
-		if err := json.Unmarshal(kv.Value, &cfg); err != nil {
-			a.log.WithError(err).Warn("ignoring an unreadable BGP config record")
-			cfg = datastore.BGPConfig{}
+	if r, ok := a.d.Records.Get(datastore.BGPConfigKey); ok {
+		if c, ok := r.Value.(*datastore.BGPConfig); ok {
+			cfg = *c
+		} else {
+			a.log.WithError(r.Err).Warn("ignoring an unreadable BGP config record")
 		}
-	case !errors.Is(err, datastore.ErrNotFound):
-		return err
 	}
-	kvs, err := a.d.Store.List(ctx, datastore.NodesPrefix)
-	if err != nil {
-		return err
-	}
-	var nodes []datastore.Node
+	nodes := follow.Nodes(a.d.Records)
 	var me *datastore.Node
-	for _, kv := range kvs {
-		var n datastore.Node
-		if err := json.Unmarshal(kv.Value, &n); err != nil || n.Name == "" {
-			continue
-		}
-		nodes = append(nodes, n)
-		if n.Name == a.d.NodeName {
-			me = &nodes[len(nodes)-1]
+	for i := range nodes {
+		if nodes[i].Name == a.d.NodeName {
+			me = &nodes[i]
 		}
 	}
-	pkvs, err := a.d.Store.List(ctx, datastore.BGPPeersPrefix)
-	if err != nil {
-		return err
-	}
+	precs, _ := a.d.Records.List(datastore.BGPPeersPrefix)
 	var peers []datastore.BGPPeer
-	for _, kv := range pkvs {
-		var p datastore.BGPPeer
-		if err := json.Unmarshal(kv.Value, &p); err == nil {
-			peers = append(peers, p)
-		}
+	for _, p := range datastore.Values[datastore.BGPPeer](precs) {
+		peers = append(peers, *p)
 	}
 	a.nodes, a.peers, a.cfg = nodes, peers, cfg
 	if me != nil {
@@ -499,50 +481,31 @@ func (a *Agent) loadNodesAndPeers(ctx context.Context) error {
 	return nil
 }
 
-func (a *Agent) loadPools(ctx context.Context) error {
-	pools, err := a.d.Blocks.ListPools(ctx)
-	if err != nil {
-		return err
-	}
+func (a *Agent) loadPools(context.Context) error {
+	recs, _ := a.d.Records.List(ipam.PoolsPrefix)
 	var out []netip.Prefix
-	for _, p := range pools {
-		if pfx, err := netip.ParsePrefix(p.CIDR); err == nil {
-			out = append(out, pfx.Masked())
-		}
+	for _, p := range datastore.Values[ipam.PoolInfo](recs) {
+		out = append(out, p.Prefix.Masked())
 	}
 	a.pools = out
 	return nil
 }
 
 func (a *Agent) loadInitialExports(ctx context.Context) error {
-	blocks, err := a.d.Blocks.HostBlocks(ctx, a.d.NodeName)
-	if err != nil {
-		return err
-	}
-	for _, b := range blocks {
-		if p, ok := nlconv.PrefixFromIPNet(b); ok {
-			a.blocks[p] = true
+	recs, _ := a.d.Records.List(ipam.HostAffinityPrefix(a.d.NodeName))
+	for _, b := range datastore.Values[ipam.BlockAffinity](recs) {
+		if b.Confirmed {
+			a.blocks[b.Block.Masked()] = true
 		}
 	}
 	return a.loadEndpoints(ctx)
 }
 
-func (a *Agent) loadEndpoints(ctx context.Context) error {
-	kvs, err := a.d.Store.List(ctx, datastore.EndpointsPrefix+a.d.NodeName+"/")
-	if err != nil {
-		return err
-	}
+func (a *Agent) loadEndpoints(context.Context) error {
+	recs, _ := a.d.Records.List(datastore.EndpointsPrefix + a.d.NodeName + "/")
 	var ips []netip.Addr
-	for _, kv := range kvs {
-		var ep datastore.Endpoint
-		if err := json.Unmarshal(kv.Value, &ep); err != nil {
-			continue
-		}
-		for _, cidr := range []string{ep.IPv4, ep.IPv6} {
-			if p, err := netip.ParsePrefix(cidr); err == nil {
-				ips = append(ips, p.Addr())
-			}
-		}
+	for _, ep := range datastore.Values[datastore.WorkloadEndpoint](recs) {
+		ips = append(ips, ep.Addrs()...)
 	}
 	a.workIPs = ips
 	return nil

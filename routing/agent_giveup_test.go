@@ -30,7 +30,7 @@ func TestAgentRunReturnsItsFailure(t *testing.T) {
 	blocks := closingBlocks{Engine: eng, events: make(chan ipam.BlockEvent)}
 	sp := newFakeSpeaker()
 	agent, err := NewAgent(Deps{
-		Store: store, Blocks: blocks, Speaker: sp, Routes: &syncTable{ft: fakeTable{learned: map[netip.Prefix][]netip.Addr{}}}, NodeName: "a", Log: log,
+		Store: store, Records: syncedRecords(t, store), Blocks: blocks, Speaker: sp, Routes: &syncTable{ft: fakeTable{learned: map[netip.Prefix][]netip.Addr{}}}, NodeName: "a", Log: log,
 		Config: Config{Enabled: true, NodeIP: "10.0.0.1", SyncTimeout: time.Hour},
 	})
 	if err != nil {

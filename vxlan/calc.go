@@ -223,8 +223,8 @@ func (r *vxlanRouter) route(dst netip.Prefix, node string) {
 // node, more specific than the block's route.
 func (r *vxlanRouter) routeBorrowedAddresses() {
 	for _, ep := range r.in.Endpoints {
-		a, ok := endpointIPv4(ep)
-		if !ok || ep.Node == r.in.Self || ep.Node == "" {
+		a, _ := ep.Addrs()
+		if !a.IsValid() || ep.Node == r.in.Self || ep.Node == "" {
 			continue
 		}
 		owner := ""
@@ -238,15 +238,6 @@ func (r *vxlanRouter) routeBorrowedAddresses() {
 			r.route(netip.PrefixFrom(a, 32), ep.Node)
 		}
 	}
-}
-
-// endpointIPv4 is the endpoint's IPv4 address ("a.b.c.d/32" in the record).
-func endpointIPv4(ep datastore.Endpoint) (netip.Addr, bool) {
-	p, err := netip.ParsePrefix(ep.IPv4)
-	if err != nil || !p.Addr().Is4() {
-		return netip.Addr{}, false
-	}
-	return p.Addr(), true
 }
 
 // Owns says whether the VXLAN manager routes dst; BGP must then leave it

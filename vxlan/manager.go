@@ -20,8 +20,6 @@ import (
 
 // Blocks is the part of IPAM the VXLAN manager uses (*ipam.Engine).
 type Blocks interface {
-	ListPools(ctx context.Context) ([]ipam.Pool, error)
-	BlockOwners(ctx context.Context) (map[netip.Prefix]string, error)
 	EnsureTunnelAddress(ctx context.Context, node string, pools []netip.Prefix) (netip.Addr, error)
 	ReleaseTunnelAddress(ctx context.Context, node string) error
 }
@@ -39,7 +37,10 @@ type Config struct {
 
 // Deps wires a Manager; tests pass fakes for Blocks and Kernel.
 type Deps struct {
+	// Store is where the manager writes its node record; Records is the
+	// datastore syncer it reads pools, nodes, blocks and endpoints from.
 	Store         follow.Store
+	Records       datastore.Records
 	Blocks        Blocks
 	Kernel        Kernel
 	NodeName      string
@@ -76,8 +77,8 @@ type Manager struct {
 
 // NewManager checks deps.
 func NewManager(d Deps) (*Manager, error) {
-	if d.Store == nil || d.Blocks == nil || d.Kernel == nil {
-		return nil, errors.New("the VXLAN manager needs a datastore, IPAM and a kernel")
+	if d.Store == nil || d.Records == nil || d.Blocks == nil || d.Kernel == nil {
+		return nil, errors.New("the VXLAN manager needs a datastore, its syncer, IPAM and a kernel")
 	}
 	if d.NodeName == "" {
 		return nil, errors.New("the VXLAN manager needs the node name")
@@ -107,16 +108,10 @@ func (m *Manager) Owns(dst netip.Prefix) bool {
 
 // Run works until ctx ends.
 func (m *Manager) Run(ctx context.Context) error {
-	// The watches follow every change after rev, and every read of the
-	// passes comes after rev was taken: none falls in between.
-	rev, err := follow.Revision(ctx, m.d.Store, m.log)
-	if err != nil {
-		return nil // only when ctx ended
-	}
+	// The subscription starts with what the syncer holds and then has
+	// every change; the passes read the syncer's memory.
 	dirty := make(chan string, 8)
-	for _, prefix := range []string{datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix} {
-		go follow.Prefix(ctx, m.d.Store, prefix, rev, dirty)
-	}
+	go follow.Prefixes(ctx, m.d.Records, "vxlan", []string{datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix}, dirty)
 	ticker := time.NewTicker(m.d.ResyncInterval)
 	defer ticker.Stop()
 	for {
@@ -198,27 +193,13 @@ func (m *Manager) locate() error {
 
 // Sync reads the datastore and makes the kernel match it: one pass.
 func (m *Manager) Sync(ctx context.Context) error {
-	pools, err := m.d.Blocks.ListPools(ctx)
-	if err != nil {
-		return err
-	}
+	pools := follow.Pools(m.d.Records)
 	if len(vxlanPools(pools)) == 0 {
 		return m.syncWithoutVXLAN(ctx)
 	}
 	m.clean = false // every change matters again, even if this pass fails
-	nodes, err := follow.ListNodes(ctx, m.d.Store)
-	if err != nil {
-		return err
-	}
-	owners, err := m.d.Blocks.BlockOwners(ctx)
-	if err != nil {
-		return err
-	}
-	endpoints, err := follow.ListEndpoints(ctx, m.d.Store)
-	if err != nil {
-		return err
-	}
-	in := Input{Self: m.d.NodeName, BGP: m.d.Config.BGP, Nodes: nodes, Pools: pools, Owners: owners, Endpoints: endpoints}
+	in := Input{Self: m.d.NodeName, BGP: m.d.Config.BGP, Nodes: follow.Nodes(m.d.Records), Pools: pools,
+		Owners: follow.BlockOwners(m.d.Records), Endpoints: follow.Endpoints(m.d.Records)}
 	if err := m.locate(); err != nil {
 		return err
 	}
@@ -268,7 +249,7 @@ func (m *Manager) teardown(ctx context.Context) error {
 // register writes this node's underlay address and VTEP (none: vtep
 // invalid) into its record, keeping every other field.
 func (m *Manager) register(ctx context.Context, vtep netip.Addr) error {
-	want, changed, err := follow.UpdateNode(ctx, m.d.Store, m.d.NodeName, func(n *datastore.Node) {
+	want, changed, _, err := follow.UpdateNode(ctx, m.d.Store, m.d.NodeName, func(n *datastore.Node) {
 		n.VXLANTunnelAddr, n.VXLANTunnelMAC = "", ""
 		if vtep.IsValid() {
 			n.Name, n.IPv4 = m.d.NodeName, m.addr.String()

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
 // WorkloadMTU is the MTU for a container interface with address ip: the
@@ -17,13 +20,10 @@ func (m *Manager) WorkloadMTU(ctx context.Context, ip net.IP) (int, error) {
 		return 0, nil
 	}
 	a = a.Unmap()
-	pools, err := m.d.Blocks.ListPools(ctx)
-	if err != nil {
-		return 0, err
-	}
+	recs, _ := m.d.Records.List(ipam.PoolsPrefix)
 	encap := false
-	for _, p := range pools {
-		if pfx, err := netip.ParsePrefix(p.CIDR); err == nil && pfx.Contains(a) {
+	for _, p := range datastore.Values[ipam.PoolInfo](recs) {
+		if p.Prefix.Contains(a) {
 			encap = p.Encapsulates()
 		}
 	}
@@ -34,6 +34,7 @@ func (m *Manager) WorkloadMTU(ctx context.Context, ip net.IP) (int, error) {
 	mtu := m.uplinkMTU
 	m.mu.Unlock()
 	if mtu == 0 {
+		var err error
 		if mtu, err = m.detectUplinkMTU(); err != nil {
 			return 0, err
 		}

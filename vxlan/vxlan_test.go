@@ -203,7 +203,7 @@ func TestVXLANManagerSync(t *testing.T) {
 	store, eng, ctx, cancel, log := newFixture(t)
 	defer cancel()
 	k := newFakeVXLANKernel()
-	m, err := NewManager(Deps{Store: store, Blocks: eng, Kernel: k, NodeName: "a", Log: log})
+	m, err := NewManager(Deps{Store: store, Records: syncedRecords(t, store), Blocks: eng, Kernel: k, NodeName: "a", Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,13 +333,20 @@ func TestVXLANManagerIgnoresChurnWithoutVXLAN(t *testing.T) {
 
 // ownersCounting counts the block-owner reads of a VXLAN manager.
 type ownersCounting struct {
-	Blocks
+	datastore.Records
 	reads int
 }
 
-func (o *ownersCounting) BlockOwners(ctx context.Context) (map[netip.Prefix]string, error) {
-	o.reads++
-	return o.Blocks.BlockOwners(ctx)
+func (o *ownersCounting) List(prefix string) ([]*datastore.Synced, int64) {
+	if prefix == ipam.AffinityWatchPrefix {
+		o.reads++
+	}
+	return o.Records.List(prefix)
+}
+
+// syncedRecords is the daemon's syncer over store, read-your-writes.
+func syncedRecords(t *testing.T, store *datastore.Store) datastore.Records {
+	return etcdtest.Records(t, store, append(datastore.Kinds(), ipam.Kinds()...)...)
 }
 
 // TestVXLANManagerPassWithoutVXLANReadsPools: without a VXLAN pool a pass
@@ -349,8 +356,8 @@ func TestVXLANManagerPassWithoutVXLANReadsPools(t *testing.T) {
 	store, eng, ctx, cancel, log := newFixture(t)
 	defer cancel()
 	k := newFakeVXLANKernel()
-	blocks := &ownersCounting{Blocks: eng}
-	m, err := NewManager(Deps{Store: store, Blocks: blocks, Kernel: k, NodeName: "a", Log: log})
+	blocks := &ownersCounting{Records: syncedRecords(t, store)}
+	m, err := NewManager(Deps{Store: store, Records: blocks, Blocks: eng, Kernel: k, NodeName: "a", Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}

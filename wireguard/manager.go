@@ -23,11 +23,9 @@ import (
 // Blocks is the part of IPAM the manager uses (*ipam.Engine): the block
 // owners, and the device's own address.
 type Blocks interface {
-	BlockOwners(ctx context.Context) (map[netip.Prefix]string, error)
 	IPsByHandle(ctx context.Context, handleID string) ([]net.IP, error)
 	AutoAssign(ctx context.Context, a ipam.AutoAssignArgs) (net.IPNet, error)
 	ReleaseByHandle(ctx context.Context, handleID string) error
-	ListPools(ctx context.Context) ([]ipam.Pool, error)
 }
 
 // AttrTypeTunnel marks the device's address in IPAM (ipam.AttrType),
@@ -36,7 +34,11 @@ const AttrTypeTunnel = "wireguardTunnelAddress"
 
 // Deps wires a Manager; tests pass fakes for Blocks, Kernel and OpenLink.
 type Deps struct {
+	// Store is where the manager writes its node record; Records is the
+	// datastore syncer it reads the cluster settings, nodes, pools, blocks
+	// and endpoints from.
 	Store    follow.Store
+	Records  datastore.Records
 	Blocks   Blocks
 	Kernel   Kernel
 	OpenLink func(mtu int, log logrus.FieldLogger, invalid InvalidHandshake) (Link, error)
@@ -97,8 +99,8 @@ type rotateResult struct {
 
 // NewManager checks deps.
 func NewManager(d Deps) (*Manager, error) {
-	if d.Store == nil || d.Blocks == nil || d.Kernel == nil {
-		return nil, errors.New("the WireGuard manager needs a datastore, IPAM and a kernel")
+	if d.Store == nil || d.Records == nil || d.Blocks == nil || d.Kernel == nil {
+		return nil, errors.New("the WireGuard manager needs a datastore, its syncer, IPAM and a kernel")
 	}
 	if d.NodeName == "" || d.StateDir == "" {
 		return nil, errors.New("the WireGuard manager needs the node name and the state directory")
@@ -132,14 +134,8 @@ func (m *Manager) Health() error { return m.last.Err() }
 // userspace device persists without its process: packets to it wait
 // dropped, never in clear, until the next daemon attaches).
 func (m *Manager) Run(ctx context.Context) error {
-	rev, err := follow.Revision(ctx, m.d.Store, m.log)
-	if err != nil {
-		return nil // only when ctx ended
-	}
 	dirty := make(chan string, 8)
-	for _, prefix := range []string{datastore.ClusterConfigKey, datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix} {
-		go follow.Prefix(ctx, m.d.Store, prefix, rev, dirty)
-	}
+	go follow.Prefixes(ctx, m.d.Records, "wireguard", []string{datastore.ClusterConfigKey, datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix}, dirty)
 	ticker := time.NewTicker(m.d.ResyncInterval)
 	defer ticker.Stop()
 	for {
@@ -230,10 +226,17 @@ func (m *Manager) rotateKey(ctx context.Context) rotateResult {
 	return rotateResult{key: key.PublicKey().String(), err: err}
 }
 
-// readConfig reads the cluster setting.
-func (m *Manager) readConfig(ctx context.Context) (datastore.ClusterConfig, error) {
-	cfg, _, err := ReadConfig(ctx, m.d.Store)
-	return cfg, err
+// readConfig is the cluster setting as the syncer holds it (defaults when
+// there is none).
+func (m *Manager) readConfig(context.Context) (datastore.ClusterConfig, error) {
+	r, ok := m.d.Records.Get(datastore.ClusterConfigKey)
+	if !ok {
+		return datastore.ClusterConfig{}, nil
+	}
+	if r.Err != nil {
+		return datastore.ClusterConfig{}, r.Err
+	}
+	return *r.Value.(*datastore.ClusterConfig), nil
 }
 
 // Sync reads the datastore and makes device, routes and record match it:
@@ -262,25 +265,11 @@ func (m *Manager) Sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	nodes, err := follow.ListNodes(ctx, m.d.Store)
-	if err != nil {
-		return err
-	}
+	nodes := follow.Nodes(m.d.Records)
 	if err := m.register(ctx, nodes, port, ifAddr); err != nil {
 		return err
 	}
-	owners, err := m.d.Blocks.BlockOwners(ctx)
-	if err != nil {
-		return err
-	}
-	endpoints, err := follow.ListEndpoints(ctx, m.d.Store)
-	if err != nil {
-		return err
-	}
-	pools, err := m.poolCIDRs(ctx)
-	if err != nil {
-		return err
-	}
+	owners, endpoints, pools := follow.BlockOwners(m.d.Records), follow.Endpoints(m.d.Records), m.poolCIDRs()
 	want := Compute(Input{Self: m.d.NodeName, SelfKey: m.key.PublicKey(), Mode: mode, Nodes: nodes, Owners: owners, Endpoints: endpoints, Pools: pools})
 	m.noteUnencrypted(want, mode)
 	m.learnPeers(want)
@@ -300,20 +289,15 @@ func (m *Manager) Sync(ctx context.Context) error {
 
 // poolCIDRs lists every pool, disabled ones too (their addresses may
 // still be in use).
-func (m *Manager) poolCIDRs(ctx context.Context) ([]netip.Prefix, error) {
-	pools, err := m.d.Blocks.ListPools(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("listing the IP pools: %w", err)
-	}
+func (m *Manager) poolCIDRs() []netip.Prefix {
+	recs, _ := m.d.Records.List(ipam.PoolsPrefix)
+	pools := datastore.Values[ipam.PoolInfo](recs)
+	slices.SortFunc(pools, ipam.ComparePools)
 	out := make([]netip.Prefix, 0, len(pools))
 	for _, p := range pools {
-		cidr, err := netip.ParsePrefix(p.CIDR)
-		if err != nil {
-			return nil, fmt.Errorf("IP pool %q: %w", p.CIDR, err)
-		}
-		out = append(out, cidr)
+		out = append(out, p.Prefix)
 	}
-	return out, nil
+	return out
 }
 
 // prepare finds the node address and the key and makes the device.
@@ -412,7 +396,7 @@ func (m *Manager) register(ctx context.Context, nodes []datastore.Node, port int
 			return nil
 		}
 	}
-	_, changed, err := follow.UpdateNode(ctx, m.d.Store, m.d.NodeName, func(n *datastore.Node) {
+	_, changed, rev, err := follow.UpdateNode(ctx, m.d.Store, m.d.NodeName, func(n *datastore.Node) {
 		n.Name = m.d.NodeName
 		n.WireGuardPublicKey, n.WireGuardAddr, n.WireGuardPort = pub, m.addr.String(), port
 		n.WireGuardInterfaceAddr = ""
@@ -422,6 +406,11 @@ func (m *Manager) register(ctx context.Context, nodes []datastore.Node, port int
 	})
 	if err != nil {
 		return fmt.Errorf("publishing the WireGuard key: %w", err)
+	}
+	// The next pass reads the record from the syncer's memory: it must
+	// hold this write, or the old key would look like a foreign one.
+	if err := m.d.Records.WaitRevision(ctx, rev); err != nil {
+		return err
 	}
 	m.published, m.foreign = true, ""
 	if changed {
@@ -658,7 +647,7 @@ func (m *Manager) syncOff(ctx context.Context) error {
 	}
 	m.mu.Unlock()
 	errs = append(errs, m.d.Blocks.ReleaseByHandle(ctx, ipam.WireGuardTunnelHandle(m.d.NodeName)))
-	_, _, err := follow.UpdateNode(ctx, m.d.Store, m.d.NodeName, func(n *datastore.Node) {
+	_, _, _, err := follow.UpdateNode(ctx, m.d.Store, m.d.NodeName, func(n *datastore.Node) {
 		n.WireGuardPublicKey, n.WireGuardAddr, n.WireGuardPort, n.WireGuardInterfaceAddr = "", "", 0, ""
 	})
 	errs = append(errs, err)

@@ -34,8 +34,28 @@ type fakeBlocks struct {
 	next    byte
 }
 
-func (b *fakeBlocks) BlockOwners(context.Context) (map[netip.Prefix]string, error) {
-	return b.owners, nil
+// blockRecords is the syncer's view of the store, with the pools and
+// block owners of a fakeBlocks in place of the store's.
+type blockRecords struct {
+	datastore.Records
+	b *fakeBlocks
+}
+
+func (r blockRecords) List(prefix string) ([]*datastore.Synced, int64) {
+	var out []*datastore.Synced
+	switch prefix {
+	case ipam.AffinityWatchPrefix:
+		for block, host := range r.b.owners {
+			out = append(out, &datastore.Synced{Key: prefix + host + "/" + block.String(), Value: &ipam.BlockAffinity{Host: host, Block: block, Confirmed: true}})
+		}
+	case ipam.PoolsPrefix:
+		for _, p := range r.b.pools {
+			out = append(out, &datastore.Synced{Key: prefix + p, Value: &ipam.PoolInfo{Pool: ipam.Pool{CIDR: p}, Prefix: netip.MustParsePrefix(p)}})
+		}
+	default:
+		return r.Records.List(prefix)
+	}
+	return out, 0
 }
 func (b *fakeBlocks) IPsByHandle(_ context.Context, h string) ([]net.IP, error) {
 	return b.handles[h], nil
@@ -45,13 +65,6 @@ func (b *fakeBlocks) AutoAssign(_ context.Context, a ipam.AutoAssignArgs) (net.I
 	ip := net.IPv4(10, 0, 0, b.next).To4()
 	b.handles[a.HandleID] = append(b.handles[a.HandleID], ip)
 	return net.IPNet{IP: ip, Mask: net.CIDRMask(32, 32)}, nil
-}
-func (b *fakeBlocks) ListPools(context.Context) ([]ipam.Pool, error) {
-	var out []ipam.Pool
-	for _, p := range b.pools {
-		out = append(out, ipam.Pool{CIDR: p})
-	}
-	return out, nil
 }
 func (b *fakeBlocks) ReleaseByHandle(_ context.Context, h string) error {
 	delete(b.handles, h)
@@ -175,7 +188,7 @@ func newManagerFixture(t *testing.T) *managerFixture {
 	log, hook := test.NewNullLogger()
 	f.logs = hook
 	m, err := NewManager(Deps{
-		Store: f.store, Blocks: f.blocks, Kernel: f.kernel, NodeName: "a", StateDir: f.dir, NodeIP: "172.16.0.1", Log: log,
+		Store: f.store, Records: blockRecords{Records: etcdtest.Records(t, f.store), b: f.blocks}, Blocks: f.blocks, Kernel: f.kernel, NodeName: "a", StateDir: f.dir, NodeIP: "172.16.0.1", Log: log,
 		OpenLink: func(mtu int, _ logrus.FieldLogger, _ InvalidHandshake) (Link, error) {
 			f.opened++
 			f.kernel.gone = false

@@ -5,19 +5,25 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
+	"slices"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
 // UpdateNode applies change to node's record (a zero Node when there
 // is none) and writes it, guarded by the revision read, retrying on
 // conflicts; fields change leaves alone are kept. Nothing is written when
 // the record is unchanged (or would be created empty).
-func UpdateNode(ctx context.Context, store Store, node string, change func(*datastore.Node)) (written datastore.Node, changed bool, err error) {
+//
+// rev is the revision at which the record is as written: a reader of the
+// syncer waits for it (WaitRevision) to see its own write.
+func UpdateNode(ctx context.Context, store Store, node string, change func(*datastore.Node)) (written datastore.Node, changed bool, rev int64, err error) {
 	err = store.Retry(ctx, func(ctx context.Context) error {
 		key := datastore.NodeKey(node)
 		var n datastore.Node
-		var rev int64
+		rev = 0
 		kv, err := store.Get(ctx, key)
 		switch {
 		case err == nil:
@@ -34,46 +40,57 @@ func UpdateNode(ctx context.Context, store Store, node string, change func(*data
 		if want == n && (rev != 0 || want == (datastore.Node{})) {
 			return nil
 		}
-		if err := store.Txn(ctx, datastore.Write(key, datastore.MustJSON(want), rev)); err != nil {
+		if rev, err = store.TxnRev(ctx, datastore.Write(key, datastore.MustJSON(want), rev)); err != nil {
 			return err
 		}
 		changed = true
 		return nil
 	})
-	return written, changed, err
+	return written, changed, rev, err
 }
 
-// ListEndpoints reads every node's endpoint records; the key says which
-// node an endpoint is on.
-func ListEndpoints(ctx context.Context, store Store) ([]datastore.Endpoint, error) {
-	kvs, err := store.List(ctx, datastore.EndpointsPrefix)
-	if err != nil {
-		return nil, fmt.Errorf("listing endpoints: %w", err)
+// Endpoints are every node's endpoint records (Node set from the key), as
+// the syncer holds them.
+func Endpoints(records datastore.Records) []datastore.Endpoint {
+	recs, _ := records.List(datastore.EndpointsPrefix)
+	ws := datastore.Values[datastore.WorkloadEndpoint](recs)
+	out := make([]datastore.Endpoint, len(ws))
+	for i, w := range ws {
+		out[i] = w.Endpoint
 	}
-	var out []datastore.Endpoint
-	for _, kv := range kvs {
-		var ep datastore.Endpoint
-		node, _, ok := datastore.EndpointNodeAndID(kv.Key)
-		if ok && json.Unmarshal(kv.Value, &ep) == nil {
-			ep.Node = node
-			out = append(out, ep)
-		}
-	}
-	return out, nil
+	return out
 }
 
-// ListNodes reads every node record.
-func ListNodes(ctx context.Context, store Store) ([]datastore.Node, error) {
-	kvs, err := store.List(ctx, datastore.NodesPrefix)
-	if err != nil {
-		return nil, fmt.Errorf("listing nodes: %w", err)
+// Pools are the IP pools, as the syncer holds them.
+func Pools(records datastore.Records) []ipam.Pool {
+	recs, _ := records.List(ipam.PoolsPrefix)
+	ps := datastore.Values[ipam.PoolInfo](recs)
+	slices.SortFunc(ps, ipam.ComparePools)
+	out := make([]ipam.Pool, len(ps))
+	for i, p := range ps {
+		out[i] = p.Pool
 	}
-	var out []datastore.Node
-	for _, kv := range kvs {
-		var n datastore.Node
-		if err := json.Unmarshal(kv.Value, &n); err == nil && n.Name != "" {
-			out = append(out, n)
+	return out
+}
+
+// BlockOwners maps every block confirmed affine to a host to that host.
+func BlockOwners(records datastore.Records) map[netip.Prefix]string {
+	recs, _ := records.List(ipam.AffinityWatchPrefix)
+	out := make(map[netip.Prefix]string, len(recs))
+	for _, a := range datastore.Values[ipam.BlockAffinity](recs) {
+		if a.Confirmed {
+			out[a.Block] = a.Host
 		}
 	}
-	return out, nil
+	return out
+}
+
+// Nodes are the node records, as the syncer holds them.
+func Nodes(records datastore.Records) []datastore.Node {
+	recs, _ := records.List(datastore.NodesPrefix)
+	out := make([]datastore.Node, 0, len(recs))
+	for _, n := range datastore.Values[datastore.Node](recs) {
+		out = append(out, *n)
+	}
+	return out
 }
