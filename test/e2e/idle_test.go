@@ -52,6 +52,9 @@ func TestIdleQuietAndCheap(t *testing.T) {
 	f := h.MeasureIdle(t, p, idleWindow)
 	t.Logf("idle with %d containers and %d policies %s", idleContainers, idlePolicies, f)
 	for _, m := range idleReads {
+		if f.Before[m] == 0 {
+			t.Fatalf("etcd counted no %s request before the window, when the daemon read its state: is the counter read? (%v)", m, f.Before)
+		}
 		if n := f.Requests[m]; n > 0 {
 			t.Errorf("%v %s requests to etcd over %s idle, want none outside the resync (every %s)", n, m, f.Window, idleResync)
 		}

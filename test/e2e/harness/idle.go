@@ -119,6 +119,9 @@ spec:
 // IdleFigures is what a daemon did over an idle window.
 type IdleFigures struct {
 	Window time.Duration
+	// Before are the member's received requests by method from its start
+	// to the window: the daemon's start and the scenario's.
+	Before map[string]float64
 	// Requests are the gRPC requests the etcd member received, by method
 	// (Range, Txn, Watch, LeaseKeepAlive, ...): messages, so a watch
 	// stream's create and a lease stream's keep-alive each count.
@@ -167,7 +170,7 @@ func (h *Host) MeasureIdle(t testing.TB, p *Process, window time.Duration) IdleF
 	// The window is the measurement itself, not a wait for something.
 	time.Sleep(window)
 	after, cpu1 := h.etcdRequests(t), ProcessCPU(t, p.Pid())
-	f := IdleFigures{Window: time.Since(began), Requests: map[string]float64{}, CPU: cpu1 - cpu0}
+	f := IdleFigures{Window: time.Since(began), Before: before, Requests: map[string]float64{}, CPU: cpu1 - cpu0}
 	for m, n := range after {
 		if d := n - before[m]; d > 0 {
 			f.Requests[m] = d
