@@ -1,10 +1,13 @@
 package bench
 
 import (
+	"fmt"
 	"image"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/calico-cnm/calico-cnm/test/e2e/harness"
 )
 
 // TestGoalsPanel: every figure with a target is a row of the targets panel
@@ -87,4 +90,30 @@ BenchmarkAutoAssignOwnedBlocks/blocks=100-2       	     300	   2670177 ns/op	   
 	if err := addOwnedBlocks(&r, strings.NewReader("PASS\n")); err == nil {
 		t.Error("output without the benchmark's lines read as fine")
 	}
+}
+
+// TestIdleRows: the idle figures become a Range row with a target of 0, a
+// CPU row against 1% and a warnings row against 0, each judged; the other
+// methods are figures without a target; a missed target of 0 draws past
+// the target line and a met one draws nothing.
+func TestIdleRows(t *testing.T) {
+	var r Results
+	addIdle(&r, harness.IdleFigures{Window: 30 * time.Second,
+		Requests: map[string]float64{"Range": 2, "Txn": 1, "LeaseKeepAlive": 10}, CPU: 150 * time.Millisecond})
+	var got []string
+	for _, g := range r.Goals() {
+		got = append(got, fmt.Sprintf("%s %s %.2f", g.Name, map[bool]string{true: "met", false: "missed"}[g.Met()], g.share()))
+	}
+	want := []string{
+		PlotIdle + ": Range requests missed 1.50",
+		PlotIdle + " (CPU): daemon CPU met 0.50",
+		PlotIdle + " (log): warning lines met 0.00",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("goals:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	requireMarkdown(t, r,
+		"| "+PlotIdle+": Range requests | 4 /min | <= 0 /min | **misses** |",
+		"| "+PlotIdle+" | LeaseKeepAlive requests | 1 | 20 /min |",
+	)
 }

@@ -312,6 +312,9 @@ type Series struct {
 	// figure must stay at or under it, or reach it with AtLeast.
 	Target  float64
 	AtLeast bool
+	// ZeroTarget makes 0 the target (a Target of 0 means none): the
+	// figure must stay at 0, as idle datastore reads must.
+	ZeroTarget bool
 }
 
 // Goal is one figure against its target: a row of the targets panel that
@@ -322,6 +325,22 @@ type Goal struct {
 	Target  float64
 	Unit    string // "x" for ratios
 	AtLeast bool   // the value must reach Target; else stay at or under it
+}
+
+// zeroMissShare is the bar of a missed target of 0, which has no value /
+// target: past the target line by as much as a figure at 1.5x its target.
+const zeroMissShare = 1.5
+
+// share is the bar's length in the targets panel: value / target; for a
+// target of 0, nothing when met and zeroMissShare when not.
+func (g Goal) share() float64 {
+	if g.Target != 0 {
+		return g.Value / g.Target
+	}
+	if g.Met() {
+		return 0
+	}
+	return zeroMissShare
 }
 
 // Met tells whether the value meets its target.
@@ -344,7 +363,7 @@ const (
 func (r Results) Goals() []Goal {
 	var out []Goal
 	add := func(g Goal) {
-		if !math.IsNaN(g.Value) && !math.IsInf(g.Value, 0) && g.Target > 0 {
+		if !math.IsNaN(g.Value) && !math.IsInf(g.Value, 0) && g.Target >= 0 {
 			out = append(out, g)
 		}
 	}
@@ -356,7 +375,7 @@ func (r Results) Goals() []Goal {
 		add(Goal{Name: fmt.Sprintf("Join: endpoint %d / endpoint 10", len(r.Joins)), Value: ratio(last, first), Target: TargetJoinRatio, Unit: "x"})
 	}
 	for _, s := range r.Series() {
-		if s.Target == 0 || len(s.Y) == 0 {
+		if s.Target == 0 && !s.ZeroTarget || len(s.Y) == 0 {
 			continue
 		}
 		add(Goal{Name: s.Plot + ": " + s.Name, Value: medianOf(s.Y), Target: s.Target, Unit: s.YLabel, AtLeast: s.AtLeast})
@@ -516,7 +535,7 @@ func goalsPlot(goals []Goal) (*plot.Plot, error) {
 		// The first goal at the top.
 		row := len(goals) - 1 - i
 		labels[row] = fmt.Sprintf("%s: %s (target %s %s)", g.Name, goalFigure(g.Value, g.Unit), g.bound(), goalFigure(g.Target, g.Unit))
-		share := g.Value / g.Target
+		share := g.share()
 		b, err := plotter.NewBarChart(plotter.Values{share}, goalRowH*0.6)
 		if err != nil {
 			return nil, err

@@ -885,3 +885,49 @@ func TestDockerViewUses(t *testing.T) {
 		t.Errorf("Uses() = %v, want %v", got, want)
 	}
 }
+
+// TestReconcilerUnknownEndpointWarnedOnSecondPass: a Docker endpoint the
+// datastore does not record is warned about when a second pass in a row
+// still finds it (a container created between one pass's two reads is
+// unknown to that pass only), once, and again after it went away and came
+// back.
+func TestReconcilerUnknownEndpointWarnedOnSecondPass(t *testing.T) {
+	e := newRecEnv(t)
+	log, hook := logtest.NewNullLogger()
+	e.rec.Log = log
+	_, ip := e.container(t, "c1")
+	// u1's address is held (its record is what is missing, as after a
+	// rename), so the pass does not rebuild it.
+	u1, err := e.engine.AutoAssign(context.Background(), ipam.AutoAssignArgs{Host: host, HandleID: "cnm.u1", Attrs: map[string]string{"node": host}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unknown := view(dockerEP("c1", "net1", ip.String()), dockerEP("u1", "net1", u1.IP.String()))
+	warnings := func() int {
+		n := 0
+		for _, en := range hook.AllEntries() {
+			if en.Level <= logrus.WarnLevel && strings.Contains(en.Message, "does not record") {
+				n++
+			}
+		}
+		return n
+	}
+	e.docker.set(unknown, nil)
+	e.pass(t)
+	if n := warnings(); n != 0 {
+		t.Fatalf("%d warnings on the first pass that saw the unknown endpoint, want none yet", n)
+	}
+	e.pass(t)
+	e.pass(t)
+	if n := warnings(); n != 1 {
+		t.Fatalf("%d warnings after three passes with the unknown endpoint, want 1", n)
+	}
+	e.docker.set(view(dockerEP("c1", "net1", ip.String())), nil)
+	e.pass(t)
+	e.docker.set(unknown, nil)
+	e.pass(t)
+	e.pass(t)
+	if n := warnings(); n != 2 {
+		t.Errorf("%d warnings after the endpoint went away and came back for two passes, want 2", n)
+	}
+}

@@ -340,7 +340,7 @@ func (r *Reconciler) repair(ctx context.Context, plan Plan, dockerKnown bool, fi
 		if rebuilt[id] {
 			continue // logged as rebuilt (or retried next pass)
 		}
-		if r.firstWarning("unknown/" + id) {
+		if r.secondSighting("unknown/" + id) {
 			r.Log.WithFields(logrus.Fields{"endpoint": dockerapi.ShortID(id), "node": r.Node}).Warn("Docker has an endpoint on a calico network that the datastore does not record for this node (was NODENAME changed?): leaving it alone")
 		}
 	}
@@ -569,6 +569,21 @@ func nonEmpty(ss ...string) []string {
 		}
 	}
 	return out
+}
+
+// secondSighting is firstWarning for a problem a single pass can see
+// falsely: an endpoint Docker created between the pass's datastore read
+// and its Docker read (the order readInput needs) is unknown to that pass
+// only, and a busy host starting containers has one in many passes. True
+// on the second pass in a row that sees the problem, and not again while
+// it lasts.
+func (r *Reconciler) secondSighting(key string) bool {
+	seen := "seen/" + key
+	r.stillBad[seen] = true
+	if !r.warned[seen] {
+		return false
+	}
+	return r.firstWarning(key)
 }
 
 // firstWarning records a problem seen by this pass and reports whether the

@@ -14,13 +14,14 @@ import (
 // Faults is a datastore fault injector over one client's etcd KV. Armed,
 // the next transaction is applied by etcd and then reported as a timeout:
 // what a client sees when a commit's answer is lost (leader change, an
-// overloaded member). With ReadsDown, every read times out.
+// overloaded member). With ReadsDown, every read times out; with
+// FailReads, every read fails with a given error.
 type Faults struct {
 	clientv3.KV
-	armed     atomic.Bool
-	readsDown atomic.Bool
-	mu        sync.Mutex
-	onFault   func()
+	armed   atomic.Bool
+	mu      sync.Mutex
+	onFault func()
+	readErr error // guarded by mu; nil: reads reach etcd
 }
 
 // FaultyClient is Client with a fault injector between the store and etcd.
@@ -45,12 +46,29 @@ func (f *Faults) CommitThenTimeout(then func()) {
 func (f *Faults) Fired() bool { return !f.armed.Load() }
 
 // SetReadsDown makes every read time out (true) or work again (false).
-func (f *Faults) SetReadsDown(down bool) { f.readsDown.Store(down) }
+func (f *Faults) SetReadsDown(down bool) {
+	var err error
+	if down {
+		err = context.DeadlineExceeded
+	}
+	f.FailReads(err)
+}
+
+// FailReads makes every read fail with err, as the etcd client would
+// return it; nil makes reads work again.
+func (f *Faults) FailReads(err error) {
+	f.mu.Lock()
+	f.readErr = err
+	f.mu.Unlock()
+}
 
 // Get fails while reads are down.
 func (f *Faults) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
-	if f.readsDown.Load() {
-		return nil, context.DeadlineExceeded
+	f.mu.Lock()
+	err := f.readErr
+	f.mu.Unlock()
+	if err != nil {
+		return nil, err
 	}
 	return f.KV.Get(ctx, key, opts...)
 }
