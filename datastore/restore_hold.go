@@ -2,10 +2,12 @@ package datastore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -55,9 +57,15 @@ func (s *Store) CheckRestoreHold(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if f.Restore.Holding(time.Now()) {
+	return holdError(f.Restore, time.Now())
+}
+
+// holdError is ErrRestoreInProgress, explained, while h holds assignments
+// back at now; else nil.
+func holdError(h *RestoreHold, now time.Time) error {
+	if h.Holding(now) {
 		return fmt.Errorf("%w (%s, at most until %s): retry shortly", ErrRestoreInProgress,
-			f.Restore, f.Restore.Since.Add(RestoreHoldMax).Format(time.RFC3339))
+			h, h.Since.Add(RestoreHoldMax).Format(time.RFC3339))
 	}
 	return nil
 }
@@ -107,20 +115,88 @@ func restoreNodes(b Backup, existing []KV) []string {
 	return nodes
 }
 
-// AwaitRestoreHold waits up to d for a restore hold to end (the nodes'
-// reconcile passes follow the restore within moments when their watches
-// work), then answers CheckRestoreHold's error.
-func (s *Store) AwaitRestoreHold(ctx context.Context, d time.Duration) error {
-	deadline := time.Now().Add(d)
+// RestoreGate holds address assignments back while a restore holds them,
+// without a datastore read per assignment. Once it has read the format
+// record holding nothing back, it remembers the record's bytes and answers
+// a check of them (CheckValue) that rides in each assignment's
+// transaction: an assignment commits only if no restore has rewritten the
+// record since, even in a store wiped and restored, and a hold is seen by
+// the very transaction it would have had to stop. A record that holds
+// assignments back is read again on every Admit.
+type RestoreGate struct {
+	store *Store
+	wait  time.Duration
+
+	mu    sync.Mutex
+	guard *Op    // the check while the record last read held nothing back
+	gen   uint64 // bumped by Forget: a read begun before it is not kept
+}
+
+// RestoreGate is a gate whose Admit waits up to wait for a hold to end.
+func (s *Store) RestoreGate(wait time.Duration) *RestoreGate {
+	return &RestoreGate{store: s, wait: wait}
+}
+
+// Admit answers the ops to put in an assignment's transaction, or, once a
+// restore has held assignments back for the gate's wait (the nodes'
+// reconcile passes follow a restore within moments when their watches
+// work), CheckRestoreHold's error.
+func (g *RestoreGate) Admit(ctx context.Context) ([]Op, error) {
+	g.mu.Lock()
+	guard, gen := g.guard, g.gen
+	g.mu.Unlock()
+	if guard != nil {
+		return []Op{*guard}, nil
+	}
+	deadline := time.Now().Add(g.wait)
 	for {
-		err := s.CheckRestoreHold(ctx)
+		op, err := g.read(ctx)
+		if err == nil {
+			g.mu.Lock()
+			if g.gen == gen {
+				g.guard = &op
+			}
+			g.mu.Unlock()
+			return []Op{op}, nil
+		}
 		if !errors.Is(err, ErrRestoreInProgress) || !time.Now().Before(deadline) {
-			return err
+			return nil, err
 		}
 		select {
 		case <-ctx.Done():
-			return err
+			return nil, err
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// Forget: a transaction with Admit's ops failed a compare, perhaps theirs
+// (a restore rewrote the record); the next Admit reads the record again.
+func (g *RestoreGate) Forget() {
+	g.mu.Lock()
+	g.guard = nil
+	g.gen++
+	g.mu.Unlock()
+}
+
+// read is the check that the format record is still as read now, or the
+// hold's error.
+func (g *RestoreGate) read(ctx context.Context) (Op, error) {
+	kv, err := g.store.Get(ctx, FormatKey)
+	if errors.Is(err, ErrNotFound) {
+		return Check(FormatKey, 0), nil // a restore creates it, holding
+	}
+	if err != nil {
+		return Op{}, err
+	}
+	var f Format
+	if err := json.Unmarshal(kv.Value, &f); err != nil {
+		return Op{}, fmt.Errorf("decoding %s: %w", FormatKey, err)
+	}
+	// A hold that has run out stays out for these bytes: the check
+	// still stands for them.
+	if err := holdError(f.Restore, time.Now()); err != nil {
+		return Op{}, err
+	}
+	return CheckValue(FormatKey, kv.Value), nil
 }

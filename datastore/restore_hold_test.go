@@ -142,3 +142,90 @@ func TestRestoreTransactions(t *testing.T) {
 		})
 	}
 }
+
+// TestRestoreGateChecksTheHoldInTheTransaction: the gate reads the format
+// record once; later admissions read nothing, and a restore written after
+// that read fails the assignment's own transaction. Forgotten, the gate
+// reads the hold and refuses until it is released.
+func TestRestoreGateChecksTheHoldInTheTransaction(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := etcdtest.Start(t).Store
+	if _, err := s.EnsureFormat(ctx, "", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Txn(ctx, datastore.Put(datastore.NodeKey("h1"), []byte(`{}`))); err != nil {
+		t.Fatal(err)
+	}
+	g := s.RestoreGate(0)
+	ops, err := g.Admit(ctx)
+	if err != nil || len(ops) == 0 {
+		t.Fatalf("Admit without a hold: %v, %d ops; want a check", err, len(ops))
+	}
+	reads := s.Stats().Reads
+	for i := range 5 {
+		if ops, err = g.Admit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Txn(ctx, append(ops, datastore.Put(fmt.Sprintf("assigned/%d", i), []byte("x")))...); err != nil {
+			t.Fatalf("assignment %d under the gate: %v", i, err)
+		}
+	}
+	if got := s.Stats().Reads - reads; got != 0 {
+		t.Fatalf("5 admissions read the datastore %d times, want 0", got)
+	}
+	b, err := s.Export(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Restore(ctx, b, "v1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Txn(ctx, append(ops, datastore.Put("assigned/late", []byte("x")))...); !errors.Is(err, datastore.ErrConflict) {
+		t.Fatalf("an assignment admitted before the restore, committed after it: %v; want ErrConflict", err)
+	}
+	if _, err := s.Get(ctx, "assigned/late"); !errors.Is(err, datastore.ErrNotFound) {
+		t.Fatalf("the refused transaction wrote: %v", err)
+	}
+	if _, err := g.Admit(ctx); err != nil {
+		t.Fatalf("Admit before Forget answers its remembered check: %v", err)
+	}
+	g.Forget()
+	if _, err := g.Admit(ctx); !errors.Is(err, datastore.ErrRestoreInProgress) {
+		t.Fatalf("Admit during the hold: %v; want ErrRestoreInProgress", err)
+	}
+	f, rev, err := s.ReadFormat(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReleaseRestoreHold(ctx, "h1", f, rev); err != nil {
+		t.Fatal(err)
+	}
+	if ops, err = g.Admit(ctx); err != nil {
+		t.Fatalf("Admit after the hold ended: %v", err)
+	}
+	if err := s.Txn(ctx, append(ops, datastore.Put("assigned/after", []byte("x")))...); err != nil {
+		t.Fatalf("an assignment after the hold: %v", err)
+	}
+}
+
+// TestRestoreGateWithoutFormatRecord: with no format record the check is
+// that there still is none (a restore creates one, holding).
+func TestRestoreGateWithoutFormatRecord(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := etcdtest.Start(t).Store
+	ops, err := s.RestoreGate(0).Admit(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Txn(ctx, ops...); err != nil {
+		t.Fatalf("check with no record: %v", err)
+	}
+	if _, err := s.EnsureFormat(ctx, "", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Txn(ctx, ops...); !errors.Is(err, datastore.ErrConflict) {
+		t.Fatalf("check after the record appeared: %v; want ErrConflict", err)
+	}
+}

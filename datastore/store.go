@@ -270,6 +270,7 @@ const (
 	opPut
 	opDelete
 	opCheck
+	opCheckValue
 )
 
 // Op is one guarded step of a transaction.
@@ -306,6 +307,13 @@ func Delete(key string, rev int64) Op { return Op{kind: opDelete, key: key, rev:
 // Check only compares: the transaction fails unless key is still at rev
 // (rev 0: key must be absent).
 func Check(key string, rev int64) Op { return Op{kind: opCheck, key: key, rev: rev} }
+
+// CheckValue only compares: the transaction fails unless key exists and
+// holds exactly value. Unlike a revision, a value means the same in a
+// store wiped and restored (whose revisions start again).
+func CheckValue(key string, value []byte) Op {
+	return Op{kind: opCheckValue, key: key, value: value}
+}
 
 // Txn applies all ops atomically, or none when any guard fails (ErrConflict).
 func (s *Store) Txn(ctx context.Context, ops ...Op) error {
@@ -345,6 +353,8 @@ func (s *Store) TxnRev(ctx context.Context, ops ...Op) (int64, error) {
 			} else {
 				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", op.rev))
 			}
+		case opCheckValue:
+			cmps = append(cmps, clientv3.Compare(clientv3.Value(k), "=", string(op.value)))
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)

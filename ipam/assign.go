@@ -44,6 +44,16 @@ type assignReq struct {
 	v6     bool
 	within *netip.Prefix
 	log    logrus.FieldLogger
+	// admitted is the gate's answer; nil without a gate (and for
+	// AssignIP, which is not gated).
+	admitted *admission
+}
+
+// admission is the gate's answer for one AutoAssign: the ops its
+// transactions carry, stale once one of them failed a compare.
+type admission struct {
+	ops   []datastore.Op
+	stale bool
 }
 
 // Internal outcomes of a block claim.
@@ -87,9 +97,11 @@ func (e *Engine) AutoAssign(ctx context.Context, a AutoAssignArgs) (net.IPNet, e
 	}
 	req.log = e.log.WithFields(logrus.Fields{"host": req.host, "handle": req.handle})
 	if e.gate != nil {
-		if err := e.gate(ctx); err != nil {
+		ops, err := e.gate.Admit(ctx)
+		if err != nil {
 			return net.IPNet{}, fmt.Errorf("no address assigned: %w", err)
 		}
+		req.admitted = &admission{ops: ops}
 	}
 	hs := e.host(a.Host)
 	if err := hs.lock(ctx); err != nil {
@@ -235,19 +247,30 @@ func (e *Engine) refreshAfterConflict(ctx context.Context, handleID string, blk 
 // extra ops ride along (a claim's affinity). It returns the revision the
 // transaction committed at.
 func (e *Engine) commitAssign(ctx context.Context, req assignReq, b *block, rev int64, ord int, pool poolEntry, extra ...datastore.Op) (netip.Addr, int64, error) {
+	guard, err := e.guard(ctx, req)
+	if err != nil {
+		return netip.Addr{}, 0, err
+	}
 	b.allocate(ord, req.handle, e.stamped(req.attrs))
 	h := e.handleOptimistic(req.handle)
 	h.rec.add(b.prefix, 1)
-	ops := make([]datastore.Op, 0, 3+len(extra))
-	ops = append(ops, datastore.Write(blockKey(b.prefix), datastore.MustJSON(b), rev))
+	ops := make([]datastore.Op, 0, 3+len(extra)+len(guard))
+	ops = append(ops, datastore.Write(blockKey(b.prefix), b.value(), rev))
 	if op, ok := h.op(); ok {
 		ops = append(ops, op)
 	}
 	ops = append(ops, datastore.Check(poolKey(pool.prefix), pool.rev))
 	ops = append(ops, extra...)
+	ops = append(ops, guard...)
 	newRev, err := e.store.TxnRev(ctx, ops...)
 	if isAmbiguous(err) {
 		return e.settleAmbiguous(ctx, req, b.prefix, ord, err)
+	}
+	if len(guard) > 0 && errors.Is(err, datastore.ErrConflict) {
+		// Perhaps the gate's check failed: its answer is decided again
+		// before the retry commits.
+		e.gate.Forget()
+		req.admitted.stale = true
 	}
 	if err != nil {
 		return netip.Addr{}, 0, err
@@ -260,6 +283,23 @@ func (e *Engine) commitAssign(ctx context.Context, req assignReq, b *block, rev 
 	addr := nthAddr(b.prefix, ord)
 	req.log.WithFields(logrus.Fields{"ip": addr.String(), "block": b.CIDR}).Debug("address assigned")
 	return addr, newRev, nil
+}
+
+// guard is the gate's ops for req's next transaction, asking the gate
+// again after one of them failed a compare.
+func (e *Engine) guard(ctx context.Context, req assignReq) ([]datastore.Op, error) {
+	a := req.admitted
+	if a == nil {
+		return nil, nil
+	}
+	if a.stale {
+		ops, err := e.gate.Admit(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("no address assigned: %w", err)
+		}
+		a.ops, a.stale = ops, false
+	}
+	return a.ops, nil
 }
 
 // stamped is attrs with AttrAssigned set to now: every assignment carries

@@ -157,19 +157,25 @@ func decodeBlock(key string, value []byte) (*block, error) {
 	return &b, nil
 }
 
+// clone is a copy the caller may change. Attributes' Secondary maps are
+// shared: nothing changes one in place (allocate and relabel make a new
+// attribute), and copying them was most of an assignment's CPU once every
+// assignment carries its own stamped attributes.
 func (b *block) clone() *block {
 	c := *b
 	c.Allocations = make([]*int, len(b.Allocations))
+	// One array behind every index instead of an allocation per address.
+	idx := make([]int, len(b.Allocations))
 	for i, a := range b.Allocations {
 		if a != nil {
-			v := *a
-			c.Allocations[i] = &v
+			idx[i] = *a
+			c.Allocations[i] = &idx[i]
 		}
 	}
 	c.Unallocated = append([]int(nil), b.Unallocated...)
-	c.Attributes = make([]attribute, len(b.Attributes))
-	for i, a := range b.Attributes {
-		c.Attributes[i] = attribute{HandleID: a.HandleID, Secondary: maps.Clone(a.Secondary)}
+	c.Attributes = slices.Clone(b.Attributes)
+	if c.Attributes == nil {
+		c.Attributes = []attribute{}
 	}
 	if b.EmptiedAt != nil {
 		t := *b.EmptiedAt

@@ -82,10 +82,30 @@ type Options struct {
 	// a running container's). AssignIP, which reconcile uses to reclaim
 	// those addresses, is not gated.
 	AssignGate func(ctx context.Context) error
+	// GuardedGate is AssignGate for a gate whose answer the assignment's
+	// own transaction checks (datastore.RestoreGate), so that it need not
+	// read the datastore for every assignment. It replaces AssignGate.
+	GuardedGate Gate
 	// Records, when set, is the daemon's datastore syncer, which
 	// WatchHostBlocks follows.
 	Records datastore.Records
 }
+
+// Gate admits or refuses AutoAssign. Admit's ops ride in every
+// transaction that assigns the address, so its answer still holds when
+// the assignment commits; after such a transaction failed a compare,
+// Forget makes the next Admit decide afresh.
+type Gate interface {
+	Admit(ctx context.Context) ([]datastore.Op, error)
+	Forget()
+}
+
+// funcGate is a Gate that decides by a call (Options.AssignGate), with no
+// check in the transaction.
+type funcGate func(ctx context.Context) error
+
+func (f funcGate) Admit(ctx context.Context) ([]datastore.Op, error) { return nil, f(ctx) }
+func (funcGate) Forget()                                             {}
 
 // Config is the cluster-wide IPAM configuration (record ipam/config).
 // SetConfig writes all fields: read, modify, write.
@@ -105,7 +125,7 @@ type Engine struct {
 	log   logrus.FieldLogger
 	now   func() time.Time
 	grace time.Duration
-	gate  func(ctx context.Context) error
+	gate  Gate // nil: no gate
 	// records is the datastore syncer WatchHostBlocks follows (nil: a
 	// syncer of its own).
 	records datastore.Records
@@ -165,12 +185,19 @@ func New(store *datastore.Store, opts Options) *Engine {
 	if opts.ReleaseGracePeriod == 0 {
 		opts.ReleaseGracePeriod = DefaultReleaseGracePeriod
 	}
+	var gate Gate
+	switch {
+	case opts.GuardedGate != nil:
+		gate = opts.GuardedGate
+	case opts.AssignGate != nil:
+		gate = funcGate(opts.AssignGate)
+	}
 	return &Engine{
+		gate:    gate,
 		store:   store,
 		log:     opts.Log.WithField("component", "ipam"),
 		now:     opts.Now,
 		grace:   opts.ReleaseGracePeriod,
-		gate:    opts.AssignGate,
 		records: opts.Records,
 		hosts:   map[string]*hostState{},
 		blocks:  map[netip.Prefix]cachedBlock{},

@@ -77,7 +77,7 @@ func (e *Engine) UpdateHolder(ctx context.Context, ip net.IP, decide func(Alloca
 			return a, true, err
 		}
 		b.relabel(ord, e.stamped(attrs))
-		newRev, err := e.store.TxnRev(ctx, datastore.Update(blockKey(bp), datastore.MustJSON(b), rev))
+		newRev, err := e.store.TxnRev(ctx, datastore.Update(blockKey(bp), b.value(), rev))
 		if errors.Is(err, datastore.ErrConflict) {
 			continue
 		}

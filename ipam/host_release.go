@@ -71,7 +71,7 @@ func (e *Engine) ReleaseHostBlocks(ctx context.Context, host string) (HostBlocks
 				outcome = orphaned
 				b.Affinity = ""
 				b.Sequence++
-				return e.store.Txn(ctx, datastore.Update(blockKey(p), datastore.MustJSON(b), rev), datastore.Delete(aff.Key, cur.ModRevision))
+				return e.store.Txn(ctx, datastore.Update(blockKey(p), b.value(), rev), datastore.Delete(aff.Key, cur.ModRevision))
 			}
 		})
 		if err != nil {

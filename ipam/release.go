@@ -33,7 +33,7 @@ func (e *Engine) releaseOps(b *block, rev int64) ([]datastore.Op, bool) {
 			}, true
 		}
 	}
-	return []datastore.Op{datastore.Update(blockKey(b.prefix), datastore.MustJSON(b), rev)}, false
+	return []datastore.Op{datastore.Update(blockKey(b.prefix), b.value(), rev)}, false
 }
 
 // releaseIntentTTL is how long ExpectRelease's word holds: longer than

@@ -2,6 +2,7 @@ package ipam_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -82,4 +83,71 @@ func TestAssignAfterDatastoreWipedAndRestored(t *testing.T) {
 		t.Fatalf("the restored assignment %s was handed out again", got)
 	}
 	t.Logf("first %s (restored), second %s (lost with the wipe), third %s", first.IP, second.IP, got)
+}
+
+// TestGuardedGateReadsNothingPerAssignment: behind the daemon's restore
+// gate, warm assignments are one transaction and no read, and a restore
+// hold written after the gate last read the format record still stops
+// the next assignment (its transaction checks the record).
+func TestGuardedGateReadsNothingPerAssignment(t *testing.T) {
+	ctx := context.Background()
+	m := etcdtest.Start(t)
+	client := m.Client(t)
+	if _, err := client.EnsureFormat(ctx, "", "test"); err != nil {
+		t.Fatal(err)
+	}
+	eng := ipam.New(client, ipam.Options{Log: logrus.New(), GuardedGate: client.RestoreGate(0)})
+	if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: "10.31.0.0/24"}); err != nil {
+		t.Fatal(err)
+	}
+	assign := func(handle string) error {
+		_, err := eng.AutoAssign(ctx, ipam.AutoAssignArgs{Host: "h1", HandleID: handle})
+		return err
+	}
+	if err := assign("cnm.first"); err != nil {
+		t.Fatal(err)
+	}
+	before := client.Stats()
+	for i := range 10 {
+		if err := assign(fmt.Sprintf("cnm.%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := client.Stats()
+	if txns, reads := after.Txns-before.Txns, after.Reads-before.Reads; txns != 10 || reads != 0 {
+		t.Fatalf("10 gated warm assignments: %d transactions, %d reads; want 10 and 0", txns, reads)
+	}
+
+	// A restore's hold, written behind the gate's back.
+	f, rev, err := client.ReadFormat(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := f
+	held.Restore = &datastore.RestoreHold{Since: time.Now(), Complete: true, Pending: []string{"h2"}}
+	if err := client.Txn(ctx, datastore.Write(datastore.FormatKey, datastore.MustJSON(held), rev)); err != nil {
+		t.Fatal(err)
+	}
+	if err := assign("cnm.held"); !errors.Is(err, datastore.ErrRestoreInProgress) {
+		t.Fatalf("AutoAssign during a restore hold: %v; want ErrRestoreInProgress", err)
+	}
+	as, err := eng.Allocations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range as {
+		if a.HandleID == "cnm.held" {
+			t.Fatalf("an address was assigned during the hold: %+v", a)
+		}
+	}
+	f, rev, err = client.ReadFormat(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.ReleaseRestoreHold(ctx, "h2", f, rev); err != nil {
+		t.Fatal(err)
+	}
+	if err := assign("cnm.after"); err != nil {
+		t.Fatalf("AutoAssign after the hold ended: %v", err)
+	}
 }

@@ -166,7 +166,7 @@ func (d *daemon) openDatastore(ctx context.Context) error {
 // namespace; the caller closes d.dp.
 func (d *daemon) openDataplane() error {
 	d.engine = ipam.New(d.store, ipam.Options{ReleaseGracePeriod: d.cfg.ReleaseGracePeriod, Log: d.log, Records: d.syncer,
-		AssignGate: func(ctx context.Context) error { return d.store.AwaitRestoreHold(ctx, restoreHoldWait) }})
+		GuardedGate: d.store.RestoreGate(restoreHoldWait)})
 	dp, err := dataplane.NewLinux("", d.log, dataplane.WithProcSys(d.cfg.ProcSys))
 	if err != nil {
 		return fmt.Errorf("opening the host network namespace: %w", err)
