@@ -183,7 +183,7 @@ func (s *Store) Restore(ctx context.Context, b Backup, writtenBy string) (Restor
 	}
 	// The format record goes last, holding assignments back until each
 	// node has reconciled (RestoreHold): daemons follow it (see
-	// WatchFormat) and reconcile once the records are all back.
+	// the syncer) and reconcile once the records are all back.
 	f := b.Format
 	if f.ClusterID == "" {
 		f.ClusterID = cur.ClusterID
@@ -239,25 +239,3 @@ func (s *Store) rawTxn(ctx context.Context, ops []clientv3.Op) error {
 	return s.wrap(err)
 }
 
-// WatchFormat signals every change of the format record after revision
-// fromRev (0: from now; a restore ends with one) until ctx is done. The
-// channel is closed when the watch ends.
-func (s *Store) WatchFormat(ctx context.Context, fromRev int64) <-chan struct{} {
-	out := make(chan struct{}, 1)
-	go func() {
-		defer close(out)
-		for ev := range s.Watch(ctx, FormatKey, fromRev) {
-			if ev.Err != nil {
-				return
-			}
-			if ev.Key != FormatKey {
-				continue // the prefix watch also matches format-*
-			}
-			select {
-			case out <- struct{}{}:
-			default:
-			}
-		}
-	}()
-	return out
-}
