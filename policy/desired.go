@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"github.com/calico-cnm/calico-cnm/nft"
 	"net/netip"
 	"slices"
 	"sort"
@@ -190,7 +191,7 @@ func EgressChainName(networkID string) string { return egressPrefix + hashName(n
 // validIfname accepts what the driver names workload interfaces: cali +
 // up to 11 characters of [0-9a-zA-Z].
 func validIfname(s string) bool {
-	if !strings.HasPrefix(s, workloadIfPrefix) || len(s) >= ifnameLen || len(s) <= len(workloadIfPrefix) {
+	if !strings.HasPrefix(s, workloadIfPrefix) || len(s) >= nft.IfnameLen || len(s) <= len(workloadIfPrefix) {
 		return false
 	}
 	for _, c := range s {
@@ -353,7 +354,7 @@ func poolPrefixes(ps []ipam.Pool) (pools, natPools map[Family][]netip.Prefix, wa
 			warnings = append(warnings, fmt.Sprintf("pool %q: invalid CIDR, ignored", p.CIDR))
 			continue
 		}
-		f := familyOf(pfx.Addr())
+		f := nft.FamilyOf(pfx.Addr())
 		// Disabled pools still hold addresses in use: they stay in both.
 		pools[f] = append(pools[f], pfx)
 		if p.NATOutgoing {
@@ -403,13 +404,6 @@ func nodeAddrs(nodes []datastore.Node, what string, field func(datastore.Node) s
 	return out, warnings
 }
 
-func familyOf(a netip.Addr) Family {
-	if a.Unmap().Is4() {
-		return IPv4
-	}
-	return IPv6
-}
-
 func desiredTable(f Family, locals []localEndpoint, members map[string]map[Family][]netip.Addr, pools, natPools []netip.Prefix, hosts, vteps []netip.Addr, plan policyPlan, heps []api.HostEndpoint, fs Failsafe, cl clusterTraffic) Table {
 	pt := newPolicyTable(f, plan)
 	t := Table{Family: f, Sets: fixedSets(locals, pools, natPools, hosts, vteps), Chains: []Chain{natChain()}}
@@ -431,7 +425,7 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 		}
 		if l.policy.Isolated && !netSets[set] {
 			netSets[set] = true
-			t.Sets = append(t.Sets, Set{Name: set, Type: SetAddr, Elements: addrElements(members[l.key][f]), Comment: "members of " + l.key})
+			t.Sets = append(t.Sets, Set{Name: set, Type: SetAddr, Elements: nft.AddrElements(members[l.key][f]), Comment: "members of " + l.key})
 		}
 		if netChains[l.network.ID] {
 			continue
@@ -456,11 +450,11 @@ func fixedSets(locals []localEndpoint, pools, natPools []netip.Prefix, hosts, vt
 		ifnames = append(ifnames, l.ep.HostIfName)
 	}
 	return []Set{
-		{Name: setPools, Type: SetAddr, Interval: true, Elements: intervalElements(pools), Comment: "every calico pool"},
-		{Name: setNATPools, Type: SetAddr, Interval: true, Elements: intervalElements(natPools), Comment: "pools with natOutgoing"},
-		{Name: setHosts, Type: SetAddr, Elements: addrElements(hosts), Comment: "the cluster's hosts (node records)"},
-		{Name: setVTEPs, Type: SetAddr, Elements: addrElements(vteps), Comment: "the cluster's hosts' VXLAN tunnel addresses"},
-		{Name: setWorkloads, Type: SetIfname, Elements: sortedUnique(ifnames), Comment: "this host's joined workload interfaces"},
+		{Name: setPools, Type: SetAddr, Interval: true, Elements: nft.IntervalElements(pools), Comment: "every calico pool"},
+		{Name: setNATPools, Type: SetAddr, Interval: true, Elements: nft.IntervalElements(natPools), Comment: "pools with natOutgoing"},
+		{Name: setHosts, Type: SetAddr, Elements: nft.AddrElements(hosts), Comment: "the cluster's hosts (node records)"},
+		{Name: setVTEPs, Type: SetAddr, Elements: nft.AddrElements(vteps), Comment: "the cluster's hosts' VXLAN tunnel addresses"},
+		{Name: setWorkloads, Type: SetIfname, Elements: nft.SortedUnique(ifnames), Comment: "this host's joined workload interfaces"},
 	}
 }
 
@@ -547,7 +541,7 @@ func memoJumps(f Family, pt *policyTable, l localEndpoint, network string) []Rul
 	}
 	rs = endpointJumps(pt, l, network)
 	for i := range rs {
-		rs[i] = rs[i].withText(f)
+		rs[i] = rs[i].WithText(f)
 	}
 	jumpMu.Lock()
 	if len(jumpMemo) >= maxJumpMemo {
