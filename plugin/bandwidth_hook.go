@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/calico-cnm/calico-cnm/bandwidth"
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 )
 
@@ -103,7 +104,7 @@ func (c *bandwidthCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for _, s := range stats {
-		ep := shortID(s.EndpointID)
+		ep := dataplane.ShortID(s.EndpointID)
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(s.Bytes), ep, s.Direction)
 		ch <- prometheus.MustNewConstMetric(c.drops, prometheus.CounterValue, float64(s.Drops), ep, s.Direction)
 	}

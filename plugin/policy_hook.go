@@ -10,6 +10,7 @@ import (
 	"github.com/docker/docker/client"
 	"github.com/sirupsen/logrus"
 
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/policy"
 )
@@ -114,7 +115,7 @@ func (d *dockerNames) NetworkName(ctx context.Context, id string) (string, bool,
 		return "", false, nil
 	}
 	if err != nil {
-		return "", false, fmt.Errorf("inspecting Docker network %s: %w", shortID(id), err)
+		return "", false, fmt.Errorf("inspecting Docker network %s: %w", dataplane.ShortID(id), err)
 	}
 	// Docker matches ids by prefix too: make sure it is this network.
 	if n.ID != id {

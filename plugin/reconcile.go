@@ -398,7 +398,7 @@ func (idx reconcileIndex) endpointRemoval(se StoredEndpoint) EndpointRemoval {
 	rm := EndpointRemoval{Endpoint: ep, Rev: se.Rev, RemoveVeth: !idx.liveIfNames[dataplane.HostIfName(ep.ID)]}
 	for _, ip := range endpointAddrs(ep) {
 		if other, used := idx.dockerIPs[ip]; used {
-			rm.Kept = append(rm.Kept, fmt.Sprintf("%s is in use by Docker endpoint %s", ip, shortID(other)))
+			rm.Kept = append(rm.Kept, fmt.Sprintf("%s is in use by Docker endpoint %s", ip, dataplane.ShortID(other)))
 			continue
 		}
 		a, held := idx.holders[ip]
@@ -476,11 +476,4 @@ func nextDue(pending map[string]time.Time, grace time.Duration) time.Time {
 		}
 	}
 	return due
-}
-
-func shortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
 }

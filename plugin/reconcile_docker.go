@@ -14,6 +14,7 @@ import (
 	"github.com/docker/docker/client"
 	"github.com/sirupsen/logrus"
 
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/internal/retry"
 )
 
@@ -137,7 +138,7 @@ func (d *dockerClient) Changes(ctx context.Context) <-chan struct{} {
 						return ctx.Err()
 					case m := <-msgs:
 						backoff.Reset() // the stream works
-						d.log.WithFields(logrus.Fields{"type": m.Type, "action": m.Action, "id": shortID(m.Actor.ID)}).Debug("Docker event")
+						d.log.WithFields(logrus.Fields{"type": m.Type, "action": m.Action, "id": dataplane.ShortID(m.Actor.ID)}).Debug("Docker event")
 						signal()
 					case err := <-errs:
 						return err

@@ -4,15 +4,16 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"github.com/calico-cnm/calico-cnm/nft"
 	"net/netip"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
 
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/nft"
 	"github.com/calico-cnm/calico-cnm/policy/api"
 )
 
@@ -55,7 +56,7 @@ const (
 	netSetPrefix     = "net-"
 	ingressPrefix    = "in-"
 	egressPrefix     = "out-"
-	workloadIfPrefix = "cali"
+	workloadIfPrefix = dataplane.HostIfPrefix
 )
 
 // Base chain priorities: nftables' "filter" and "srcnat".
@@ -311,12 +312,12 @@ func addMemberAddrs(members map[Family][]netip.Addr, ep datastore.Endpoint) []st
 	if a, ok := endpointAddr(ep.IPv4); ok && a.Is4() {
 		members[IPv4] = append(members[IPv4], a)
 	} else if ep.IPv4 != "" {
-		warnings = append(warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv4 address %q", shortID(ep.ID), ep.IPv4))
+		warnings = append(warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv4 address %q", dataplane.ShortID(ep.ID), ep.IPv4))
 	}
 	if a, ok := endpointAddr(ep.IPv6); ok && a.Is6() {
 		members[IPv6] = append(members[IPv6], a)
 	} else if ep.IPv6 != "" {
-		warnings = append(warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv6 address %q", shortID(ep.ID), ep.IPv6))
+		warnings = append(warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv6 address %q", dataplane.ShortID(ep.ID), ep.IPv6))
 	}
 	return warnings
 }
@@ -327,10 +328,10 @@ func addMemberAddrs(members map[Family][]netip.Addr, ep datastore.Endpoint) []st
 // why it gets no rules or the network's default policy.
 func newLocalEndpoint(ep datastore.Endpoint, key string, networks map[string]datastore.Network, seenIf map[string]bool) (l localEndpoint, ok bool, warning string) {
 	if !validIfname(ep.HostIfName) {
-		return localEndpoint{}, false, fmt.Sprintf("endpoint %s: host interface name %q is not a workload interface name; no rules for it", shortID(ep.ID), ep.HostIfName)
+		return localEndpoint{}, false, fmt.Sprintf("endpoint %s: host interface name %q is not a workload interface name; no rules for it", dataplane.ShortID(ep.ID), ep.HostIfName)
 	}
 	if seenIf[ep.HostIfName] {
-		return localEndpoint{}, false, fmt.Sprintf("endpoint %s: interface %s is claimed by another endpoint record too; using the first", shortID(ep.ID), ep.HostIfName)
+		return localEndpoint{}, false, fmt.Sprintf("endpoint %s: interface %s is claimed by another endpoint record too; using the first", dataplane.ShortID(ep.ID), ep.HostIfName)
 	}
 	seenIf[ep.HostIfName] = true
 	n, known := networks[ep.Network]
@@ -339,7 +340,7 @@ func newLocalEndpoint(ep datastore.Endpoint, key string, networks map[string]dat
 	}
 	pol, err := ParseOptions(n.Options)
 	if err != nil {
-		warning = fmt.Sprintf("network %s: %v; applying the defaults (isolated, ingress from the cluster)", shortID(n.ID), err)
+		warning = fmt.Sprintf("network %s: %v; applying the defaults (isolated, ingress from the cluster)", dataplane.ShortID(n.ID), err)
 	}
 	return localEndpoint{ep: ep, network: n, policy: pol, key: key}, true, warning
 }
@@ -415,7 +416,7 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 	for _, l := range locals {
 		name := l.network.Name
 		if name == "" {
-			name = shortID(l.network.ID)
+			name = dataplane.ShortID(l.network.ID)
 		}
 		forward.Unordered = append(forward.Unordered, memoJumps(f, pt, l, name)...)
 		set, ok := setOf[l.key]
@@ -509,7 +510,7 @@ func endpointJumps(pt *policyTable, l localEndpoint, network string) []Rule {
 		jumps = append(jumps, Rule{
 			Matches: []Match{{Kind: MatchIfname, In: true, Value: l.ep.HostIfName}},
 			Verdict: Jump, Target: out,
-			Comment: "from endpoint " + shortID(l.ep.ID) + " of network " + network,
+			Comment: "from endpoint " + dataplane.ShortID(l.ep.ID) + " of network " + network,
 		})
 	}
 	if r, ok := pt.endpointJump(l, api.Ingress, in); ok {
@@ -518,7 +519,7 @@ func endpointJumps(pt *policyTable, l localEndpoint, network string) []Rule {
 		jumps = append(jumps, Rule{
 			Matches: []Match{{Kind: MatchIfname, Value: l.ep.HostIfName}},
 			Verdict: Jump, Target: in,
-			Comment: "to endpoint " + shortID(l.ep.ID) + " of network " + network,
+			Comment: "to endpoint " + dataplane.ShortID(l.ep.ID) + " of network " + network,
 		})
 	}
 	return jumps
@@ -618,13 +619,6 @@ func egressChain(name, netSet, network string) Chain {
 		{Matches: []Match{{Kind: MatchAddrSet, Value: netSet}}, Verdict: Return, Comment: "to network " + network},
 		{Matches: []Match{{Kind: MatchAddrSet, Value: setPools}}, Verdict: Drop, Comment: "to other calico networks"},
 	}}
-}
-
-func shortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
 }
 
 // sortedKeys is for deterministic iteration in callers and tests.

@@ -2,13 +2,14 @@ package policy
 
 import (
 	"fmt"
-	"github.com/calico-cnm/calico-cnm/nft"
 	"net/netip"
 	"slices"
 	"strings"
 	"sync"
 
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/nft"
 	"github.com/calico-cnm/calico-cnm/policy/api"
 	"github.com/calico-cnm/calico-cnm/policy/selector"
 )
@@ -236,7 +237,7 @@ func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile
 	if dir == api.Egress {
 		match, what = Match{Kind: MatchIfname, In: true, Value: l.ep.HostIfName}, "from"
 	}
-	jump := Rule{Matches: []Match{match}, Verdict: Jump, Comment: what + " endpoint " + shortID(l.ep.ID) + ": policies"}
+	jump := Rule{Matches: []Match{match}, Verdict: Jump, Comment: what + " endpoint " + dataplane.ShortID(l.ep.ID) + ": policies"}
 	if pt.plan.failClosed[l.ep.ID][dir] {
 		jump.Target = dispatchChainName(dir, "fail-closed")
 		pt.chains[jump.Target] = Chain{Name: jump.Target, Rules: []Rule{{Verdict: Drop, Comment: "endpoint labels unknown: fail closed while policies exist"}}}

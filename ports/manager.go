@@ -11,6 +11,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/internal/lastpass"
 	"github.com/calico-cnm/calico-cnm/ipam"
@@ -225,11 +226,11 @@ func (m *Manager) Publish(ctx context.Context, endpointID string, reqs []Request
 		}
 		for _, b := range r.ep.Ports {
 			taken = append(taken, b)
-			owners = append(owners, fmt.Sprintf("endpoint %s (%s) of this host", shortID(r.ep.ID), addrOf(r.ep.IPv4)))
+			owners = append(owners, fmt.Sprintf("endpoint %s (%s) of this host", dataplane.ShortID(r.ep.ID), addrOf(r.ep.IPv4)))
 		}
 	}
 	if self < 0 {
-		return nil, fmt.Errorf("endpoint %s is not known on host %s", shortID(endpointID), m.node)
+		return nil, fmt.Errorf("endpoint %s is not known on host %s", dataplane.ShortID(endpointID), m.node)
 	}
 	bs, err := Resolve(reqs, taken, func(i int) string { return owners[i] })
 	if err != nil {
@@ -250,7 +251,7 @@ func (m *Manager) Publish(ctx context.Context, endpointID string, reqs []Request
 		}
 		return nil, err
 	}
-	m.log.WithField("endpoint", shortID(endpointID)).WithField("ports", Summary(bs)).Info("ports published")
+	m.log.WithField("endpoint", dataplane.ShortID(endpointID)).WithField("ports", Summary(bs)).Info("ports published")
 	return bs, nil
 }
 
@@ -306,7 +307,7 @@ func (m *Manager) Unpublish(ctx context.Context, endpointID string) error {
 			continue
 		}
 		if err := m.write(ctx, &recs[i], nil); err != nil && !errors.Is(err, datastore.ErrNotFound) {
-			return fmt.Errorf("forgetting the published ports of endpoint %s: %w", shortID(endpointID), err)
+			return fmt.Errorf("forgetting the published ports of endpoint %s: %w", dataplane.ShortID(endpointID), err)
 		}
 		if recs[i].ep.HostIfName != "" && m.dp != nil {
 			if err := m.dp.SetRouteLocalnet(ctx, recs[i].ep.HostIfName, false); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 )
 
@@ -196,7 +197,7 @@ func desiredRules(v6 bool, entries []entry) []nftRule {
 			&expr.Immediate{Register: regPort, Data: port16(e.b.Port)},
 			&expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(family(v6)), RegAddrMin: 1, RegProtoMin: regPort, Specified: true},
 		}
-		add(chainPublished, fmt.Sprintf("%s -> %s:%d endpoint %s", String(e.b), cip, e.b.Port, shortID(e.endpoint)), hostMatch, l4Match(e.b.Proto, e.b.HostPort), nat)
+		add(chainPublished, fmt.Sprintf("%s -> %s:%d endpoint %s", String(e.b), cip, e.b.Port, dataplane.ShortID(e.endpoint)), hostMatch, l4Match(e.b.Proto, e.b.HostPort), nat)
 		add(chainPostrouting, fmt.Sprintf("container to its own %s port %d: masquerade", e.b.Proto, e.b.Port),
 			addrMatch(v6, true, cip), addrMatch(v6, false, cip), l4Match(e.b.Proto, e.b.Port), masq)
 	}
@@ -210,13 +211,6 @@ func desiredRules(v6 bool, entries []entry) []nftRule {
 		}
 	}
 	return out
-}
-
-func shortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
 }
 
 // NFT programs the tables in one network namespace.
