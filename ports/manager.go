@@ -15,6 +15,7 @@ import (
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/internal/lastpass"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/nft"
 )
 
 // Dataplane is what the manager needs of the host's interfaces
@@ -31,7 +32,7 @@ type Dataplane interface {
 type Manager struct {
 	store *datastore.Store
 	node  string
-	nft   *NFT
+	nft   *nft.Tables
 	dp    Dataplane
 	ipv6  bool
 	log   logrus.FieldLogger
@@ -44,18 +45,19 @@ type Manager struct {
 	last *lastpass.Outcome
 }
 
-// NewManager publishes through nft (and dp for route_localnet, nil to skip)
-// the ports of node's endpoints in store; ipv6 adds the ip6 table;
+// NewManager publishes through nft (the tables called TableName; see
+// NewTables) and dp (route_localnet, nil to skip) the ports of node's
+// endpoints in store; ipv6 adds the ip6 table;
 // engineID (nil: unknown) tells this host's endpoint records from those a
 // host sharing the node name wrote.
-func NewManager(store *datastore.Store, node string, nft *NFT, dp Dataplane, ipv6 bool, engineID func() string, log logrus.FieldLogger) *Manager {
+func NewManager(store *datastore.Store, node string, tables *nft.Tables, dp Dataplane, ipv6 bool, engineID func() string, log logrus.FieldLogger) *Manager {
 	if log == nil {
 		log = logrus.StandardLogger()
 	}
 	if engineID == nil {
 		engineID = func() string { return "" }
 	}
-	return &Manager{store: store, node: node, nft: nft, dp: dp, ipv6: ipv6, engineID: engineID, log: log.WithField("component", "ports"), last: lastpass.New("published ports")}
+	return &Manager{store: store, node: node, nft: tables, dp: dp, ipv6: ipv6, engineID: engineID, log: log.WithField("component", "ports"), last: lastpass.New("published ports")}
 }
 
 type record struct {
@@ -150,19 +152,14 @@ func (m *Manager) apply(ctx context.Context, recs []record) error {
 	if err != nil {
 		return err
 	}
-	var errs []error
-	for _, v6 := range []bool{false, true} {
-		if v6 && !m.ipv6 {
-			continue
-		}
-		changed, err := m.nft.Apply(ctx, v6, es, in)
-		if err != nil {
-			errs = append(errs, err)
-		} else if changed {
-			m.log.WithField("bindings", len(es)).WithField("ipv6", v6).Info("published ports programmed")
-		}
+	changes, err := m.nft.Apply(ctx, desired(m.ipv6, es, in))
+	if err != nil {
+		return fmt.Errorf("programming table %s: %w", TableName, err)
 	}
-	return errors.Join(errs...)
+	if changes > 0 {
+		m.log.WithFields(logrus.Fields{"bindings": len(es), "changes": changes}).Info("published ports programmed")
+	}
+	return nil
 }
 
 // Sync programs the tables from the datastore: at start, and on resync.
@@ -317,3 +314,6 @@ func (m *Manager) Unpublish(ctx context.Context, endpointID string) error {
 	}
 	return m.apply(ctx, recs)
 }
+
+// NewTables is the published ports' tables on c.
+func NewTables(c *nft.Conn) *nft.Tables { return c.Tables(TableName) }
