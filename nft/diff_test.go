@@ -172,3 +172,70 @@ func TestDiffChainMultiset(t *testing.T) {
 		})
 	}
 }
+
+// TestDiffTables: the plan between two rulesets, table-driven: in-place
+// changes where the kernel allows them, a chain deleted before the chains
+// it jumps to, a table rewritten when a base chain changes, and only the
+// named table in every op.
+func TestDiffTables(t *testing.T) {
+	dnat := func(port uint16) Rule {
+		return Rule{Matches: []Match{{Kind: MatchL4Proto, Proto: 6}, {Kind: MatchPort, Min: port, Max: port}}, Verdict: DNAT, NATAddr: netip.MustParseAddr("10.0.0.5"), NATPort: 80}
+	}
+	jumpTo := func(target string) Rule { return Rule{Verdict: Jump, Target: target} }
+	base := &BaseChain{Type: "nat", Hook: "prerouting", Priority: -100}
+	table := func(pub []Rule, extra ...Chain) Ruleset {
+		chains := append([]Chain{{Name: "pre", Base: base, Rules: []Rule{jumpTo("pub")}}, {Name: "pub", Unordered: pub}}, extra...)
+		return Ruleset{Tables: []Table{{Family: IPv4, Sets: []Set{{Name: "s", Type: SetAddr, Elements: []string{"10.0.0.1"}}}, Chains: chains}}}
+	}
+	// dumped is rs as the kernel lists it: every rule in Rules, with a handle.
+	dumped := func(rs Ruleset) Ruleset {
+		h := uint64(10)
+		out := Ruleset{}
+		for _, tb := range rs.Tables {
+			d := Table{Family: tb.Family, Sets: tb.Sets}
+			for _, c := range tb.Chains {
+				dc := Chain{Name: c.Name, Base: c.Base}
+				for _, r := range ChainRules(c) {
+					h++
+					r.Handle = h
+					dc.Rules = append(dc.Rules, r)
+				}
+				d.Chains = append(d.Chains, dc)
+			}
+			out.Tables = append(out.Tables, d)
+		}
+		return out
+	}
+	hooked := table(nil)
+	hooked.Tables[0].Chains[0].Base = &BaseChain{Type: "nat", Hook: "output", Priority: -100}
+	withSet := table(nil)
+	withSet.Tables[0].Sets[0].Elements = []string{"10.0.0.1", "10.0.0.2"}
+	for _, tc := range []struct {
+		name      string
+		cur, want Ruleset
+		plan      []string
+	}{
+		{"in sync", table([]Rule{dnat(1)}), table([]Rule{dnat(1)}), nil},
+		{"a rule added", table([]Rule{dnat(1)}), table([]Rule{dnat(1), dnat(2)}),
+			[]string{"add rule ip t pub meta l4proto 6 th dport 2 counter dnat to 10.0.0.5:80"}},
+		{"a rule deleted by handle", table([]Rule{dnat(1), dnat(2)}), table([]Rule{dnat(2)}),
+			[]string{"delete rule ip t pub handle 12 # meta l4proto 6 th dport 1 counter dnat to 10.0.0.5:80"}},
+		{"an element added", table(nil), withSet, []string{"add element ip t s { 10.0.0.2 }"}},
+		{"a referring chain deleted before its target", table(nil, Chain{Name: "a", Rules: []Rule{{Verdict: Accept}}}, Chain{Name: "b", Rules: []Rule{jumpTo("a")}}), table(nil),
+			[]string{"delete chain ip t b", "delete chain ip t a"}},
+		{"a base chain's hook changed: the table rewritten", table(nil), hooked, []string{"add table ip t", "delete table ip t", "add table ip t",
+			"add ip t set s { type ipv4_addr; elements = { 10.0.0.1 } }", "add ip t chain pre { type nat hook output priority -100; policy accept; }",
+			"add ip t chain pub", "add rule ip t pre counter jump pub"}},
+		{"a table no longer wanted", table(nil), Ruleset{}, []string{"delete table ip t"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, op := range Diff("t", dumped(tc.cur), tc.want) {
+				got = append(got, op.String())
+			}
+			if !slices.Equal(got, tc.plan) {
+				t.Errorf("plan\n%q\nwant\n%q", got, tc.plan)
+			}
+		})
+	}
+}
