@@ -187,22 +187,19 @@ func TestDiffTables(t *testing.T) {
 		chains := append([]Chain{{Name: "pre", Base: base, Rules: []Rule{jumpTo("pub")}}, {Name: "pub", Unordered: pub}}, extra...)
 		return Ruleset{Tables: []Table{{Family: IPv4, Sets: []Set{{Name: "s", Type: SetAddr, Elements: []string{"10.0.0.1"}}}, Chains: chains}}}
 	}
-	// dumped is rs as the kernel lists it: every rule in Rules, with a handle.
+	// dumped is rs as the kernel lists it once written from nothing:
+	// every rule in Rules, with a handle.
 	dumped := func(rs Ruleset) Ruleset {
-		h := uint64(10)
-		out := Ruleset{}
-		for _, tb := range rs.Tables {
-			d := Table{Family: tb.Family, Sets: tb.Sets}
-			for _, c := range tb.Chains {
-				dc := Chain{Name: c.Name, Base: c.Base}
-				for _, r := range ChainRules(c) {
-					h++
-					r.Handle = h
-					dc.Rules = append(dc.Rules, r)
-				}
-				d.Chains = append(d.Chains, dc)
+		ops := Diff("t", Ruleset{}, rs)
+		handles := map[int]uint64{}
+		for i, op := range ops {
+			if op.Kind == OpAddRule {
+				handles[i] = uint64(11 + len(handles))
 			}
-			out.Tables = append(out.Tables, d)
+		}
+		out, ok := AfterOps(Ruleset{}, ops, handles)
+		if !ok {
+			t.Fatalf("cannot tell the tables after writing %q", ops)
 		}
 		return out
 	}
