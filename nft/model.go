@@ -35,9 +35,10 @@ const (
 	SetIfname SetType = "ifname" // interface names
 )
 
-// Ruleset is the whole desired (or dumped) content of the project's tables:
-// the pure description that Desired computes, Diff compares and the netlink
-// layer writes and reads back.
+// Ruleset is the whole desired (or dumped) content of the tables of one
+// name, one table per family: the pure description an owner of tables
+// computes (policy.Desired, the published ports), Diff compares and Conn
+// writes and reads back.
 type Ruleset struct {
 	Tables []Table
 }
@@ -167,8 +168,9 @@ type Rule struct {
 	Packets, Bytes uint64
 
 	// rendered is Render(renderedFor), remembered by WithText: rules
-	// NFT remembers and the endpoints' jumps Desired memoises are
-	// compared at every change without rendering them again.
+	// Conn remembers and the rules an owner memoises (the policy's
+	// endpoint jumps) are compared at every change without rendering
+	// them again.
 	rendered    string
 	renderedFor Family
 }

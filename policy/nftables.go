@@ -1,8 +1,6 @@
 package policy
 
 import (
-	"context"
-
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/nft"
@@ -102,9 +100,4 @@ func (n *NFT) Close() error {
 		return n.own.Close()
 	}
 	return nil
-}
-
-// Dump reads the policy's tables of the given families.
-func (n *NFT) Dump(ctx context.Context, families ...Family) (Ruleset, error) {
-	return n.Tables.Dump(ctx, families...)
 }

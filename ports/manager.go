@@ -22,7 +22,7 @@ import (
 // (*dataplane.Linux).
 type Dataplane interface {
 	// SetRouteLocalnet lets 127.0.0.0/8 traffic leave (and its replies
-	// enter) through a workload's host-side veth: see the notes in nft.go.
+	// enter) through a workload's host-side veth: see the notes in nft.go (this package).
 	SetRouteLocalnet(ctx context.Context, hostIfName string, on bool) error
 }
 
