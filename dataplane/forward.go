@@ -15,7 +15,7 @@ const forwardRuleComment = "calico-cnm: forward workload traffic"
 
 // workloadIfPrefix is what iptables writes for `-i cali+`: a compare of the
 // name's first bytes, without the NUL terminator.
-var workloadIfPrefix = []byte("cali")
+var workloadIfPrefix = []byte(HostIfPrefix)
 
 // EnsureForwardAccept lets routed workload traffic through a FORWARD filter
 // whose policy drops it. Docker sets the iptables FORWARD policy to DROP

@@ -45,7 +45,7 @@ func rootNSTestLinks() []string {
 	var leaked []string
 	for _, l := range links {
 		name := l.Attrs().Name
-		if strings.HasPrefix(name, hostIfPrefix+testIDPrefix) || strings.HasPrefix(name, tempIfPrefix+testIDPrefix) {
+		if strings.HasPrefix(name, HostIfPrefix+testIDPrefix) || strings.HasPrefix(name, tempIfPrefix+testIDPrefix) {
 			leaked = append(leaked, name)
 		}
 	}

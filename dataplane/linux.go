@@ -663,7 +663,7 @@ func (l *Linux) ListWorkloadInterfaces(ctx context.Context) ([]string, error) {
 	}
 	var names []string
 	for _, link := range links {
-		if strings.HasPrefix(link.Attrs().Name, hostIfPrefix) && link.Type() == "veth" {
+		if strings.HasPrefix(link.Attrs().Name, HostIfPrefix) && link.Type() == "veth" {
 			names = append(names, link.Attrs().Name)
 		}
 	}

@@ -14,7 +14,7 @@ func (l *Linux) SetRouteLocalnet(ctx context.Context, hostIfName string, on bool
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if !strings.HasPrefix(hostIfName, hostIfPrefix) || strings.ContainsAny(hostIfName, "/.") {
+	if !strings.HasPrefix(hostIfName, HostIfPrefix) || strings.ContainsAny(hostIfName, "/.") {
 		return fmt.Errorf("route_localnet: %q is not a workload interface", hostIfName)
 	}
 	v := "0"

@@ -18,10 +18,6 @@ import (
 )
 
 const (
-	// hostIfPrefix names the host side of every workload veth. Calico uses the
-	// same prefix, and tooling (and ListWorkloadInterfaces) recognises
-	// workload interfaces by it.
-	hostIfPrefix = "cali"
 	// tempIfPrefix names the container side while it is still in the host
 	// namespace; Docker moves it into the container and renames it eth*.
 	tempIfPrefix = "tmp"
@@ -87,7 +83,7 @@ type Workload struct {
 
 // HostIfName is the name of the host side of the endpoint's veth.
 func HostIfName(endpointID string) string {
-	return hostIfPrefix + idPrefix(endpointID)
+	return HostIfPrefix + idPrefix(endpointID)
 }
 
 // TempIfName is the name of the container side of the endpoint's veth while it

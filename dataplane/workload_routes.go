@@ -63,7 +63,7 @@ func (l *Linux) detachedPairs() (map[string]netlink.Link, error) {
 	out := map[string]netlink.Link{}
 	for _, link := range links {
 		a := link.Attrs()
-		suffix, ok := strings.CutPrefix(a.Name, hostIfPrefix)
+		suffix, ok := strings.CutPrefix(a.Name, HostIfPrefix)
 		if !ok || link.Type() != "veth" || a.NetNsID >= 0 {
 			continue // not ours, or the peer lives in another namespace
 		}

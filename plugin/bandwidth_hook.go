@@ -11,8 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/calico-cnm/calico-cnm/bandwidth"
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
-	"github.com/calico-cnm/calico-cnm/internal/dockerapi"
 )
 
 // bandwidthNetlinkTimeout bounds each netlink request of the shaper: a
@@ -82,7 +82,7 @@ func (c *bandwidthCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for _, s := range stats {
-		ep := dockerapi.ShortID(s.EndpointID)
+		ep := dataplane.ShortID(s.EndpointID)
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(s.Bytes), ep, s.Direction)
 		ch <- prometheus.MustNewConstMetric(c.drops, prometheus.CounterValue, float64(s.Drops), ep, s.Direction)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/calico-cnm/calico-cnm/driver"
 	"github.com/calico-cnm/calico-cnm/internal/dockerapi"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/nft"
 	"github.com/calico-cnm/calico-cnm/ports"
 	"github.com/calico-cnm/calico-cnm/reconcile"
 )
@@ -66,6 +67,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 		return err
 	}
 	defer d.dp.Close()
+	defer d.nft.Close()
 	closeSubsystems, err := d.prepareSubsystems()
 	if err != nil {
 		return err
@@ -125,8 +127,10 @@ type daemon struct {
 	wgd      *wgRunner
 	pol      *policyRunner
 	portsMgr *ports.Manager
-	portsNFT *ports.NFT
-	bw       *bandwidth.Manager
+	// nft is the one writer of every nftables table of the host's
+	// (policy, published ports), shared by their managers.
+	nft *nft.Conn
+	bw  *bandwidth.Manager
 	// policyStarted hands the policy's handles from closeSubsystems to
 	// the stop func of pol.start.
 	policyStarted bool
@@ -163,7 +167,7 @@ func (d *daemon) openDatastore(ctx context.Context) error {
 }
 
 // openDataplane makes the address manager and opens the host's network
-// namespace; the caller closes d.dp.
+// namespace and its nftables; the caller closes d.dp and d.nft.
 func (d *daemon) openDataplane() error {
 	d.engine = ipam.New(d.store, ipam.Options{ReleaseGracePeriod: d.cfg.ReleaseGracePeriod, Log: d.log, Records: d.syncer,
 		GuardedGate: d.store.RestoreGate(restoreHoldWait)})
@@ -171,14 +175,19 @@ func (d *daemon) openDataplane() error {
 	if err != nil {
 		return fmt.Errorf("opening the host network namespace: %w", err)
 	}
-	d.dp = dp
+	conn, err := nft.New("", d.log.WithField("component", "nftables"))
+	if err != nil {
+		dp.Close()
+		return fmt.Errorf("opening the host's nftables: %w", err)
+	}
+	d.dp, d.nft = dp, conn
 	return nil
 }
 
 // prepareSubsystems makes VXLAN, network policy and published ports, which
 // Run starts only once the plugin APIs are served. closeSubsystems releases
-// the ports' nftables handle, then the policy's unless pol.start took them
-// over.
+// the bandwidth manager, then the policy's handles unless pol.start took
+// them over.
 func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
 	if d.vx, err = newVXLAN(d.cfg, d.store, d.syncer, d.engine, d.log); err != nil {
 		return nil, fmt.Errorf("starting VXLAN: %w", err)
@@ -186,7 +195,7 @@ func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
 	if d.wgd, err = newWireGuard(d.cfg, d.store, d.syncer, d.engine, d.log); err != nil {
 		return nil, fmt.Errorf("starting WireGuard: %w", err)
 	}
-	if d.pol, err = newPolicy(d.cfg, d.store, d.log); err != nil {
+	if d.pol, err = newPolicy(d.cfg, d.store, d.nft, d.log); err != nil {
 		return nil, fmt.Errorf("starting network policy: %w", err)
 	}
 	closePolicy := func() {
@@ -194,19 +203,14 @@ func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
 			d.pol.close()
 		}
 	}
-	if d.portsMgr, d.portsNFT, err = newPorts(d.cfg, d.store, d.dp, d.ident.ID, d.log); err != nil {
-		closePolicy()
-		return nil, err
-	}
+	d.portsMgr = newPorts(d.cfg, d.store, d.dp, d.nft, d.ident.ID, d.log)
 	var closeBandwidth func()
 	if d.bw, closeBandwidth, err = newBandwidth(d.cfg, d.syncer, d.ident.ID, d.log); err != nil {
-		d.portsNFT.Close()
 		closePolicy()
 		return nil, err
 	}
 	return func() {
 		closeBandwidth()
-		d.portsNFT.Close()
 		closePolicy()
 	}, nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/docker/docker/api/types/network"
 	"github.com/sirupsen/logrus"
 
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/driver"
 	"github.com/calico-cnm/calico-cnm/internal/dockerapi"
@@ -140,7 +141,7 @@ func (d *dockerLabels) EndpointLabels(ctx context.Context, req driver.LabelReque
 // joinLabels are the container's labels of a joining endpoint.
 func (d *dockerLabels) joinLabels(ctx context.Context, req driver.LabelRequest) (map[string]string, error) {
 	name := d.networkName(ctx, req.NetworkID)
-	log := d.log.WithFields(logrus.Fields{"network": dockerapi.ShortID(req.NetworkID), "endpoint": dockerapi.ShortID(req.EndpointID)})
+	log := d.log.WithFields(logrus.Fields{"network": dataplane.ShortID(req.NetworkID), "endpoint": dataplane.ShortID(req.EndpointID)})
 	c, err := d.identify(ctx, req.NetworkID, req.EndpointID)
 	if err == nil {
 		log.WithField("container", c.Name).Debug("the network's endpoint list names the joining container")
@@ -161,7 +162,7 @@ func (d *dockerLabels) joinLabels(ctx context.Context, req driver.LabelRequest) 
 		log.WithError(err).WithField("candidates", len(cands)).Info("joining container not named by Docker: its labels are those of every candidate (its name comes with the connect event)")
 		return l, nil
 	}
-	return nil, fmt.Errorf("%w: %d candidates on network %s: %w", ErrLabelsUnknown, len(cands), dockerapi.ShortID(req.NetworkID), err)
+	return nil, fmt.Errorf("%w: %d candidates on network %s: %w", ErrLabelsUnknown, len(cands), dataplane.ShortID(req.NetworkID), err)
 }
 
 // Relearn learns the labels of a joined endpoint that has none (its
@@ -171,7 +172,7 @@ func (d *dockerLabels) joinLabels(ctx context.Context, req driver.LabelRequest) 
 func (d *dockerLabels) Relearn(ctx context.Context, endpointID, networkID string) {
 	d.setPending(endpointID, networkID)
 	if err := d.verify(ctx, endpointID, networkID); err != nil {
-		d.log.WithError(err).WithFields(logrus.Fields{"endpoint": dockerapi.ShortID(endpointID), "network": dockerapi.ShortID(networkID)}).
+		d.log.WithError(err).WithFields(logrus.Fields{"endpoint": dataplane.ShortID(endpointID), "network": dataplane.ShortID(networkID)}).
 			Info("the container of a rebuilt endpoint is not named by Docker yet: its labels come with the next event or retry")
 	}
 }
@@ -200,7 +201,7 @@ func (d *dockerLabels) verify(ctx context.Context, endpointID, networkID string)
 func (d *dockerLabels) identify(ctx context.Context, networkID, endpointID string) (knownContainer, error) {
 	nw, err := d.cli.NetworkInspect(ctx, networkID, network.InspectOptions{})
 	if err != nil {
-		return knownContainer{}, fmt.Errorf("inspecting network %s: %w", dockerapi.ShortID(networkID), err)
+		return knownContainer{}, fmt.Errorf("inspecting network %s: %w", dataplane.ShortID(networkID), err)
 	}
 	id, name := "", ""
 	for key, r := range nw.Containers {
@@ -217,7 +218,7 @@ func (d *dockerLabels) identify(ctx context.Context, networkID, endpointID strin
 	case name != "":
 		return d.containerNamed(ctx, name)
 	}
-	return knownContainer{}, fmt.Errorf("network %s, endpoint %s: %w", dockerapi.ShortID(networkID), dockerapi.ShortID(endpointID), errNotListed)
+	return knownContainer{}, fmt.Errorf("network %s, endpoint %s: %w", dataplane.ShortID(networkID), dataplane.ShortID(endpointID), errNotListed)
 }
 
 // container is the container id: from the view, else Docker's listing.
@@ -234,7 +235,7 @@ func (d *dockerLabels) container(ctx context.Context, id string) (knownContainer
 			return fromSummary(s), nil
 		}
 	}
-	return knownContainer{}, fmt.Errorf("no container %s", dockerapi.ShortID(id))
+	return knownContainer{}, fmt.Errorf("no container %s", dataplane.ShortID(id))
 }
 
 // containerNamed is the container Docker names name now (its name
@@ -405,7 +406,7 @@ func (d *dockerLabels) retryPending(ctx context.Context) {
 			}
 			for ep, p := range d.pendingNow() {
 				if err := d.verify(ctx, ep, p.network); err != nil && ctx.Err() == nil {
-					d.log.WithError(err).WithFields(logrus.Fields{"endpoint": dockerapi.ShortID(ep), "network": dockerapi.ShortID(p.network)}).Debug("a pending endpoint stays pending")
+					d.log.WithError(err).WithFields(logrus.Fields{"endpoint": dataplane.ShortID(ep), "network": dataplane.ShortID(p.network)}).Debug("a pending endpoint stays pending")
 				}
 			}
 		}
@@ -505,7 +506,7 @@ func (d *dockerLabels) describe(ctx context.Context, id string, mayAdd bool) {
 	d.spawn(ctx, func(ctx context.Context) {
 		list, err := d.list(ctx, "id", id)
 		if err != nil {
-			d.log.WithError(err).WithField("container", dockerapi.ShortID(id)).Debug("listing a container")
+			d.log.WithError(err).WithField("container", dataplane.ShortID(id)).Debug("listing a container")
 		}
 		var got *knownContainer
 		for _, s := range list {
@@ -526,7 +527,7 @@ func (d *dockerLabels) renamed(ctx context.Context, id string) {
 		err = d.learnListed(ctx, list, func(string) bool { return true })
 	}
 	if err != nil && ctx.Err() == nil {
-		d.log.WithError(err).WithField("container", dockerapi.ShortID(id)).Info("relabelling the endpoints of a renamed container")
+		d.log.WithError(err).WithField("container", dataplane.ShortID(id)).Info("relabelling the endpoints of a renamed container")
 	}
 }
 
@@ -542,7 +543,7 @@ func (d *dockerLabels) connected(ctx context.Context, networkID, networkName, co
 	defer cancel()
 	nw, err := d.cli.NetworkInspect(ctx, networkID, network.InspectOptions{})
 	if err != nil {
-		d.log.WithError(err).WithField("network", dockerapi.ShortID(networkID)).Info("inspecting the network of a connect event")
+		d.log.WithError(err).WithField("network", dataplane.ShortID(networkID)).Info("inspecting the network of a connect event")
 		return
 	}
 	d.dropUnlisted(pend, nw)
@@ -555,7 +556,7 @@ func (d *dockerLabels) connected(ctx context.Context, networkID, networkName, co
 		err = d.learn(ctx, r.EndpointID, c.labelsOn(networkName))
 	}
 	if err != nil && ctx.Err() == nil {
-		d.log.WithError(err).WithField("endpoint", dockerapi.ShortID(r.EndpointID)).Info("learning the labels of a connected endpoint: retried")
+		d.log.WithError(err).WithField("endpoint", dataplane.ShortID(r.EndpointID)).Info("learning the labels of a connected endpoint: retried")
 	}
 }
 
@@ -643,11 +644,11 @@ func (d *dockerLabels) learn(ctx context.Context, endpointID string, labels map[
 		d.forgetIfStale(endpointID)
 		return err
 	case err != nil:
-		return fmt.Errorf("recording the labels of endpoint %s: %w", dockerapi.ShortID(endpointID), err)
+		return fmt.Errorf("recording the labels of endpoint %s: %w", dataplane.ShortID(endpointID), err)
 	}
 	d.forget(endpointID)
 	if changed {
-		d.log.WithFields(logrus.Fields{"endpoint": dockerapi.ShortID(endpointID), "labels": labels}).Info("learnt the labels of an endpoint joined without them (or with a guess)")
+		d.log.WithFields(logrus.Fields{"endpoint": dataplane.ShortID(endpointID), "labels": labels}).Info("learnt the labels of an endpoint joined without them (or with a guess)")
 	}
 	return nil
 }

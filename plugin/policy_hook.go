@@ -10,8 +10,10 @@ import (
 	"github.com/docker/docker/client"
 	"github.com/sirupsen/logrus"
 
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/internal/dockerapi"
+	"github.com/calico-cnm/calico-cnm/nft"
 	"github.com/calico-cnm/calico-cnm/policy"
 )
 
@@ -32,18 +34,16 @@ type policyRunner struct {
 	log    logrus.FieldLogger
 }
 
-func newPolicy(cfg Config, store *datastore.Store, log logrus.FieldLogger) (*policyRunner, error) {
+// newPolicy programs the policy's tables through conn, which the caller
+// closes after the runner.
+func newPolicy(cfg Config, store *datastore.Store, conn *nft.Conn, log logrus.FieldLogger) (*policyRunner, error) {
 	log = log.WithField("component", "policy")
-	nft, err := policy.NewNFT("", log)
-	if err != nil {
-		return nil, err
-	}
+	tables := policy.NFTOn(conn)
 	// Network names and container labels come from Docker; a Docker API
 	// that cannot be reached only delays naming (and makes labels
 	// unknown), so a bad DOCKER_HOST is an error here and nothing else is.
 	names, err := newDockerNames(cfg.DockerHost)
 	if err != nil {
-		nft.Close()
 		return nil, err
 	}
 	failsafe := policy.DefaultFailsafe()
@@ -54,7 +54,7 @@ func newPolicy(cfg Config, store *datastore.Store, log logrus.FieldLogger) (*pol
 	syncer, err := policy.NewSyncer(policy.Config{
 		Store:          store,
 		Node:           cfg.NodeName,
-		Dataplane:      nft,
+		Dataplane:      tables,
 		Names:          names,
 		IPv6:           ipv6Available(cfg.ProcSys),
 		ResyncInterval: cfg.ResyncInterval,
@@ -62,11 +62,10 @@ func newPolicy(cfg Config, store *datastore.Store, log logrus.FieldLogger) (*pol
 		Failsafe:       &failsafe,
 	})
 	if err != nil {
-		nft.Close()
 		names.cli.Close()
 		return nil, err
 	}
-	return &policyRunner{syncer: syncer, labels: newDockerLabels(names.cli, store, cfg.NodeName, log), nft: nft, names: names, node: cfg.NodeName, log: log}, nil
+	return &policyRunner{syncer: syncer, labels: newDockerLabels(names.cli, store, cfg.NodeName, log), nft: tables, names: names, node: cfg.NodeName, log: log}, nil
 }
 
 // start runs the syncer and the label learner under sup; the returned
@@ -81,7 +80,6 @@ func (p *policyRunner) start(sup *supervisor) (release func()) {
 }
 
 func (p *policyRunner) close() {
-	p.nft.Close()
 	p.names.cli.Close()
 }
 
@@ -115,7 +113,7 @@ func (d *dockerNames) NetworkName(ctx context.Context, id string) (string, bool,
 		return "", false, nil
 	}
 	if err != nil {
-		return "", false, fmt.Errorf("inspecting Docker network %s: %w", dockerapi.ShortID(id), err)
+		return "", false, fmt.Errorf("inspecting Docker network %s: %w", dataplane.ShortID(id), err)
 	}
 	// Docker matches ids by prefix too: make sure it is this network.
 	if n.ID != id {

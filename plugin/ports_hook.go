@@ -2,23 +2,20 @@ package plugin
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/nft"
 	"github.com/calico-cnm/calico-cnm/ports"
 )
 
 // newPorts makes the publisher of container ports (package ports) for the
-// host namespace. Its tables are rebuilt from the datastore by startPorts.
-func newPorts(cfg Config, store *datastore.Store, dp *dataplane.Linux, engineID func() string, log logrus.FieldLogger) (*ports.Manager, *ports.NFT, error) {
-	nft, err := ports.NewNFT("")
-	if err != nil {
-		return nil, nil, fmt.Errorf("published ports: %w", err)
-	}
-	return ports.NewManager(store, cfg.NodeName, nft, dp, ipv6Available(cfg.ProcSys), engineID, log), nft, nil
+// host namespace, programming its tables through conn. Its tables are
+// rebuilt from the datastore by startPorts.
+func newPorts(cfg Config, store *datastore.Store, dp *dataplane.Linux, conn *nft.Conn, engineID func() string, log logrus.FieldLogger) *ports.Manager {
+	return ports.NewManager(store, cfg.NodeName, ports.NewTables(conn), dp, ipv6Available(cfg.ProcSys), engineID, log)
 }
 
 // startPorts rebuilds the published ports' rules now and on every resync

@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/google/nftables"
-
 	"github.com/calico-cnm/calico-cnm/policy/api"
 )
 
@@ -50,10 +48,6 @@ func counterChain(name string) bool {
 // the local endpoints.
 func (n *NFT) Counters(ctx context.Context) (Counters, error) {
 	var out Counters
-	c, err := n.conn(batchBuffer(0))
-	if err != nil {
-		return out, err
-	}
 	type ruleKey struct {
 		policy string
 		dir    api.PolicyType
@@ -62,57 +56,34 @@ func (n *NFT) Counters(ctx context.Context) (Counters, error) {
 	}
 	rules := map[ruleKey]*RuleCounter{}
 	denied := map[string]*DeniedCounter{}
-	for _, f := range []Family{IPv4, IPv6} {
-		if err := ctx.Err(); err != nil {
-			return out, err
-		}
-		tables, err := c.ListTablesOfFamily(tableFamily(f))
-		if err != nil {
-			return out, fmt.Errorf("listing %s tables: %w", f, err)
-		}
-		if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == TableName }) {
-			continue
-		}
-		chains, err := c.ListChainsOfTableFamily(tableFamily(f))
-		if err != nil {
-			return out, fmt.Errorf("listing %s chains: %w", f, err)
-		}
-		for _, ch := range chains {
-			if ch.Table == nil || ch.Table.Name != TableName || !counterChain(ch.Name) {
-				continue
+	err := n.VisitRules(ctx, counterChain, func(_ Family, _ string, r Rule) {
+		if m := ruleCommentRE.FindStringSubmatch(r.Comment); m != nil {
+			i, _ := strconv.Atoi(m[3])
+			dir := api.Ingress
+			if m[2] == "egress" {
+				dir = api.Egress
 			}
-			nrs, err := c.GetRules(ourTable(f), ch)
-			if err != nil {
-				return out, fmt.Errorf("reading chain %s: %w", ch.Name, err)
+			k := ruleKey{m[1], dir, i, api.Action(m[4])}
+			if rules[k] == nil {
+				rules[k] = &RuleCounter{Policy: k.policy, Direction: k.dir, Index: k.index, Action: k.action}
 			}
-			for _, nr := range nrs {
-				r := decodeRule(f, nr)
-				if m := ruleCommentRE.FindStringSubmatch(r.Comment); m != nil {
-					i, _ := strconv.Atoi(m[3])
-					dir := api.Ingress
-					if m[2] == "egress" {
-						dir = api.Egress
-					}
-					k := ruleKey{m[1], dir, i, api.Action(m[4])}
-					if rules[k] == nil {
-						rules[k] = &RuleCounter{Policy: k.policy, Direction: k.dir, Index: k.index, Action: k.action}
-					}
-					rules[k].Packets += r.Packets
-					rules[k].Bytes += r.Bytes
-					continue
+			rules[k].Packets += r.Packets
+			rules[k].Bytes += r.Bytes
+			return
+		}
+		for _, dir := range []api.PolicyType{api.Ingress, api.Egress} {
+			if id, ok := strings.CutPrefix(r.Comment, DeniedComment(dir, "")); ok {
+				k := string(dir) + "/" + id
+				if denied[k] == nil {
+					denied[k] = &DeniedCounter{Endpoint: id, Direction: dir}
 				}
-				for _, dir := range []api.PolicyType{api.Ingress, api.Egress} {
-					if id, ok := strings.CutPrefix(r.Comment, DeniedComment(dir, "")); ok {
-						k := string(dir) + "/" + id
-						if denied[k] == nil {
-							denied[k] = &DeniedCounter{Endpoint: id, Direction: dir}
-						}
-						denied[k].Packets += r.Packets
-						denied[k].Bytes += r.Bytes
-					}
-				}
+				denied[k].Packets += r.Packets
+				denied[k].Bytes += r.Bytes
 			}
 		}
+	})
+	if err != nil {
+		return out, err
 	}
 	for _, rc := range rules {
 		out.Rules = append(out.Rules, *rc)

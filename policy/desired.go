@@ -10,8 +10,10 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/nft"
 	"github.com/calico-cnm/calico-cnm/policy/api"
 )
 
@@ -54,7 +56,7 @@ const (
 	netSetPrefix     = "net-"
 	ingressPrefix    = "in-"
 	egressPrefix     = "out-"
-	workloadIfPrefix = "cali"
+	workloadIfPrefix = dataplane.HostIfPrefix
 )
 
 // Base chain priorities: nftables' "filter" and "srcnat".
@@ -190,7 +192,7 @@ func EgressChainName(networkID string) string { return egressPrefix + hashName(n
 // validIfname accepts what the driver names workload interfaces: cali +
 // up to 11 characters of [0-9a-zA-Z].
 func validIfname(s string) bool {
-	if !strings.HasPrefix(s, workloadIfPrefix) || len(s) >= ifnameLen || len(s) <= len(workloadIfPrefix) {
+	if !strings.HasPrefix(s, workloadIfPrefix) || len(s) >= nft.IfnameLen || len(s) <= len(workloadIfPrefix) {
 		return false
 	}
 	for _, c := range s {
@@ -310,12 +312,12 @@ func addMemberAddrs(members map[Family][]netip.Addr, ep datastore.Endpoint) []st
 	if a, ok := endpointAddr(ep.IPv4); ok && a.Is4() {
 		members[IPv4] = append(members[IPv4], a)
 	} else if ep.IPv4 != "" {
-		warnings = append(warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv4 address %q", shortID(ep.ID), ep.IPv4))
+		warnings = append(warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv4 address %q", dataplane.ShortID(ep.ID), ep.IPv4))
 	}
 	if a, ok := endpointAddr(ep.IPv6); ok && a.Is6() {
 		members[IPv6] = append(members[IPv6], a)
 	} else if ep.IPv6 != "" {
-		warnings = append(warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv6 address %q", shortID(ep.ID), ep.IPv6))
+		warnings = append(warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv6 address %q", dataplane.ShortID(ep.ID), ep.IPv6))
 	}
 	return warnings
 }
@@ -326,10 +328,10 @@ func addMemberAddrs(members map[Family][]netip.Addr, ep datastore.Endpoint) []st
 // why it gets no rules or the network's default policy.
 func newLocalEndpoint(ep datastore.Endpoint, key string, networks map[string]datastore.Network, seenIf map[string]bool) (l localEndpoint, ok bool, warning string) {
 	if !validIfname(ep.HostIfName) {
-		return localEndpoint{}, false, fmt.Sprintf("endpoint %s: host interface name %q is not a workload interface name; no rules for it", shortID(ep.ID), ep.HostIfName)
+		return localEndpoint{}, false, fmt.Sprintf("endpoint %s: host interface name %q is not a workload interface name; no rules for it", dataplane.ShortID(ep.ID), ep.HostIfName)
 	}
 	if seenIf[ep.HostIfName] {
-		return localEndpoint{}, false, fmt.Sprintf("endpoint %s: interface %s is claimed by another endpoint record too; using the first", shortID(ep.ID), ep.HostIfName)
+		return localEndpoint{}, false, fmt.Sprintf("endpoint %s: interface %s is claimed by another endpoint record too; using the first", dataplane.ShortID(ep.ID), ep.HostIfName)
 	}
 	seenIf[ep.HostIfName] = true
 	n, known := networks[ep.Network]
@@ -338,7 +340,7 @@ func newLocalEndpoint(ep datastore.Endpoint, key string, networks map[string]dat
 	}
 	pol, err := ParseOptions(n.Options)
 	if err != nil {
-		warning = fmt.Sprintf("network %s: %v; applying the defaults (isolated, ingress from the cluster)", shortID(n.ID), err)
+		warning = fmt.Sprintf("network %s: %v; applying the defaults (isolated, ingress from the cluster)", dataplane.ShortID(n.ID), err)
 	}
 	return localEndpoint{ep: ep, network: n, policy: pol, key: key}, true, warning
 }
@@ -353,7 +355,7 @@ func poolPrefixes(ps []ipam.Pool) (pools, natPools map[Family][]netip.Prefix, wa
 			warnings = append(warnings, fmt.Sprintf("pool %q: invalid CIDR, ignored", p.CIDR))
 			continue
 		}
-		f := familyOf(pfx.Addr())
+		f := nft.FamilyOf(pfx.Addr())
 		// Disabled pools still hold addresses in use: they stay in both.
 		pools[f] = append(pools[f], pfx)
 		if p.NATOutgoing {
@@ -403,13 +405,6 @@ func nodeAddrs(nodes []datastore.Node, what string, field func(datastore.Node) s
 	return out, warnings
 }
 
-func familyOf(a netip.Addr) Family {
-	if a.Unmap().Is4() {
-		return IPv4
-	}
-	return IPv6
-}
-
 func desiredTable(f Family, locals []localEndpoint, members map[string]map[Family][]netip.Addr, pools, natPools []netip.Prefix, hosts, vteps []netip.Addr, plan policyPlan, heps []api.HostEndpoint, fs Failsafe, cl clusterTraffic) Table {
 	pt := newPolicyTable(f, plan)
 	t := Table{Family: f, Sets: fixedSets(locals, pools, natPools, hosts, vteps), Chains: []Chain{natChain()}}
@@ -421,7 +416,7 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 	for _, l := range locals {
 		name := l.network.Name
 		if name == "" {
-			name = shortID(l.network.ID)
+			name = dataplane.ShortID(l.network.ID)
 		}
 		forward.Unordered = append(forward.Unordered, memoJumps(f, pt, l, name)...)
 		set, ok := setOf[l.key]
@@ -431,7 +426,7 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 		}
 		if l.policy.Isolated && !netSets[set] {
 			netSets[set] = true
-			t.Sets = append(t.Sets, Set{Name: set, Type: SetAddr, Elements: addrElements(members[l.key][f]), Comment: "members of " + l.key})
+			t.Sets = append(t.Sets, Set{Name: set, Type: SetAddr, Elements: nft.AddrElements(members[l.key][f]), Comment: "members of " + l.key})
 		}
 		if netChains[l.network.ID] {
 			continue
@@ -456,11 +451,11 @@ func fixedSets(locals []localEndpoint, pools, natPools []netip.Prefix, hosts, vt
 		ifnames = append(ifnames, l.ep.HostIfName)
 	}
 	return []Set{
-		{Name: setPools, Type: SetAddr, Interval: true, Elements: intervalElements(pools), Comment: "every calico pool"},
-		{Name: setNATPools, Type: SetAddr, Interval: true, Elements: intervalElements(natPools), Comment: "pools with natOutgoing"},
-		{Name: setHosts, Type: SetAddr, Elements: addrElements(hosts), Comment: "the cluster's hosts (node records)"},
-		{Name: setVTEPs, Type: SetAddr, Elements: addrElements(vteps), Comment: "the cluster's hosts' VXLAN tunnel addresses"},
-		{Name: setWorkloads, Type: SetIfname, Elements: sortedUnique(ifnames), Comment: "this host's joined workload interfaces"},
+		{Name: setPools, Type: SetAddr, Interval: true, Elements: nft.IntervalElements(pools), Comment: "every calico pool"},
+		{Name: setNATPools, Type: SetAddr, Interval: true, Elements: nft.IntervalElements(natPools), Comment: "pools with natOutgoing"},
+		{Name: setHosts, Type: SetAddr, Elements: nft.AddrElements(hosts), Comment: "the cluster's hosts (node records)"},
+		{Name: setVTEPs, Type: SetAddr, Elements: nft.AddrElements(vteps), Comment: "the cluster's hosts' VXLAN tunnel addresses"},
+		{Name: setWorkloads, Type: SetIfname, Elements: nft.SortedUnique(ifnames), Comment: "this host's joined workload interfaces"},
 	}
 }
 
@@ -515,7 +510,7 @@ func endpointJumps(pt *policyTable, l localEndpoint, network string) []Rule {
 		jumps = append(jumps, Rule{
 			Matches: []Match{{Kind: MatchIfname, In: true, Value: l.ep.HostIfName}},
 			Verdict: Jump, Target: out,
-			Comment: "from endpoint " + shortID(l.ep.ID) + " of network " + network,
+			Comment: "from endpoint " + dataplane.ShortID(l.ep.ID) + " of network " + network,
 		})
 	}
 	if r, ok := pt.endpointJump(l, api.Ingress, in); ok {
@@ -524,7 +519,7 @@ func endpointJumps(pt *policyTable, l localEndpoint, network string) []Rule {
 		jumps = append(jumps, Rule{
 			Matches: []Match{{Kind: MatchIfname, Value: l.ep.HostIfName}},
 			Verdict: Jump, Target: in,
-			Comment: "to endpoint " + shortID(l.ep.ID) + " of network " + network,
+			Comment: "to endpoint " + dataplane.ShortID(l.ep.ID) + " of network " + network,
 		})
 	}
 	return jumps
@@ -547,7 +542,7 @@ func memoJumps(f Family, pt *policyTable, l localEndpoint, network string) []Rul
 	}
 	rs = endpointJumps(pt, l, network)
 	for i := range rs {
-		rs[i] = rs[i].withText(f)
+		rs[i] = rs[i].WithText(f)
 	}
 	jumpMu.Lock()
 	if len(jumpMemo) >= maxJumpMemo {
@@ -624,13 +619,6 @@ func egressChain(name, netSet, network string) Chain {
 		{Matches: []Match{{Kind: MatchAddrSet, Value: netSet}}, Verdict: Return, Comment: "to network " + network},
 		{Matches: []Match{{Kind: MatchAddrSet, Value: setPools}}, Verdict: Drop, Comment: "to other calico networks"},
 	}}
-}
-
-func shortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
 }
 
 // sortedKeys is for deterministic iteration in callers and tests.

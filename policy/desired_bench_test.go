@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"github.com/calico-cnm/calico-cnm/nft"
 	"strings"
 	"testing"
 
@@ -74,9 +75,9 @@ func programmed(tb testing.TB, rs Ruleset) Ruleset {
 			handles[i] = uint64(i + 1)
 		}
 	}
-	out, ok := afterOps(Ruleset{}, ops, handles)
+	out, ok := nft.AfterOps(Ruleset{}, ops, handles)
 	if !ok {
-		tb.Fatal("afterOps could not follow writing the tables")
+		tb.Fatal("nft.AfterOps could not follow writing the tables")
 	}
 	return out
 }

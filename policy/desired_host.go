@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"github.com/calico-cnm/calico-cnm/nft"
 	"slices"
 	"strconv"
 	"strings"
@@ -205,7 +206,7 @@ func (pt *policyTable) hostChains(t *Table, forward *Chain, heps []api.HostEndpo
 			named = append(named, h.Spec.InterfaceName)
 		}
 	}
-	t.Sets = append(t.Sets, Set{Name: setHostIfaces, Type: SetIfname, Elements: sortedUnique(named), Comment: "interfaces named by host endpoints"})
+	t.Sets = append(t.Sets, Set{Name: setHostIfaces, Type: SetIfname, Elements: nft.SortedUnique(named), Comment: "interfaces named by host endpoints"})
 	established := Rule{Matches: []Match{{Kind: MatchCtEstablished}}, Verdict: Accept, Comment: "replies of allowed connections"}
 	fromWorkload := Rule{Matches: []Match{{Kind: MatchIfname, In: true, Value: workloadIfPrefix, Prefix: true}}, Verdict: Accept, Comment: "from containers: their own policy"}
 	pre := Chain{Name: chainHostPre, Base: &BaseChain{Type: "filter", Hook: "prerouting", Priority: priorityMangle},
@@ -330,7 +331,7 @@ func (pt *policyTable) hostRules(h api.HostEndpoint, k hostKind) []Rule {
 		ms = append(ms, Match{Kind: MatchMark, Mark: markPreDNAT, Negate: true})
 	}
 	name := hostDispatchPref + hashName(h.Metadata.Name+"|"+k.name)
-	c := Chain{Name: name, Rules: []Rule{{ClearMark: markBits, Verdict: Continue, Comment: clipComment(what)}}}
+	c := Chain{Name: name, Rules: []Rule{{ClearMark: markBits, Verdict: Continue, Comment: nft.ClipComment(what)}}}
 	for n, i := range idx {
 		p := pt.plan.policies[i]
 		r := Rule{Verdict: Jump, Target: pt.policyChain(p, k.dir), Comment: "policy " + p.Metadata.Name}

@@ -7,7 +7,9 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/nft"
 	"github.com/calico-cnm/calico-cnm/policy/api"
 	"github.com/calico-cnm/calico-cnm/policy/selector"
 )
@@ -235,7 +237,7 @@ func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile
 	if dir == api.Egress {
 		match, what = Match{Kind: MatchIfname, In: true, Value: l.ep.HostIfName}, "from"
 	}
-	jump := Rule{Matches: []Match{match}, Verdict: Jump, Comment: what + " endpoint " + shortID(l.ep.ID) + ": policies"}
+	jump := Rule{Matches: []Match{match}, Verdict: Jump, Comment: what + " endpoint " + dataplane.ShortID(l.ep.ID) + ": policies"}
 	if pt.plan.failClosed[l.ep.ID][dir] {
 		jump.Target = dispatchChainName(dir, "fail-closed")
 		pt.chains[jump.Target] = Chain{Name: jump.Target, Rules: []Rule{{Verdict: Drop, Comment: "endpoint labels unknown: fail closed while policies exist"}}}
@@ -263,7 +265,7 @@ func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile
 	jump.Target = dispatchChainName(dir, profile+"|"+strings.Join(names, ","))
 	pt.dispatch[memoKey] = jump.Target
 	c := Chain{Name: jump.Target}
-	c.Rules = append(c.Rules, Rule{ClearMark: markBits, Verdict: Continue, Comment: clipComment("policies " + strings.Join(names, ", "))})
+	c.Rules = append(c.Rules, Rule{ClearMark: markBits, Verdict: Continue, Comment: nft.ClipComment("policies " + strings.Join(names, ", "))})
 	for n, i := range idx {
 		p := pt.plan.policies[i]
 		r := Rule{Verdict: Jump, Target: pt.policyChain(p, dir), Comment: "policy " + p.Metadata.Name}
@@ -398,14 +400,14 @@ func (pt *policyTable) netsSet(nets []string) (string, bool) {
 	var ps []netip.Prefix
 	for _, n := range nets {
 		p, err := api.ParseNet(n)
-		if err == nil && familyOf(p.Addr()) == pt.f {
+		if err == nil && nft.FamilyOf(p.Addr()) == pt.f {
 			ps = append(ps, p)
 		}
 	}
 	if len(ps) == 0 {
 		return "", false
 	}
-	elems := intervalElements(ps)
+	elems := nft.IntervalElements(ps)
 	name := netsSetPrefix + hashName(strings.Join(elems, ","))
 	pt.sets[name] = Set{Name: name, Type: SetAddr, Interval: true, Elements: elems, Comment: "nets " + strings.Join(elems, ",")}
 	return name, true
@@ -422,10 +424,10 @@ func (pt *policyTable) selectorSet(sel string, exclude bool) string {
 	if _, done := pt.sets[name]; done {
 		return name
 	}
-	var ranges []addrRange
+	var ranges []nft.AddrRange
 	addAddr := func(a string) {
-		if addr, ok := endpointAddr(a); ok && familyOf(addr) == pt.f {
-			ranges = append(ranges, addrRange{from: addr, to: addr})
+		if addr, ok := endpointAddr(a); ok && nft.FamilyOf(addr) == pt.f {
+			ranges = append(ranges, nft.AddrRange{From: addr, To: addr})
 		}
 	}
 	for _, ep := range pt.plan.joined {
@@ -455,16 +457,16 @@ func (pt *policyTable) selectorSet(sel string, exclude bool) string {
 		for _, m := range sets {
 			ranges = append(ranges, m.ranges...)
 		}
-		elems = rangesElements(mergeRanges(ranges))
+		elems = nft.RangesElements(nft.MergeRanges(ranges))
 	}
-	pt.sets[name] = Set{Name: name, Type: SetAddr, Interval: true, Elements: elems, Comment: clipComment("selector " + s.String())}
+	pt.sets[name] = Set{Name: name, Type: SetAddr, Interval: true, Elements: elems, Comment: nft.ClipComment("selector " + s.String())}
 	return name
 }
 
 // memoNets is a network set's networks of one family, merged, and their
 // canonical set elements.
 type memoNets struct {
-	ranges   []addrRange
+	ranges   []nft.AddrRange
 	elements []string
 }
 
@@ -484,13 +486,13 @@ func networkSetRanges(nets []string, f Family) memoNets {
 		return m
 	}
 	for _, n := range nets {
-		if p, err := netip.ParsePrefix(n); err == nil && familyOf(p.Addr()) == f {
+		if p, err := netip.ParsePrefix(n); err == nil && nft.FamilyOf(p.Addr()) == f {
 			p = p.Masked()
-			m.ranges = append(m.ranges, addrRange{from: p.Addr(), to: lastAddr(p)})
+			m.ranges = append(m.ranges, nft.AddrRange{From: p.Addr(), To: nft.LastAddr(p)})
 		}
 	}
-	m.ranges = mergeRanges(m.ranges)
-	m.elements = rangesElements(m.ranges)
+	m.ranges = nft.MergeRanges(m.ranges)
+	m.elements = nft.RangesElements(m.ranges)
 	netsMu.Lock()
 	if len(netsMemo) >= maxNetsMemo {
 		clear(netsMemo)
@@ -599,5 +601,5 @@ func PolicyCounters(rs Ruleset, ps []api.GlobalNetworkPolicy) []RuleCounter {
 }
 
 func ruleComment(policy string, dir api.PolicyType, i int, a api.Action) string {
-	return clipComment(fmt.Sprintf("%s %s rule %d: %s", policy, strings.ToLower(string(dir)), i, a))
+	return nft.ClipComment(fmt.Sprintf("%s %s rule %d: %s", policy, strings.ToLower(string(dir)), i, a))
 }

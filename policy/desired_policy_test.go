@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"github.com/calico-cnm/calico-cnm/nft"
 	"os"
 	"slices"
 	"strconv"
@@ -226,7 +227,7 @@ func mustDesired(t *testing.T, st State) Ruleset {
 // (from it: in; to it: !in).
 func jumpTarget(tb Table, id string, in bool) string {
 	c, _ := tb.Chain(chainForward)
-	for _, r := range chainRules(c) {
+	for _, r := range nft.ChainRules(c) {
 		if len(r.Matches) == 1 && r.Matches[0].Kind == MatchIfname && r.Matches[0].In == in && r.Matches[0].Value == ifOf(id) && r.Verdict == Jump {
 			return r.Target
 		}

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"github.com/calico-cnm/calico-cnm/nft"
 	"slices"
 	"strings"
 	"testing"
@@ -81,7 +82,7 @@ func rulesOf(t *testing.T, tb Table, chain string) []string {
 		t.Fatalf("no chain %s in\n%s", chain, tb.Render())
 	}
 	var out []string
-	for _, r := range chainRules(c) {
+	for _, r := range nft.ChainRules(c) {
 		out = append(out, r.Render(tb.Family))
 	}
 	return out
@@ -91,7 +92,7 @@ func rulesOf(t *testing.T, tb Table, chain string) []string {
 func rulesMentioning(tb Table, s string) []string {
 	var out []string
 	for _, c := range tb.Chains {
-		for _, r := range chainRules(c) {
+		for _, r := range nft.ChainRules(c) {
 			if txt := r.Render(tb.Family); strings.Contains(txt, s) {
 				out = append(out, c.Name+": "+txt)
 			}

@@ -1,7 +1,7 @@
 package policy
 
 import (
-	"net/netip"
+	"github.com/calico-cnm/calico-cnm/nft"
 	"slices"
 	"strings"
 	"testing"
@@ -14,11 +14,11 @@ import (
 func asDumped(rs Ruleset) Ruleset {
 	var out Ruleset
 	handle := uint64(100)
-	for _, t := range rs.sortedTables() {
+	for _, t := range rs.Tables {
 		dt := Table{Family: t.Family, Sets: slices.Clone(t.Sets)}
-		for _, c := range sortedChains(t.Chains) {
+		for _, c := range t.Chains {
 			dc := Chain{Name: c.Name, Base: c.Base}
-			for _, r := range chainRules(c) {
+			for _, r := range nft.ChainRules(c) {
 				handle++
 				r.Handle = handle
 				dc.Rules = append(dc.Rules, r)
@@ -263,87 +263,4 @@ func TestDiffRepairs(t *testing.T) {
 
 func chainIndex(t Table, name string) int {
 	return slices.IndexFunc(t.Chains, func(c Chain) bool { return c.Name == name })
-}
-
-func TestIntervalElements(t *testing.T) {
-	p := netip.MustParsePrefix
-	tests := []struct {
-		in   []netip.Prefix
-		want []string
-	}{
-		{nil, nil},
-		{[]netip.Prefix{p("192.168.0.0/16")}, []string{"192.168.0.0/16"}},
-		// Adjacent halves merge; a contained prefix disappears.
-		{[]netip.Prefix{p("10.128.0.0/9"), p("10.0.0.0/9"), p("10.1.0.0/16")}, []string{"10.0.0.0/8"}},
-		// Adjacent but not alignable: the minimal cover of the range.
-		{[]netip.Prefix{p("10.0.1.0/24"), p("10.0.2.0/24")}, []string{"10.0.1.0/24", "10.0.2.0/24"}},
-		{[]netip.Prefix{p("10.0.0.0/24"), p("10.0.1.0/24"), p("10.0.2.0/24")}, []string{"10.0.0.0/23", "10.0.2.0/24"}},
-		// Host bits are ignored; the top of the space works.
-		{[]netip.Prefix{p("255.255.255.0/24"), p("fd00::1/64")}, []string{"255.255.255.0/24", "fd00::/64"}},
-	}
-	for _, tc := range tests {
-		if got := intervalElements(tc.in); !slices.Equal(got, tc.want) {
-			t.Errorf("intervalElements(%v) = %v, want %v", tc.in, got, tc.want)
-		}
-	}
-}
-
-// TestIntervalRoundTrip: the elements written for an interval set read
-// back as the same canonical list (what Dump relies on).
-func TestIntervalRoundTrip(t *testing.T) {
-	for _, tc := range []struct {
-		f     Family
-		elems []string
-	}{
-		{IPv4, []string{"10.0.0.0/23", "10.0.2.0/24", "192.168.0.0/16"}},
-		{IPv4, []string{"255.255.255.0/24"}},
-		{IPv6, []string{"fd00::/64", "ffff:ffff:ffff:ffff::/64"}},
-	} {
-		s := Set{Name: "pools", Type: SetAddr, Interval: true, Elements: tc.elems}
-		kernel, err := setElements(tc.f, s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The kernel lists them in its own (reverse) order.
-		slices.Reverse(kernel)
-		got := rangesElements(elementsToRanges(tc.f, kernel))
-		if !slices.Equal(got, tc.elems) {
-			t.Errorf("%v read back as %v", tc.elems, got)
-		}
-	}
-	// A mismatched family is refused, not written.
-	if _, err := setElements(IPv4, Set{Name: "pools", Type: SetAddr, Interval: true, Elements: []string{"fd00::/64"}}); err == nil {
-		t.Error("an IPv6 prefix was accepted for the ip table")
-	}
-	if _, err := setElements(IPv4, Set{Name: "w", Type: SetIfname, Elements: []string{"cali0123456789abcdef"}}); err == nil {
-		t.Error("an over-long interface name was accepted")
-	}
-}
-
-func TestRangeChanges(t *testing.T) {
-	tests := []struct {
-		name        string
-		cur, want   []string
-		gone, added []string
-	}{
-		{"same", []string{"10.0.0.0/24"}, []string{"10.0.0.0/24"}, nil, nil},
-		{"one added apart", []string{"10.0.0.0/24"}, []string{"10.0.0.0/24", "10.0.5.0/24"}, nil, []string{"10.0.5.0/24"}},
-		{"one removed", []string{"10.0.0.0/24", "10.0.5.0/24"}, []string{"10.0.5.0/24"}, []string{"10.0.0.0/24"}, nil},
-		// A network touching a kept range merges with it: the old range
-		// goes, the merged one comes.
-		{"adjacent merges", []string{"10.0.0.0/24"}, []string{"10.0.0.0/23"}, []string{"10.0.0.0/24"}, []string{"10.0.0.0/23"}},
-		{"split", []string{"10.0.0.0/23"}, []string{"10.0.1.0/24"}, []string{"10.0.0.0/23"}, []string{"10.0.1.0/24"}},
-		{"to empty", []string{"10.0.0.1/32"}, nil, []string{"10.0.0.1/32"}, nil},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			gone, added, ok := rangeChanges(tc.cur, tc.want)
-			if !ok || !slices.Equal(gone, tc.gone) || !slices.Equal(added, tc.added) {
-				t.Errorf("gone %v added %v ok %v; want %v %v", gone, added, ok, tc.gone, tc.added)
-			}
-		})
-	}
-	if _, _, ok := rangeChanges([]string{"nope"}, nil); ok {
-		t.Errorf("an unparsable element did not ask for a rewrite")
-	}
 }

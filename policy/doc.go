@@ -118,8 +118,9 @@
 // The Syncer follows the datastore (pools/, networks/, endpoints/, nodes/)
 // with etcd watches, re-listing when a watch breaks, and after every burst
 // of changes computes the desired tables (Desired, a pure function of the
-// records) and hands them to NFT.Apply, which reads our tables back, diffs
-// (Diff) and applies the differences in one netlink batch, atomically: a
+// records) and hands them to NFT.Apply (package nft, the one writer of the
+// project's nftables tables), which reads our tables back, diffs (Diff) and
+// applies the differences in one netlink batch, atomically: a
 // join adds the endpoint's rules and set elements, a leave deletes exactly
 // those, a pool change rewrites the pool sets. Anything the kernel refuses
 // falls back to rewriting the tables whole, again in one batch. At start

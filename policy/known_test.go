@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"github.com/calico-cnm/calico-cnm/nft"
 	"slices"
 	"strings"
 	"testing"
@@ -71,12 +72,12 @@ func TestAfterOpsFollowsDiff(t *testing.T) {
 			if len(ops) == 0 {
 				t.Fatal("the step changes nothing")
 			}
-			got, ok := afterOps(cur, ops, handlesFrom(ops, 10000))
+			got, ok := nft.AfterOps(cur, ops, handlesFrom(ops, 10000))
 			if !ok {
-				t.Fatalf("afterOps cannot follow the plan:\n%s", strings.Join(opStrings(ops), "\n"))
+				t.Fatalf("nft.AfterOps cannot follow the plan:\n%s", strings.Join(opStrings(ops), "\n"))
 			}
 			if cur.Render() != before {
-				t.Error("afterOps changed the tables it started from")
+				t.Error("nft.AfterOps changed the tables it started from")
 			}
 			// Diff is exact: no plan means every set, chain and rule is as
 			// wanted (Render would differ: appended rules are in write
@@ -122,9 +123,9 @@ func TestAfterOpsKeepsHandles(t *testing.T) {
 		old[r.Handle] = true
 	}
 	ops := Diff(cur, desired(t, after))
-	joinedRS, ok := afterOps(cur, ops, handlesFrom(ops, 5000))
+	joinedRS, ok := nft.AfterOps(cur, ops, handlesFrom(ops, 5000))
 	if !ok {
-		t.Fatal("afterOps cannot follow the join")
+		t.Fatal("nft.AfterOps cannot follow the join")
 	}
 	var added []uint64
 	for _, r := range fwd(joinedRS).Rules {
@@ -152,7 +153,7 @@ func TestAfterOpsKeepsHandles(t *testing.T) {
 	}
 }
 
-// TestAfterOpsCannotTell: when the result is not known exactly, afterOps
+// TestAfterOpsCannotTell: when the result is not known exactly, nft.AfterOps
 // says so and NFT reads the kernel instead.
 func TestAfterOpsCannotTell(t *testing.T) {
 	cur := programmed(t, desired(t, baseState()))
@@ -175,8 +176,8 @@ func TestAfterOpsCannotTell(t *testing.T) {
 			if tc.name == "deleting without a handle" {
 				tc.ops[0].Rule.Handle = 0
 			}
-			if _, ok := afterOps(cur, tc.ops, tc.handles); ok {
-				t.Errorf("afterOps claims to know the result of %q", opStrings(tc.ops))
+			if _, ok := nft.AfterOps(cur, tc.ops, tc.handles); ok {
+				t.Errorf("nft.AfterOps claims to know the result of %q", opStrings(tc.ops))
 			}
 		})
 	}
@@ -260,7 +261,7 @@ func renderFmt(r Rule, f Family) string {
 	case Goto:
 		parts = append(parts, "goto "+r.Target)
 	}
-	if c := clipComment(r.Comment); c != "" {
+	if c := nft.ClipComment(r.Comment); c != "" {
 		parts = append(parts, fmt.Sprintf("comment %q", c))
 	}
 	return strings.Join(parts, " ")
@@ -293,63 +294,6 @@ func TestRenderMatchesFmt(t *testing.T) {
 	}
 }
 
-// TestDiffChainMultiset: the unordered rules are compared as a multiset,
-// duplicates included, whether their texts are remembered (withText) or
-// rendered; extra copies are deleted by handle, missing ones appended.
-func TestDiffChainMultiset(t *testing.T) {
-	head := Rule{Matches: []Match{{Kind: MatchCtEstablished}}, Verdict: Accept}
-	a := Rule{Matches: []Match{{Kind: MatchIfname, Value: "calia"}}, Verdict: Drop}
-	b := Rule{Matches: []Match{{Kind: MatchIfname, Value: "calib"}}, Verdict: Drop}
-	h := func(r Rule, handle uint64, remembered bool) Rule {
-		r.Handle = handle
-		if remembered {
-			r = r.withText(IPv4)
-		}
-		return r
-	}
-	tests := []struct {
-		name        string
-		cur         []Rule
-		want        []Rule
-		wantDeleted []uint64
-		wantAdded   int
-		rewrite     bool
-	}{
-		{name: "equal", cur: []Rule{h(head, 1, true), h(a, 2, true), h(b, 3, false)}, want: []Rule{b, a}},
-		{name: "a duplicate too many", cur: []Rule{h(head, 1, false), h(a, 2, true), h(a, 3, true), h(a, 4, false)}, want: []Rule{a, a}, wantDeleted: []uint64{2}},
-		{name: "every copy extra", cur: []Rule{h(head, 1, false), h(a, 2, true), h(a, 3, false)}, want: []Rule{b}, wantDeleted: []uint64{2, 3}, wantAdded: 1},
-		{name: "a copy missing", cur: []Rule{h(head, 1, false), h(a, 5, true)}, want: []Rule{a, a, b}, wantAdded: 2},
-		{name: "an extra rule without a handle", cur: []Rule{h(head, 1, false), h(a, 0, false)}, want: nil, rewrite: true},
-		{name: "the ordered head differs", cur: []Rule{h(a, 1, true)}, want: []Rule{a}, rewrite: true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			ops := diffChain(IPv4, Chain{Name: "c", Rules: tc.cur}, Chain{Name: "c", Rules: []Rule{head}, Unordered: tc.want})
-			var deleted []uint64
-			added, flushed := 0, false
-			for _, op := range ops {
-				switch op.Kind {
-				case OpDelRule:
-					deleted = append(deleted, op.Rule.Handle)
-				case OpAddRule:
-					added++
-				case OpFlushChain:
-					flushed = true
-				}
-			}
-			if flushed != tc.rewrite {
-				t.Fatalf("rewrite = %v, want %v: %q", flushed, tc.rewrite, opStrings(ops))
-			}
-			if tc.rewrite {
-				return
-			}
-			if !slices.Equal(deleted, tc.wantDeleted) || added != tc.wantAdded {
-				t.Errorf("deleted %v, added %d; want %v, %d: %q", deleted, added, tc.wantDeleted, tc.wantAdded, opStrings(ops))
-			}
-		})
-	}
-}
-
 // TestMemoJumpsEqualsEndpointJumps: the memoised jumps of an endpoint no
 // policy selects are the ones endpointJumps builds, for every option that
 // changes them, and are never reused for another endpoint or network.
@@ -370,7 +314,7 @@ func TestMemoJumpsEqualsEndpointJumps(t *testing.T) {
 				got, want := memoJumps(f, pt, l, l.network.Name), endpointJumps(pt, l, l.network.Name)
 				var g, w []string
 				for _, r := range got {
-					g = append(g, r.text(f))
+					g = append(g, r.Text(f))
 				}
 				for _, r := range want {
 					w = append(w, r.Render(f))
@@ -380,32 +324,5 @@ func TestMemoJumpsEqualsEndpointJumps(t *testing.T) {
 				}
 			}
 		}
-	}
-}
-
-// TestSetChanges: what leaves and comes between two canonical element
-// lists, with the common head and tail skipped.
-func TestSetChanges(t *testing.T) {
-	tests := []struct {
-		name              string
-		cur, want         []string
-		wantGone, wantAdd []string
-	}{
-		{"equal", []string{"a", "b", "c"}, []string{"a", "b", "c"}, nil, nil},
-		{"one added inside", []string{"a", "b", "d"}, []string{"a", "b", "c", "d"}, nil, []string{"c"}},
-		{"one gone inside", []string{"a", "b", "c", "d"}, []string{"a", "c", "d"}, []string{"b"}, nil},
-		{"added at the ends", []string{"b"}, []string{"a", "b", "c"}, nil, []string{"a", "c"}},
-		{"replaced", []string{"a", "b", "c"}, []string{"a", "x", "c"}, []string{"b"}, []string{"x"}},
-		{"from empty", nil, []string{"a", "b"}, nil, []string{"a", "b"}},
-		{"to empty", []string{"a", "b"}, nil, []string{"a", "b"}, nil},
-		{"shifted", []string{"a", "b", "c", "d"}, []string{"b", "c", "d", "e"}, []string{"a"}, []string{"e"}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			gone, added := setChanges(tc.cur, tc.want)
-			if !slices.Equal(gone, tc.wantGone) || !slices.Equal(added, tc.wantAdd) {
-				t.Errorf("gone %q added %q; want %q %q", gone, added, tc.wantGone, tc.wantAdd)
-			}
-		})
 	}
 }

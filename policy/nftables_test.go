@@ -9,17 +9,12 @@ import (
 	"maps"
 	"os"
 	"os/exec"
-	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
-	"github.com/google/nftables/userdata"
 	"github.com/sirupsen/logrus"
-	"golang.org/x/sys/unix"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 )
@@ -139,14 +134,11 @@ func checkInSync(t *testing.T, n *NFT, want Ruleset) {
 	}
 	// What Apply remembers is the kernel's tables, handles included (the
 	// kernel's echo of each new rule).
-	n.mu.Lock()
-	known := n.known
-	n.mu.Unlock()
-	if known != nil {
-		if k, g := byHandle(*known), byHandle(got); !maps.Equal(k, g) {
+	if known, ok := n.Known(); ok {
+		if k, g := byHandle(known), byHandle(got); !maps.Equal(k, g) {
 			t.Fatalf("remembered rules differ from the kernel's:\nremembered: %v\nkernel:     %v", k, g)
 		}
-		if ops := Diff(*known, got); len(ops) != 0 {
+		if ops := Diff(known, got); len(ops) != 0 {
 			t.Fatalf("remembered sets or chains differ from the kernel's:\n%s", strings.Join(opStrings(ops), "\n"))
 		}
 	}
@@ -473,95 +465,4 @@ spec:
 		t.Fatalf("in-place removal of the policy program: %v", err)
 	}
 	checkInSync(t, n, without)
-}
-
-// TestEncodeDecodeRule: every match kind, statement and verdict that
-// encodeRule writes, decodeRule reads back equal (no kernel involved).
-func TestEncodeDecodeRule(t *testing.T) {
-	rules := []Rule{
-		{Matches: []Match{{Kind: MatchCtEstablished}}, Verdict: Accept},
-		{Matches: []Match{{Kind: MatchCtDNAT}}, Verdict: Return},
-		{Matches: []Match{{Kind: MatchIfname, In: true, Value: "cali0123"}}, Verdict: Jump, Target: "in-x"},
-		{Matches: []Match{{Kind: MatchIfname, Value: "cali", Prefix: true, Negate: true}}, Verdict: Drop},
-		{Matches: []Match{{Kind: MatchIfnameSet, In: true, Value: setWorkloads, Negate: true}, {Kind: MatchIfnameSet, Value: "other"}}, Verdict: Drop},
-		{Matches: []Match{{Kind: MatchAddrSet, In: true, Value: setPools}, {Kind: MatchAddrSet, Value: setHosts, Negate: true}}, Verdict: Masquerade},
-		{Matches: []Match{{Kind: MatchMark, Mark: 0x10}, {Kind: MatchMark, Mark: 0x20, Negate: true}}, Verdict: Goto, Target: "g"},
-		{Matches: []Match{{Kind: MatchL4Proto, Proto: 6}, {Kind: MatchPort, In: true, Min: 7, Max: 7}, {Kind: MatchPort, Min: 50, Max: 60, Negate: true}}, Verdict: Accept},
-		{Matches: []Match{{Kind: MatchL4Proto, Proto: 17, Negate: true}}, Verdict: Drop},
-		{Matches: []Match{{Kind: MatchL4Proto, Proto: 1}, {Kind: MatchICMPType, Proto: 8}, {Kind: MatchICMPCode, Proto: 0}}, Verdict: Accept},
-		{Matches: []Match{{Kind: MatchL4Proto, Proto: 17}, {Kind: MatchPort, Min: 4789, Max: 4789}}, Verdict: Drop},
-		{SetMark: 0x4, ClearMark: 0x3, Verdict: Continue},
-		{ClearMark: 0x7, Verdict: Return},
-		{LogPrefix: "calico-cnm p ", Verdict: Continue},
-		{Verdict: Accept, Comment: "plain"},
-	}
-	for _, f := range []Family{IPv4, IPv6} {
-		for _, want := range rules {
-			ex, err := encodeRule(f, want, nil)
-			if err != nil {
-				t.Fatalf("%s: encoding %q: %v", f, want.Render(f), err)
-			}
-			nr := &nftables.Rule{Handle: 9, Exprs: ex}
-			if want.Comment != "" {
-				nr.UserData = userdata.AppendString(nil, userdata.TypeComment, want.Comment)
-			}
-			want.Handle = 9
-			if got := decodeRule(f, nr); !reflect.DeepEqual(got, want) {
-				t.Errorf("%s: decoded\n%+v\nwant\n%+v", f, got, want)
-			}
-		}
-	}
-}
-
-// TestEncodeRuleErrors: what encodeRule refuses.
-func TestEncodeRuleErrors(t *testing.T) {
-	for _, tc := range []struct {
-		rule Rule
-		want string
-	}{
-		{Rule{Matches: []Match{{Kind: MatchIfname, Value: ""}}, Verdict: Accept}, `interface name "" is not 1 to 15 characters`},
-		{Rule{Matches: []Match{{Kind: MatchIfname, Value: "cali0123456789ab"}}, Verdict: Accept}, `interface name "cali0123456789ab" is not 1 to 15 characters`},
-		{Rule{Matches: []Match{{Kind: 99}}, Verdict: Accept}, "unsupported match kind 99"},
-		{Rule{Verdict: Jump}, "jump without a target chain"},
-		{Rule{Verdict: Goto}, "goto without a target chain"},
-		{Rule{}, "unsupported verdict 0"},
-	} {
-		if _, err := encodeRule(IPv4, tc.rule, nil); err == nil || err.Error() != tc.want {
-			t.Errorf("encoding %+v: error %v, want %q", tc.rule, err, tc.want)
-		}
-	}
-}
-
-// TestDecodeRuleUnrecognised: sequences encodeRule never writes come back
-// as a rule with no verdict, equal to no desired rule.
-func TestDecodeRuleUnrecognised(t *testing.T) {
-	zero4 := make([]byte, 4)
-	for name, ex := range map[string][]expr.Any{
-		"verdict not last":     {&expr.Verdict{Kind: expr.VerdictAccept}, &expr.Counter{}},
-		"unknown verdict":      {&expr.Verdict{Kind: expr.VerdictBreak}},
-		"ct with another mask": {&expr.Ct{Key: expr.CtKeySTATE}, &expr.Bitwise{Mask: ctDNATMask}, &expr.Cmp{Op: expr.CmpOpNeq, Data: zero4}},
-		"ct cut short":         {&expr.Ct{Key: expr.CtKeySTATE}, &expr.Bitwise{Mask: ctEstablishedMask}},
-		"ct mark":              {&expr.Ct{Key: expr.CtKeyMARK}, &expr.Bitwise{Mask: zero4}, &expr.Cmp{Op: expr.CmpOpNeq, Data: zero4}},
-		"ifname then counter":  {&expr.Meta{Key: expr.MetaKeyIIFNAME}, &expr.Counter{}},
-		"ifname greater than":  {&expr.Meta{Key: expr.MetaKeyIIFNAME}, &expr.Cmp{Op: expr.CmpOpGt, Data: []byte("cali")}},
-		"meta alone":           {&expr.Meta{Key: expr.MetaKeyOIFNAME}},
-		"meta priority":        {&expr.Meta{Key: expr.MetaKeyPRIORITY}, &expr.Cmp{Op: expr.CmpOpEq, Data: zero4}},
-		"address at offset 0":  {&expr.Payload{Base: expr.PayloadBaseNetworkHeader, Offset: 0, Len: 4}, &expr.Lookup{SetName: "s"}},
-		"address compared":     {&expr.Payload{Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4}, &expr.Cmp{Data: zero4}},
-		"payload alone":        {&expr.Payload{Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4}},
-		"transport 4 bytes":    {&expr.Payload{Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 4}, &expr.Cmp{Data: zero4}},
-		"link layer":           {&expr.Payload{Base: expr.PayloadBaseLLHeader, Offset: 0, Len: 4}, &expr.Cmp{Data: zero4}},
-		"two logs":             {&expr.Log{Key: 1 << unix.NFTA_LOG_PREFIX, Data: []byte("a")}, &expr.Log{Key: 1 << unix.NFTA_LOG_PREFIX, Data: []byte("b")}},
-		"log to a group":       {&expr.Log{Key: 1<<unix.NFTA_LOG_PREFIX | 1<<unix.NFTA_LOG_GROUP, Data: []byte("a")}},
-		"masquerade random":    {&expr.Masq{Random: true}},
-		"masquerade not last":  {&expr.Masq{}, &expr.Counter{}},
-		"a NAT":                {&expr.NAT{}},
-		"mark set from reg 2":  {&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true}, &expr.Counter{}},
-	} {
-		nr := &nftables.Rule{Handle: 3, Exprs: ex, UserData: userdata.AppendString(nil, userdata.TypeComment, "c")}
-		want := Rule{Handle: 3, Comment: "unrecognised: c"}
-		if got := decodeRule(IPv4, nr); !reflect.DeepEqual(got, want) {
-			t.Errorf("%s: decoded %+v, want %+v", name, got, want)
-		}
-	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/internal/retry"
 	"github.com/calico-cnm/calico-cnm/ipam"
@@ -679,7 +680,7 @@ func minTime(a, b time.Time) time.Time {
 
 // resolveOne names one network; true when nothing more is to be done.
 func (s *Syncer) resolveOne(ctx context.Context, id string) bool {
-	log := s.log.WithField("network", shortID(id))
+	log := s.log.WithField("network", dataplane.ShortID(id))
 	cctx, cancel := context.WithTimeout(ctx, nameCallTimeout)
 	name, found, err := s.cfg.Names.NetworkName(cctx, id)
 	cancel()

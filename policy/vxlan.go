@@ -1,11 +1,6 @@
 package policy
 
 import (
-	"fmt"
-
-	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
-	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
 	"github.com/calico-cnm/calico-cnm/ipam"
@@ -42,27 +37,4 @@ func vxlanChains(pools []ipam.Pool) []Chain {
 			{Matches: []Match{udp, port}, Verdict: Drop, Comment: "VXLAN from a non-node address"},
 		},
 	}}
-}
-
-// RuleCounters reads the packet counters of a chain of the project's table,
-// by rule comment: what the VXLAN filter dropped, for example.
-func (n *NFT) RuleCounters(f Family, chain string) (map[string]uint64, error) {
-	c, err := n.conn(0)
-	if err != nil {
-		return nil, err
-	}
-	rules, err := c.GetRules(ourTable(f), &nftables.Chain{Name: chain, Table: ourTable(f)})
-	if err != nil {
-		return nil, fmt.Errorf("reading chain %s: %w", chain, err)
-	}
-	out := map[string]uint64{}
-	for _, r := range rules {
-		comment, _ := userdata.GetString(r.UserData, userdata.TypeComment)
-		for _, e := range r.Exprs {
-			if ctr, ok := e.(*expr.Counter); ok {
-				out[comment] += ctr.Packets
-			}
-		}
-	}
-	return out, nil
 }

@@ -11,16 +11,18 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/internal/lastpass"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/nft"
 )
 
 // Dataplane is what the manager needs of the host's interfaces
 // (*dataplane.Linux).
 type Dataplane interface {
 	// SetRouteLocalnet lets 127.0.0.0/8 traffic leave (and its replies
-	// enter) through a workload's host-side veth: see the notes in nft.go.
+	// enter) through a workload's host-side veth: see the notes in nft.go (this package).
 	SetRouteLocalnet(ctx context.Context, hostIfName string, on bool) error
 }
 
@@ -30,7 +32,7 @@ type Dataplane interface {
 type Manager struct {
 	store *datastore.Store
 	node  string
-	nft   *NFT
+	nft   *nft.Tables
 	dp    Dataplane
 	ipv6  bool
 	log   logrus.FieldLogger
@@ -43,18 +45,19 @@ type Manager struct {
 	last *lastpass.Outcome
 }
 
-// NewManager publishes through nft (and dp for route_localnet, nil to skip)
-// the ports of node's endpoints in store; ipv6 adds the ip6 table;
+// NewManager publishes through nft (the tables called TableName; see
+// NewTables) and dp (route_localnet, nil to skip) the ports of node's
+// endpoints in store; ipv6 adds the ip6 table;
 // engineID (nil: unknown) tells this host's endpoint records from those a
 // host sharing the node name wrote.
-func NewManager(store *datastore.Store, node string, nft *NFT, dp Dataplane, ipv6 bool, engineID func() string, log logrus.FieldLogger) *Manager {
+func NewManager(store *datastore.Store, node string, tables *nft.Tables, dp Dataplane, ipv6 bool, engineID func() string, log logrus.FieldLogger) *Manager {
 	if log == nil {
 		log = logrus.StandardLogger()
 	}
 	if engineID == nil {
 		engineID = func() string { return "" }
 	}
-	return &Manager{store: store, node: node, nft: nft, dp: dp, ipv6: ipv6, engineID: engineID, log: log.WithField("component", "ports"), last: lastpass.New("published ports")}
+	return &Manager{store: store, node: node, nft: tables, dp: dp, ipv6: ipv6, engineID: engineID, log: log.WithField("component", "ports"), last: lastpass.New("published ports")}
 }
 
 type record struct {
@@ -149,19 +152,14 @@ func (m *Manager) apply(ctx context.Context, recs []record) error {
 	if err != nil {
 		return err
 	}
-	var errs []error
-	for _, v6 := range []bool{false, true} {
-		if v6 && !m.ipv6 {
-			continue
-		}
-		changed, err := m.nft.Apply(ctx, v6, es, in)
-		if err != nil {
-			errs = append(errs, err)
-		} else if changed {
-			m.log.WithField("bindings", len(es)).WithField("ipv6", v6).Info("published ports programmed")
-		}
+	changes, err := m.nft.Apply(ctx, desired(m.ipv6, es, in))
+	if err != nil {
+		return fmt.Errorf("programming table %s: %w", TableName, err)
 	}
-	return errors.Join(errs...)
+	if changes > 0 {
+		m.log.WithFields(logrus.Fields{"bindings": len(es), "changes": changes}).Info("published ports programmed")
+	}
+	return nil
 }
 
 // Sync programs the tables from the datastore: at start, and on resync.
@@ -225,11 +223,11 @@ func (m *Manager) Publish(ctx context.Context, endpointID string, reqs []Request
 		}
 		for _, b := range r.ep.Ports {
 			taken = append(taken, b)
-			owners = append(owners, fmt.Sprintf("endpoint %s (%s) of this host", shortID(r.ep.ID), addrOf(r.ep.IPv4)))
+			owners = append(owners, fmt.Sprintf("endpoint %s (%s) of this host", dataplane.ShortID(r.ep.ID), addrOf(r.ep.IPv4)))
 		}
 	}
 	if self < 0 {
-		return nil, fmt.Errorf("endpoint %s is not known on host %s", shortID(endpointID), m.node)
+		return nil, fmt.Errorf("endpoint %s is not known on host %s", dataplane.ShortID(endpointID), m.node)
 	}
 	bs, err := Resolve(reqs, taken, func(i int) string { return owners[i] })
 	if err != nil {
@@ -250,7 +248,7 @@ func (m *Manager) Publish(ctx context.Context, endpointID string, reqs []Request
 		}
 		return nil, err
 	}
-	m.log.WithField("endpoint", shortID(endpointID)).WithField("ports", Summary(bs)).Info("ports published")
+	m.log.WithField("endpoint", dataplane.ShortID(endpointID)).WithField("ports", Summary(bs)).Info("ports published")
 	return bs, nil
 }
 
@@ -306,7 +304,7 @@ func (m *Manager) Unpublish(ctx context.Context, endpointID string) error {
 			continue
 		}
 		if err := m.write(ctx, &recs[i], nil); err != nil && !errors.Is(err, datastore.ErrNotFound) {
-			return fmt.Errorf("forgetting the published ports of endpoint %s: %w", shortID(endpointID), err)
+			return fmt.Errorf("forgetting the published ports of endpoint %s: %w", dataplane.ShortID(endpointID), err)
 		}
 		if recs[i].ep.HostIfName != "" && m.dp != nil {
 			if err := m.dp.SetRouteLocalnet(ctx, recs[i].ep.HostIfName, false); err != nil {
@@ -316,3 +314,6 @@ func (m *Manager) Unpublish(ctx context.Context, endpointID string) error {
 	}
 	return m.apply(ctx, recs)
 }
+
+// NewTables is the published ports' tables on c.
+func NewTables(c *nft.Conn) *nft.Tables { return c.Tables(TableName) }

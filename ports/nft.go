@@ -1,21 +1,14 @@
 package ports
 
 import (
-	"context"
 	"fmt"
-	"net"
 	"net/netip"
-	"os"
-	"slices"
-	"sort"
 
-	"github.com/google/nftables"
-	"github.com/google/nftables/binaryutil"
-	"github.com/google/nftables/expr"
-	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/nft"
 )
 
 // TableName is the name of this package's tables (one per family). The
@@ -61,116 +54,76 @@ type entry struct {
 	v4, v6   netip.Addr
 }
 
-type nftRule struct {
-	chain string
-	exprs []expr.Any
-	id    string // canonical text, stored as the rule's comment: its identity
-}
-
-func family(v6 bool) nftables.TableFamily {
+func family(v6 bool) nft.Family {
 	if v6 {
-		return nftables.TableFamilyIPv6
+		return nft.IPv6
 	}
-	return nftables.TableFamilyIPv4
+	return nft.IPv4
 }
 
-func protoNum(p string) byte {
+func protoNum(p string) uint8 {
 	if p == UDP {
 		return unix.IPPROTO_UDP
 	}
 	return unix.IPPROTO_TCP
 }
 
-func port16(p int) []byte { return binaryutil.BigEndian.PutUint16(uint16(p)) }
+// addrMatch compares the source or destination address with one address.
+func addrMatch(src bool, a netip.Addr) nft.Match {
+	return nft.Match{Kind: nft.MatchAddr, In: src, Value: netip.PrefixFrom(a, a.BitLen()).String()}
+}
 
-// addrMatch compares the source or destination address.
-func addrMatch(v6, src bool, a netip.Addr) []expr.Any {
-	off, l := uint32(16), uint32(4)
-	if src {
-		off = 12
-	}
-	if v6 {
-		off, l = 24, 16
-		if src {
-			off = 8
-		}
-	}
-	return []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: l},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a.AsSlice()},
+// l4Match is the protocol and its destination port.
+func l4Match(proto string, dport int) []nft.Match {
+	return []nft.Match{{Kind: nft.MatchL4Proto, Proto: protoNum(proto)}, {Kind: nft.MatchPort, Min: uint16(dport), Max: uint16(dport)}}
+}
+
+// workloadIf matches the input (in) or output interface: a workload's
+// veth, by prefix like iptables' cali+.
+func workloadIf(in bool) nft.Match {
+	return nft.Match{Kind: nft.MatchIfname, In: in, Value: dataplane.HostIfPrefix, Prefix: true}
+}
+
+// loopback is 127.0.0.0/8, matched as the source (src) or destination.
+func loopback(src bool) nft.Match {
+	return nft.Match{Kind: nft.MatchAddr, In: src, Value: "127.0.0.0/8"}
+}
+
+// baseChains are the table's chains, with the hooks of the base ones.
+func baseChains() map[string]*nft.BaseChain {
+	return map[string]*nft.BaseChain{
+		chainRaw:         {Type: "filter", Hook: "prerouting", Priority: -300},
+		chainPrerouting:  {Type: "nat", Hook: "prerouting", Priority: -100}, // dstnat
+		chainOutput:      {Type: "nat", Hook: "output", Priority: -100},     // dstnat
+		chainPostrouting: {Type: "nat", Hook: "postrouting", Priority: 100}, // srcnat
+		chainInternal:    {Type: "filter", Hook: "forward", Priority: 0},
+		chainPublished:   nil,
 	}
 }
 
-func l4Match(proto string, dport int) []expr.Any {
-	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{protoNum(proto)}},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: port16(dport)},
+// desiredTable is one family's table for the bindings and the internal
+// networks. Rules whose order cannot matter (each binding's, each matching
+// its own port) are unordered, so that a binding added or removed changes
+// only its own rules.
+func desiredTable(v6 bool, entries []entry, in internalState) nft.Table {
+	chains := map[string]*nft.Chain{}
+	for name, base := range baseChains() {
+		chains[name] = &nft.Chain{Name: name, Base: base}
 	}
-}
-
-// ipsDstNAT is the kernel's IPS_DST_NAT conntrack status bit (`ct status dnat`).
-const ipsDstNAT = 1 << 5
-
-var ctDNATMask = binaryutil.NativeEndian.PutUint32(ipsDstNAT)
-
-func ctDNAT() []expr.Any {
-	return []expr.Any{
-		&expr.Ct{Register: 1, Key: expr.CtKeySTATUS},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ctDNATMask, Xor: make([]byte, 4)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+	fibLocal := nft.Match{Kind: nft.MatchFibLocal}
+	jump := func(comment string) nft.Rule {
+		return nft.Rule{Matches: []nft.Match{fibLocal}, Verdict: nft.Jump, Target: chainPublished, Comment: comment}
 	}
-}
-
-func workloadIf(in bool) []expr.Any {
-	key := expr.MetaKeyOIFNAME
-	if in {
-		key = expr.MetaKeyIIFNAME
-	}
-	return []expr.Any{
-		&expr.Meta{Key: key, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte("cali")}, // prefix match, like iptables' cali+
-	}
-}
-
-// fibLocal is `fib daddr type local`.
-func fibLocal() []expr.Any {
-	return []expr.Any{
-		&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
-	}
-}
-
-// desiredRules are the rules of one family's table for the bindings.
-func desiredRules(v6 bool, entries []entry) []nftRule {
-	var rs []nftRule
-	add := func(chain, id string, ex ...[]expr.Any) {
-		var all []expr.Any
-		for _, e := range ex {
-			all = append(all, e...)
-		}
-		rs = append(rs, nftRule{chain: chain, exprs: all, id: id})
-	}
-	jump := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictJump, Chain: chainPublished}}
-	add(chainPrerouting, "to a local address: published ports", fibLocal(), jump)
-	add(chainOutput, "from the host to a local address: published ports", fibLocal(), jump)
-	masq := []expr.Any{&expr.Counter{}, &expr.Masq{}}
+	chains[chainPrerouting].Rules = []nft.Rule{jump("to a local address: published ports")}
+	chains[chainOutput].Rules = []nft.Rule{jump("from the host to a local address: published ports")}
 	if !v6 {
-		loop := netip.MustParsePrefix("127.0.0.0/8")
-		lo := []expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{255, 0, 0, 0}, Xor: make([]byte, 4)},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: loop.Addr().AsSlice()},
-		}
-		add(chainPostrouting, "published port reached from 127.0.0.0/8: masquerade", ctDNAT(), workloadIf(false), lo, masq)
-		dstLo := []expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{255, 0, 0, 0}, Xor: make([]byte, 4)},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: loop.Addr().AsSlice()},
-		}
-		add(chainRaw, "from a workload to 127.0.0.0/8 (route_localnet guard)", workloadIf(true), dstLo, []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})
+		chains[chainPostrouting].Rules = []nft.Rule{{Matches: []nft.Match{{Kind: nft.MatchCtDNAT}, workloadIf(false), loopback(true)},
+			Verdict: nft.Masquerade, Comment: "published port reached from 127.0.0.0/8: masquerade"}}
+		chains[chainRaw].Rules = []nft.Rule{{Matches: []nft.Match{workloadIf(true), loopback(false)},
+			Verdict: nft.Drop, Comment: "from a workload to 127.0.0.0/8 (route_localnet guard)"}}
 	}
+	// Two bindings can make the same masquerade rule: keep one.
+	seen := map[string]bool{}
 	for _, e := range entries {
 		cip := e.v4
 		if v6 {
@@ -179,93 +132,34 @@ func desiredRules(v6 bool, entries []entry) []nftRule {
 		if !cip.IsValid() {
 			continue
 		}
-		var hostMatch []expr.Any
+		var matches []nft.Match
 		if e.b.HostIP != "" {
 			h, err := netip.ParseAddr(e.b.HostIP)
 			if err != nil || h.Is4() == v6 {
 				continue // the other family's binding
 			}
 			if !h.IsUnspecified() {
-				hostMatch = addrMatch(v6, false, h)
+				matches = append(matches, addrMatch(false, h))
 			}
 		}
-		regPort := uint32(2)
-		nat := []expr.Any{
-			&expr.Counter{},
-			&expr.Immediate{Register: 1, Data: cip.AsSlice()},
-			&expr.Immediate{Register: regPort, Data: port16(e.b.Port)},
-			&expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(family(v6)), RegAddrMin: 1, RegProtoMin: regPort, Specified: true},
+		pub := &chains[chainPublished].Unordered
+		*pub = append(*pub, nft.Rule{Matches: append(matches, l4Match(e.b.Proto, e.b.HostPort)...), Verdict: nft.DNAT, NATAddr: cip, NATPort: uint16(e.b.Port),
+			Comment: fmt.Sprintf("%s -> %s:%d endpoint %s", String(e.b), cip, e.b.Port, dataplane.ShortID(e.endpoint))})
+		comment := fmt.Sprintf("container to its own %s port %d: masquerade", e.b.Proto, e.b.Port)
+		if seen[comment] {
+			continue
 		}
-		add(chainPublished, fmt.Sprintf("%s -> %s:%d endpoint %s", String(e.b), cip, e.b.Port, shortID(e.endpoint)), hostMatch, l4Match(e.b.Proto, e.b.HostPort), nat)
-		add(chainPostrouting, fmt.Sprintf("container to its own %s port %d: masquerade", e.b.Proto, e.b.Port),
-			addrMatch(v6, true, cip), addrMatch(v6, false, cip), l4Match(e.b.Proto, e.b.Port), masq)
+		seen[comment] = true
+		post := &chains[chainPostrouting].Unordered
+		*post = append(*post, nft.Rule{Matches: append([]nft.Match{addrMatch(true, cip), addrMatch(false, cip)}, l4Match(e.b.Proto, e.b.Port)...),
+			Verdict: nft.Masquerade, Comment: comment})
 	}
-	// Two bindings can make the same masquerade rule: keep one.
-	seen := map[string]bool{}
-	out := rs[:0]
-	for _, r := range rs {
-		if k := r.chain + "|" + r.id; !seen[k] {
-			seen[k] = true
-			out = append(out, r)
-		}
+	chains[chainInternal].Rules = internalRules(v6, in)
+	t := nft.Table{Family: family(v6)}
+	for _, c := range chains {
+		t.Chains = append(t.Chains, *c)
 	}
-	return out
-}
-
-func shortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
-}
-
-// NFT programs the tables in one network namespace.
-type NFT struct {
-	ns *os.File // nil: the calling thread's
-}
-
-// NewNFT works on the namespace at nsPath ("" = the current one).
-func NewNFT(nsPath string) (*NFT, error) {
-	if nsPath == "" {
-		return &NFT{}, nil
-	}
-	f, err := os.Open(nsPath)
-	if err != nil {
-		return nil, fmt.Errorf("opening network namespace %s: %w", nsPath, err)
-	}
-	return &NFT{ns: f}, nil
-}
-
-// Close releases the namespace.
-func (n *NFT) Close() error {
-	if n.ns != nil {
-		return n.ns.Close()
-	}
-	return nil
-}
-
-func (n *NFT) conn() (*nftables.Conn, error) {
-	var opts []nftables.ConnOption
-	if n.ns != nil {
-		opts = append(opts, nftables.WithNetNSFd(int(n.ns.Fd())))
-	}
-	return nftables.New(opts...)
-}
-
-type chainDef struct {
-	name string
-	typ  nftables.ChainType
-	hook *nftables.ChainHook
-	prio nftables.ChainPriority
-}
-
-var chainDefs = []chainDef{
-	{chainRaw, nftables.ChainTypeFilter, nftables.ChainHookPrerouting, nftables.ChainPriority(-300)},
-	{chainPrerouting, nftables.ChainTypeNAT, nftables.ChainHookPrerouting, *nftables.ChainPriorityNATDest},
-	{chainOutput, nftables.ChainTypeNAT, nftables.ChainHookOutput, *nftables.ChainPriorityNATDest},
-	{chainPostrouting, nftables.ChainTypeNAT, nftables.ChainHookPostrouting, *nftables.ChainPriorityNATSource},
-	{chainInternal, nftables.ChainTypeFilter, nftables.ChainHookForward, *nftables.ChainPriorityFilter},
-	{chainPublished, "", nil, 0},
+	return t
 }
 
 // internalRules keep the containers of --internal networks inside the
@@ -273,120 +167,27 @@ var chainDefs = []chainDef{
 // with NET_ADMIN could add its own): per such interface an accept per pool
 // of the family (an accept ends only this chain: the policy still filters)
 // and a drop for anything else.
-func internalRules(v6 bool, in internalState) []nftRule {
-	var rs []nftRule
+func internalRules(v6 bool, in internalState) []nft.Rule {
+	var rs []nft.Rule
 	for _, ifc := range in.ifaces {
-		name := []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: padIfname(ifc)},
-		}
+		name := nft.Match{Kind: nft.MatchIfname, In: true, Value: ifc}
 		for _, p := range in.pools {
 			if p.Addr().Is4() == v6 {
 				continue
 			}
-			off, l := uint32(16), uint32(4)
-			if v6 {
-				off, l = 24, 16
-			}
-			mask := net.CIDRMask(p.Bits(), int(l)*8)
-			rs = append(rs, nftRule{chain: chainInternal, id: fmt.Sprintf("internal network: %s to pool %s", ifc, p), exprs: append(append([]expr.Any{}, name...),
-				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: l},
-				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: l, Mask: mask, Xor: make([]byte, l)},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Addr().AsSlice()},
-				&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept})})
+			rs = append(rs, nft.Rule{Matches: []nft.Match{name, {Kind: nft.MatchAddr, Value: p.Masked().String()}}, Verdict: nft.Accept,
+				Comment: fmt.Sprintf("internal network: %s to pool %s", ifc, p)})
 		}
-		rs = append(rs, nftRule{chain: chainInternal, id: fmt.Sprintf("internal network: %s outside the pools", ifc), exprs: append(append([]expr.Any{}, name...),
-			&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop})})
+		rs = append(rs, nft.Rule{Matches: []nft.Match{name}, Verdict: nft.Drop, Comment: fmt.Sprintf("internal network: %s outside the pools", ifc)})
 	}
 	return rs
 }
 
-func padIfname(s string) []byte {
-	b := make([]byte, 16)
-	copy(b, s)
-	return b
-}
-
-// current reads the identities ("chain|comment") of the table's rules;
-// exists false when there is no table.
-func current(c *nftables.Conn, t *nftables.Table) (ids []string, exists bool, err error) {
-	tables, err := c.ListTablesOfFamily(t.Family)
-	if err != nil {
-		return nil, false, fmt.Errorf("listing tables: %w", err)
+// desired is the tables of the families served (ip6 with ipv6).
+func desired(ipv6 bool, entries []entry, in internalState) nft.Ruleset {
+	rs := nft.Ruleset{Tables: []nft.Table{desiredTable(false, entries, in)}}
+	if ipv6 {
+		rs.Tables = append(rs.Tables, desiredTable(true, entries, in))
 	}
-	if !slices.ContainsFunc(tables, func(x *nftables.Table) bool { return x.Name == t.Name }) {
-		return nil, false, nil
-	}
-	chains, err := c.ListChainsOfTableFamily(t.Family)
-	if err != nil {
-		return nil, true, fmt.Errorf("listing chains: %w", err)
-	}
-	for _, ch := range chains {
-		if ch.Table == nil || ch.Table.Name != t.Name {
-			continue
-		}
-		ids = append(ids, "chain:"+ch.Name)
-		rules, err := c.GetRules(t, ch)
-		if err != nil {
-			return nil, true, fmt.Errorf("listing rules of %s: %w", ch.Name, err)
-		}
-		for _, r := range rules {
-			cm, _ := userdata.GetString(r.UserData, userdata.TypeComment)
-			ids = append(ids, ch.Name+"|"+cm)
-		}
-	}
-	sort.Strings(ids)
-	return ids, true, nil
-}
-
-// Apply makes the family's table hold exactly the rules of entries. The
-// kernel's rules are read back and compared by identity; when they differ
-// the table is replaced in one batch (the old rules keep working until the
-// new ones are in). It reports whether it changed anything.
-func (n *NFT) Apply(ctx context.Context, v6 bool, entries []entry, in internalState) (bool, error) {
-	if err := ctx.Err(); err != nil {
-		return false, err
-	}
-	c, err := n.conn()
-	if err != nil {
-		return false, fmt.Errorf("opening nftables: %w", err)
-	}
-	t := &nftables.Table{Name: TableName, Family: family(v6)}
-	want := append(desiredRules(v6, entries), internalRules(v6, in)...)
-	var wantIDs []string
-	for _, d := range chainDefs {
-		wantIDs = append(wantIDs, "chain:"+d.name)
-	}
-	for _, r := range want {
-		wantIDs = append(wantIDs, r.chain+"|"+r.id)
-	}
-	sort.Strings(wantIDs)
-	have, exists, err := current(c, t)
-	if err != nil {
-		return false, err
-	}
-	if exists && slices.Equal(have, wantIDs) {
-		return false, nil
-	}
-	if exists {
-		c.DelTable(t)
-	}
-	c.AddTable(t)
-	chains := map[string]*nftables.Chain{}
-	for _, d := range chainDefs {
-		ch := &nftables.Chain{Name: d.name, Table: t}
-		if d.hook != nil {
-			prio, policy := d.prio, nftables.ChainPolicyAccept
-			ch.Type, ch.Hooknum, ch.Priority, ch.Policy = d.typ, d.hook, &prio, &policy
-		}
-		chains[d.name] = c.AddChain(ch)
-	}
-	for _, r := range want {
-		c.AddRule(&nftables.Rule{Table: t, Chain: chains[r.chain], Exprs: r.exprs,
-			UserData: userdata.AppendString(nil, userdata.TypeComment, r.id)})
-	}
-	if err := c.Flush(); err != nil {
-		return false, fmt.Errorf("programming table %s (%d rules): %w", TableName, len(want), err)
-	}
-	return true, nil
+	return rs
 }

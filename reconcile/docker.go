@@ -14,6 +14,7 @@ import (
 	"github.com/docker/docker/client"
 	"github.com/sirupsen/logrus"
 
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/internal/dockerapi"
 	"github.com/calico-cnm/calico-cnm/internal/retry"
 )
@@ -138,7 +139,7 @@ func (d *dockerClient) Changes(ctx context.Context) <-chan struct{} {
 						return ctx.Err()
 					case m := <-msgs:
 						backoff.Reset() // the stream works
-						d.log.WithFields(logrus.Fields{"type": m.Type, "action": m.Action, "id": dockerapi.ShortID(m.Actor.ID)}).Debug("Docker event")
+						d.log.WithFields(logrus.Fields{"type": m.Type, "action": m.Action, "id": dataplane.ShortID(m.Actor.ID)}).Debug("Docker event")
 						signal()
 					case err := <-errs:
 						return err

@@ -16,7 +16,6 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
-	"github.com/calico-cnm/calico-cnm/internal/dockerapi"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -403,7 +402,7 @@ func (idx reconcileIndex) endpointRemoval(se StoredEndpoint) EndpointRemoval {
 	rm := EndpointRemoval{Endpoint: ep, Rev: se.Rev, RemoveVeth: !idx.liveIfNames[dataplane.HostIfName(ep.ID)]}
 	for _, ip := range endpointAddrs(ep) {
 		if other, used := idx.dockerIPs[ip]; used {
-			rm.Kept = append(rm.Kept, fmt.Sprintf("%s is in use by Docker endpoint %s", ip, dockerapi.ShortID(other)))
+			rm.Kept = append(rm.Kept, fmt.Sprintf("%s is in use by Docker endpoint %s", ip, dataplane.ShortID(other)))
 			continue
 		}
 		a, held := idx.holders[ip]

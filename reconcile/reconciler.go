@@ -15,7 +15,6 @@ import (
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/driver"
-	"github.com/calico-cnm/calico-cnm/internal/dockerapi"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -341,7 +340,7 @@ func (r *Reconciler) repair(ctx context.Context, plan Plan, dockerKnown bool, fi
 			continue // logged as rebuilt (or retried next pass)
 		}
 		if r.secondSighting("unknown/" + id) {
-			r.Log.WithFields(logrus.Fields{"endpoint": dockerapi.ShortID(id), "node": r.Node}).Warn("Docker has an endpoint on a calico network that the datastore does not record for this node (was NODENAME changed?): leaving it alone")
+			r.Log.WithFields(logrus.Fields{"endpoint": dataplane.ShortID(id), "node": r.Node}).Warn("Docker has an endpoint on a calico network that the datastore does not record for this node (was NODENAME changed?): leaving it alone")
 		}
 	}
 	return errs
@@ -355,7 +354,7 @@ func (r *Reconciler) reclaim(ctx context.Context, addrs []AddressReclaim, fixes 
 	var errs []error
 	handles := map[string][]string{}
 	for _, a := range addrs {
-		log := r.Log.WithFields(logrus.Fields{"ip": a.IP.String(), "endpoint": dockerapi.ShortID(a.Endpoint), "network": dockerapi.ShortID(a.Network)})
+		log := r.Log.WithFields(logrus.Fields{"ip": a.IP.String(), "endpoint": dataplane.ShortID(a.Endpoint), "network": dataplane.ShortID(a.Network)})
 		handle := driver.NewHandleID()
 		err := r.IPAM.AssignIP(ctx, ipam.AssignIPArgs{IP: a.IP.AsSlice(), Host: r.Node, HandleID: handle,
 			Attrs: map[string]string{ipam.AttrNode: r.Node, ipam.AttrReclaimedFor: a.Endpoint}})
@@ -368,7 +367,7 @@ func (r *Reconciler) reclaim(ctx context.Context, addrs []AddressReclaim, fixes 
 			continue
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("re-assigning %s, in use by Docker endpoint %s: %w", a.IP, dockerapi.ShortID(a.Endpoint), err))
+			errs = append(errs, fmt.Errorf("re-assigning %s, in use by Docker endpoint %s: %w", a.IP, dataplane.ShortID(a.Endpoint), err))
 			continue
 		}
 		handles[a.Endpoint] = append(handles[a.Endpoint], handle)
@@ -392,11 +391,11 @@ func (r *Reconciler) rebuild(ctx context.Context, eps []datastore.Endpoint, hand
 			continue
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("rebuilding the record of endpoint %s: %w", dockerapi.ShortID(ep.ID), err))
+			errs = append(errs, fmt.Errorf("rebuilding the record of endpoint %s: %w", dataplane.ShortID(ep.ID), err))
 			continue
 		}
 		fixes[FixEndpointRebuilt]++
-		r.Log.WithFields(logrus.Fields{"endpoint": dockerapi.ShortID(ep.ID), "network": dockerapi.ShortID(ep.Network), "ip": strings.Join(nonEmpty(ep.IPv4, ep.IPv6), ",")}).
+		r.Log.WithFields(logrus.Fields{"endpoint": dataplane.ShortID(ep.ID), "network": dataplane.ShortID(ep.Network), "ip": strings.Join(nonEmpty(ep.IPv4, ep.IPv6), ",")}).
 			Warn("reconcile: rebuilt the record of a running container's endpoint the datastore had lost")
 		if r.Relabel != nil {
 			r.Relabel(ctx, ep.ID, ep.Network)
@@ -436,17 +435,17 @@ func (r *Reconciler) releaseOrphans(ctx context.Context, orphans []AddressReleas
 // record goes last so that a failure half way is retried.
 func (r *Reconciler) removeEndpoint(ctx context.Context, rm EndpointRemoval, fixes map[string]int) error {
 	ep := rm.Endpoint
-	log := r.Log.WithFields(logrus.Fields{"endpoint": dockerapi.ShortID(ep.ID), "network": dockerapi.ShortID(ep.Network), "ip": strings.Join(nonEmpty(ep.IPv4, ep.IPv6), ",")})
+	log := r.Log.WithFields(logrus.Fields{"endpoint": dataplane.ShortID(ep.ID), "network": dataplane.ShortID(ep.Network), "ip": strings.Join(nonEmpty(ep.IPv4, ep.IPv6), ",")})
 	if rm.RemoveVeth {
 		if err := r.Dataplane.RemoveWorkload(ctx, ep.ID, endpointNets(ep)); err != nil {
-			return fmt.Errorf("removing the veth of stale endpoint %s: %w", dockerapi.ShortID(ep.ID), err)
+			return fmt.Errorf("removing the veth of stale endpoint %s: %w", dataplane.ShortID(ep.ID), err)
 		}
 	} else {
 		log.Warn("reconcile: a live Docker endpoint has the same interface name as this stale one: keeping the veth")
 	}
 	for _, rel := range rm.Release {
 		if err := r.IPAM.ReleaseByHandle(ctx, rel.Handle); err != nil {
-			return fmt.Errorf("releasing %s of stale endpoint %s: %w", rel.IP, dockerapi.ShortID(ep.ID), err)
+			return fmt.Errorf("releasing %s of stale endpoint %s: %w", rel.IP, dataplane.ShortID(ep.ID), err)
 		}
 		fixes[FixAddressReleased]++
 		log.WithFields(logrus.Fields{"released": rel.IP.String(), "handle": rel.Handle}).Info("reconcile: released the address of an endpoint Docker no longer has")
@@ -460,7 +459,7 @@ func (r *Reconciler) removeEndpoint(ctx context.Context, rm EndpointRemoval, fix
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("deleting stale endpoint record %s: %w", dockerapi.ShortID(ep.ID), err)
+		return fmt.Errorf("deleting stale endpoint record %s: %w", dataplane.ShortID(ep.ID), err)
 	}
 	fixes[FixEndpointRemoved]++
 	log.WithField("joined", ep.Joined).Info("reconcile: removed an endpoint Docker no longer has (its container went while calico-cnm was down)")
@@ -469,7 +468,7 @@ func (r *Reconciler) removeEndpoint(ctx context.Context, rm EndpointRemoval, fix
 
 // ensureRoutes restores the missing host routes of a live endpoint.
 func (r *Reconciler) ensureRoutes(ctx context.Context, ep datastore.Endpoint, dockerKnown bool, fixes map[string]int) error {
-	log := r.Log.WithFields(logrus.Fields{"endpoint": dockerapi.ShortID(ep.ID), "network": dockerapi.ShortID(ep.Network), "interface": ep.HostIfName})
+	log := r.Log.WithFields(logrus.Fields{"endpoint": dataplane.ShortID(ep.ID), "network": dataplane.ShortID(ep.Network), "interface": ep.HostIfName})
 	missing, err := r.Dataplane.MissingWorkloadRoutes(ctx, ep.HostIfName, endpointNets(ep))
 	if errors.Is(err, dataplane.ErrNoInterface) {
 		if dockerKnown && r.firstWarning("noveth/"+ep.ID) {

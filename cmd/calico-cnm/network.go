@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
@@ -39,7 +40,7 @@ func (a *app) networkListCmd() *cobra.Command {
 				return err
 			}
 			return printList(a.stdout, out, rows, []column[networkRow]{
-				{header: "NETWORK ID", value: func(r networkRow) string { return shortID(r.ID) },
+				{header: "NETWORK ID", value: func(r networkRow) string { return dataplane.ShortID(r.ID) },
 					wideValue: func(r networkRow) string { return r.ID }},
 				{header: "NAME", value: func(r networkRow) string { return orDash(r.Name) }},
 				{header: "SUBNETS", value: func(r networkRow) string { return orDash(strings.Join(r.Subnets, ",")) }},
@@ -50,13 +51,6 @@ func (a *app) networkListCmd() *cobra.Command {
 		})
 	}
 	return c
-}
-
-func shortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
 }
 
 // listNetworks reads the network records with their endpoint counts.

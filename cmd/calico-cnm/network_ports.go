@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/ports"
@@ -39,7 +40,7 @@ func (a *app) networkPortsCmd() *cobra.Command {
 			}
 			return printList(a.stdout, out, rows, []column[portRow]{
 				{header: "NODE", value: func(r portRow) string { return r.Node }},
-				{header: "ENDPOINT", value: func(r portRow) string { return shortID(r.Endpoint) },
+				{header: "ENDPOINT", value: func(r portRow) string { return dataplane.ShortID(r.Endpoint) },
 					wideValue: func(r portRow) string { return r.Endpoint }},
 				{header: "IP", value: func(r portRow) string { return orDash(r.IP) }},
 				{header: "PORT", value: func(r portRow) string { return ports.String(r.PortBinding) }},

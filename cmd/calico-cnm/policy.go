@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/calico-cnm/calico-cnm/bandwidth"
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/policy"
@@ -229,7 +230,7 @@ func (a *app) getEndpointsCmd() *cobra.Command {
 			}
 			return printList(a.stdout, out, rows, []column[endpointRow]{
 				{header: "NODE", value: func(r endpointRow) string { return r.Node }},
-				{header: "ENDPOINT", value: func(r endpointRow) string { return shortID(r.ID) }, wideValue: func(r endpointRow) string { return r.ID }},
+				{header: "ENDPOINT", value: func(r endpointRow) string { return dataplane.ShortID(r.ID) }, wideValue: func(r endpointRow) string { return r.ID }},
 				{header: "NETWORK", value: func(r endpointRow) string { return r.Network }},
 				{header: "ADDRESSES", value: func(r endpointRow) string {
 					return orDash(strings.Join(slices.DeleteFunc([]string{r.IPv4, r.IPv6}, func(s string) bool { return s == "" }), ","))
@@ -302,7 +303,7 @@ func (a *app) endpointRows(ctx context.Context, store *datastore.Store) ([]endpo
 		r := endpointRow{Node: node, ID: ep.ID, Network: orDash(names[ep.Network]), IPv4: ep.IPv4, IPv6: ep.IPv6, Joined: ep.Joined,
 			Labels: ep.Labels, LabelsUnknown: ep.LabelsUnknown, Ingress: []string{}, Egress: []string{}, Ports: ep.Ports}
 		if r.Network == "-" {
-			r.Network = shortID(ep.Network)
+			r.Network = dataplane.ShortID(ep.Network)
 		}
 		if l, err := bandwidth.EndpointLimits(ep, records[ep.Network]); err != nil {
 			r.BandwidthError = err.Error()

@@ -37,11 +37,3 @@ func NewClient(host string) (*client.Client, error) {
 // loop that asked.
 const CallTimeout = 15 * time.Second
 
-// ShortID is a Docker ID as Docker shows it (12 characters), for logs and
-// metric labels.
-func ShortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
-}

@@ -20,6 +20,24 @@ import (
 // unverified (unverified: "the netlink shaping").
 func New(t testing.TB, prefix, unverified string) *netlink.Handle {
 	t.Helper()
+	name := NewNamed(t, prefix, unverified)
+	ns, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	return h
+}
+
+// NewNamed is New for code that opens the namespace itself: it returns
+// the namespace's name (its path is /var/run/netns/<name>).
+func NewNamed(t testing.TB, prefix, unverified string) string {
+	t.Helper()
 	if testing.Short() {
 		t.Skipf("!!!!!! SKIPPED under -short: this integration test creates a network namespace; %s is NOT verified by this run !!!!!!", unverified)
 	}
@@ -35,15 +53,5 @@ func New(t testing.TB, prefix, unverified string) *netlink.Handle {
 		t.Skipf("!!!!!! SKIPPED: cannot create a network namespace (%v: %s); %s is NOT verified by this run !!!!!!", err, out, unverified)
 	}
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.Close)
-	return h
+	return name
 }

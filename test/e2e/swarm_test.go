@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/test/e2e/harness"
 )
 
@@ -121,7 +122,7 @@ type swarmTask struct {
 }
 
 func (k swarmTask) String() string {
-	return fmt.Sprintf("%s/%s(%s)", k.host.Name, shortID(k.container), k.ip)
+	return fmt.Sprintf("%s/%s(%s)", k.host.Name, dataplane.ShortID(k.container), k.ip)
 }
 
 // tasks lists the running containers of service on every node. An error
@@ -140,7 +141,7 @@ func (c *swarmCluster) tasks(t *testing.T, service string) ([]swarmTask, error) 
 			s, err := h.Docker(t, "inspect", "-f", tmpl, id)
 			ip := net.ParseIP(strings.TrimSpace(s))
 			if err != nil || ip == nil {
-				return nil, fmt.Errorf("%s: task container %s has no address on %s (%q, %v)", h.Name, shortID(id), swNetwork, s, err)
+				return nil, fmt.Errorf("%s: task container %s has no address on %s (%q, %v)", h.Name, dataplane.ShortID(id), swNetwork, s, err)
 			}
 			out = append(out, swarmTask{host: h, container: id, ip: ip})
 		}
@@ -169,7 +170,7 @@ func (c *swarmCluster) waitTasks(t *testing.T, service string, n int, what strin
 // swPing pings to from container from on h, allowing for BGP to converge.
 func swPing(t *testing.T, h *swarmHost, from string, to net.IP) {
 	t.Helper()
-	harness.Eventually(t, 30*time.Second, 250*time.Millisecond, fmt.Sprintf("%s: %s pings %s", h.Name, shortID(from), to), func() error {
+	harness.Eventually(t, 30*time.Second, 250*time.Millisecond, fmt.Sprintf("%s: %s pings %s", h.Name, dataplane.ShortID(from), to), func() error {
 		out, err := h.Docker(t, "exec", from, "ping", "-c", "1", "-W", "1", to.String())
 		if err != nil {
 			return fmt.Errorf("%v: %s", err, out)
@@ -494,14 +495,6 @@ func (c *swarmCluster) leaveSwarm(t *testing.T) {
 			t.Logf("cleanup: %s: swarm leave: %v %s", h.Name, err, out)
 		}
 	}
-}
-
-// shortID abbreviates a container id as docker does; names stay.
-func shortID(id string) string {
-	if len(id) == 64 {
-		return id[:12]
-	}
-	return id
 }
 
 // reconcilePass is the debug line each reconcile pass starts with, as

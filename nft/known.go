@@ -1,11 +1,11 @@
-package policy
+package nft
 
 import (
 	"net/netip"
 	"slices"
 )
 
-// afterOps is the tables cur (in Dump's shape: each chain's rules in
+// AfterOps is the tables cur (in Dump's shape: each chain's rules in
 // Rules, with their handles) once the kernel has applied ops, in the same
 // shape: what NFT keeps as the kernel's state instead of reading it back
 // after every change. handles are the kernel's handles of the rules the
@@ -14,7 +14,7 @@ import (
 // something cur does not have): the caller then reads the kernel.
 //
 // cur is not changed: the chains and sets ops touch are copied.
-func afterOps(cur Ruleset, ops []Op, handles map[int]uint64) (Ruleset, bool) {
+func AfterOps(cur Ruleset, ops []Op, handles map[int]uint64) (Ruleset, bool) {
 	tables := map[Family]*Table{}
 	var order []Family
 	for _, t := range cur.Tables {
@@ -78,8 +78,8 @@ func changeRules(c *Chain, op Op, handle uint64) bool {
 			return false
 		}
 		r := op.Rule
-		r.Handle, r.Packets, r.Bytes, r.Comment = handle, 0, 0, clipComment(r.Comment)
-		c.Rules = append(c.Rules, r.withText(op.Family))
+		r.Handle, r.Packets, r.Bytes, r.Comment = handle, 0, 0, ClipComment(r.Comment)
+		c.Rules = append(c.Rules, r.WithText(op.Family))
 	case OpDelRule:
 		j := slices.IndexFunc(c.Rules, func(r Rule) bool { return r.Handle == op.Rule.Handle })
 		if j < 0 || op.Rule.Handle == 0 {
@@ -107,19 +107,19 @@ func changedSet(op Op, s Set) (Set, bool) {
 	if s.Interval {
 		// Diff deletes whole ranges (rangeChanges); anything else cannot
 		// be told here.
-		cur, err1 := parseIntervalElements(s.Elements)
-		del, err2 := parseIntervalElements(op.Set.Elements)
+		cur, err1 := ParseIntervalElements(s.Elements)
+		del, err2 := ParseIntervalElements(op.Set.Elements)
 		if err1 != nil || err2 != nil {
 			return s, false
 		}
 		for _, d := range del {
 			n := len(cur)
-			cur = slices.DeleteFunc(cur, func(r addrRange) bool { return r == d })
+			cur = slices.DeleteFunc(cur, func(r AddrRange) bool { return r == d })
 			if len(cur) == n {
 				return s, false
 			}
 		}
-		s.Elements = rangesElements(cur)
+		s.Elements = RangesElements(cur)
 		if len(s.Elements) == 0 {
 			s.Elements = nil
 		}
@@ -135,25 +135,25 @@ func canonicalSet(f Family, s Set, more []string) (Set, bool) {
 	all := append(slices.Clone(s.Elements), more...)
 	switch {
 	case s.Type == SetIfname:
-		s.Elements = sortedUnique(all)
+		s.Elements = SortedUnique(all)
 	case s.Type != SetAddr:
 		return s, false
 	case s.Interval:
-		rs, err := parseIntervalElements(all)
+		rs, err := ParseIntervalElements(all)
 		if err != nil {
 			return s, false
 		}
-		s.Elements = rangesElements(rs)
+		s.Elements = RangesElements(rs)
 	default:
 		as := make([]netip.Addr, 0, len(all))
 		for _, e := range all {
 			a, err := netip.ParseAddr(e)
-			if err != nil || familyOf(a) != f {
+			if err != nil || FamilyOf(a) != f {
 				return s, false
 			}
 			as = append(as, a.Unmap())
 		}
-		s.Elements = addrElements(as)
+		s.Elements = AddrElements(as)
 	}
 	if len(s.Elements) == 0 {
 		s.Elements = nil
@@ -161,7 +161,7 @@ func canonicalSet(f Family, s Set, more []string) (Set, bool) {
 	return s, true
 }
 
-// applySetOp is afterOps for an operation on a set of t.
+// applySetOp is AfterOps for an operation on a set of t.
 func applySetOp(t *Table, op Op) bool {
 	switch op.Kind {
 	case OpAddSet:
@@ -190,8 +190,8 @@ func applySetOp(t *Table, op Op) bool {
 	return true
 }
 
-// applyChainOp is afterOps for an operation on a chain of t; copied are
-// the chains whose rule slices afterOps owns already, handle the kernel's
+// applyChainOp is AfterOps for an operation on a chain of t; copied are
+// the chains whose rule slices AfterOps owns already, handle the kernel's
 // handle of an added rule.
 func applyChainOp(t *Table, op Op, copied map[Family]map[string]bool, handle uint64) bool {
 	switch op.Kind {

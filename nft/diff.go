@@ -1,4 +1,4 @@
-package policy
+package nft
 
 import (
 	"fmt"
@@ -29,6 +29,7 @@ const (
 // i.e. atomically.
 type Op struct {
 	Kind     OpKind
+	Table    string // the table's name (the family's table of that name)
 	Family   Family
 	Set      Set
 	Chain    string
@@ -37,7 +38,7 @@ type Op struct {
 }
 
 func (o Op) String() string {
-	t := fmt.Sprintf("%s %s", o.Family, TableName)
+	t := string(o.Family) + " " + o.Table
 	switch o.Kind {
 	case OpAddTable:
 		return "add table " + t
@@ -67,7 +68,7 @@ func (o Op) String() string {
 	return fmt.Sprintf("<op %d>", o.Kind)
 }
 
-// Diff is the plan that turns the tables in cur (as dumped: each chain's
+// Diff is the plan that turns the tables called name in cur (as dumped: each chain's
 // rules all in Rules, with handles) into want. Only the project's tables
 // appear in either. An empty plan means cur already is want.
 //
@@ -76,15 +77,15 @@ func (o Op) String() string {
 // exactly those: rules are appended or deleted by handle, elements added
 // or deleted. A table whose structure differs (a base chain's hook, a set's
 // type) is replaced as a whole instead, in the same batch.
-func Diff(cur, want Ruleset) []Op {
+func Diff(name string, cur, want Ruleset) []Op {
 	var ops []Op
 	for _, w := range want.sortedTables() {
 		c, ok := cur.Table(w.Family)
 		switch {
 		case !ok:
-			ops = append(ops, ReplaceTable(w, false)...)
+			ops = append(ops, ReplaceTable(name, w, false)...)
 		case needsReplace(c, w):
-			ops = append(ops, ReplaceTable(w, true)...)
+			ops = append(ops, ReplaceTable(name, w, true)...)
 		default:
 			ops = append(ops, diffTable(c, w)...)
 		}
@@ -94,6 +95,9 @@ func Diff(cur, want Ruleset) []Op {
 			ops = append(ops, Op{Kind: OpDelTable, Family: c.Family})
 		}
 	}
+	for i := range ops {
+		ops[i].Table = name
+	}
 	return ops
 }
 
@@ -101,7 +105,7 @@ func Diff(cur, want Ruleset) []Op {
 // old table is deleted first; the add before the delete makes that work
 // even if it is gone by now (nft's own idiom), and being one batch, no
 // packet ever sees the table half-built.
-func ReplaceTable(t Table, exists bool) []Op {
+func ReplaceTable(name string, t Table, exists bool) []Op {
 	f := t.Family
 	var ops []Op
 	if exists {
@@ -116,16 +120,19 @@ func ReplaceTable(t Table, exists bool) []Op {
 		ops = append(ops, Op{Kind: OpAddChain, Family: f, ChainDef: Chain{Name: c.Name, Base: c.Base}})
 	}
 	for _, c := range chains {
-		for _, r := range chainRules(c) {
+		for _, r := range ChainRules(c) {
 			ops = append(ops, Op{Kind: OpAddRule, Family: f, Chain: c.Name, Rule: r})
 		}
+	}
+	for i := range ops {
+		ops[i].Table = name
 	}
 	return ops
 }
 
-// chainRules is the order rules are written in: the ordered ones, then the
+// ChainRules is the order rules are written in: the ordered ones, then the
 // unordered ones sorted (deterministic plans).
-func chainRules(c Chain) []Rule {
+func ChainRules(c Chain) []Rule {
 	un := slices.Clone(c.Unordered)
 	slices.SortFunc(un, func(a, b Rule) int { return strings.Compare(a.Render(""), b.Render("")) })
 	return append(slices.Clone(c.Rules), un...)
@@ -202,7 +209,7 @@ func diffTable(cur, want Table) []Op {
 		c, ok := cur.Chain(w.Name)
 		if !ok {
 			chainAdds = append(chainAdds, Op{Kind: OpAddChain, Family: f, ChainDef: Chain{Name: w.Name, Base: w.Base}})
-			for _, r := range chainRules(w) {
+			for _, r := range ChainRules(w) {
 				rules = append(rules, Op{Kind: OpAddRule, Family: f, Chain: w.Name, Rule: r})
 			}
 			continue
@@ -214,9 +221,10 @@ func diffTable(cur, want Table) []Op {
 			chainDels = append(chainDels, Op{Kind: OpDelChain, Family: f, Chain: c.Name})
 		}
 	}
-	// A chain goes before the chains it jumps to: endpoint chains refer to
-	// policy and network chains, which refer to none.
-	slices.SortStableFunc(chainDels, func(a, b Op) int { return chainDepth(a.Chain) - chainDepth(b.Chain) })
+	// A chain goes before the chains it jumps to (the kernel refuses to
+	// delete a chain a rule still refers to).
+	height := jumpHeights(cur, chainDels)
+	slices.SortStableFunc(chainDels, func(a, b Op) int { return height[b.Chain] - height[a.Chain] })
 	for _, c := range sortedSets(cur.Sets) {
 		if _, ok := want.Set(c.Name); !ok {
 			setDels = append(setDels, Op{Kind: OpDelSet, Family: f, Set: Set{Name: c.Name}})
@@ -245,7 +253,7 @@ func diffChain(f Family, cur, want Chain) []Op {
 	}
 	rewrite := func() []Op {
 		ops := []Op{{Kind: OpFlushChain, Family: f, Chain: want.Name}}
-		for _, r := range chainRules(want) {
+		for _, r := range ChainRules(want) {
 			ops = append(ops, Op{Kind: OpAddRule, Family: f, Chain: want.Name, Rule: r})
 		}
 		return ops
@@ -254,7 +262,7 @@ func diffChain(f Family, cur, want Chain) []Op {
 		return rewrite()
 	}
 	for i, r := range want.Rules {
-		if at(i).text(f) != r.text(f) {
+		if at(i).Text(f) != r.Text(f) {
 			return rewrite()
 		}
 	}
@@ -263,7 +271,7 @@ func diffChain(f Family, cur, want Chain) []Op {
 	have := make(map[string]int, n-len(want.Rules))
 	dups := map[string][]int{}
 	for i := len(want.Rules); i < n; i++ {
-		k := at(i).text(f)
+		k := at(i).Text(f)
 		if _, ok := have[k]; ok {
 			dups[k] = append(dups[k], i)
 			continue
@@ -273,7 +281,7 @@ func diffChain(f Family, cur, want Chain) []Op {
 	var ops []Op
 	var missing []Rule
 	for _, r := range want.Unordered {
-		k := r.text(f)
+		k := r.Text(f)
 		if d := dups[k]; len(d) > 0 {
 			dups[k] = d[1:]
 			continue
@@ -310,7 +318,7 @@ func diffChain(f Family, cur, want Chain) []Op {
 		}
 		ops = append(ops, Op{Kind: OpDelRule, Family: f, Chain: want.Name, Rule: r})
 	}
-	slices.SortFunc(missing, func(a, b Rule) int { return strings.Compare(a.text(f), b.text(f)) })
+	slices.SortFunc(missing, func(a, b Rule) int { return strings.Compare(a.Text(f), b.Text(f)) })
 	for _, r := range missing {
 		ops = append(ops, Op{Kind: OpAddRule, Family: f, Chain: want.Name, Rule: r})
 	}
@@ -349,12 +357,38 @@ func minus(a, b []string) []string {
 	return out
 }
 
-// chainDepth orders chain deletions: referring chains first.
-func chainDepth(name string) int {
-	if strings.HasPrefix(name, toEndpointPrefix) || strings.HasPrefix(name, fromEndpointPrefix) {
-		return 0
+// jumpHeights is, for each chain dels deletes, the length of the longest
+// path of jumps and gotos from it through other deleted chains of cur: a
+// chain with a greater height refers (maybe indirectly) to those with a
+// smaller one, so deleting in decreasing height never leaves a rule
+// referring to a chain already gone.
+func jumpHeights(cur Table, dels []Op) map[string]int {
+	deleted := make(map[string]bool, len(dels))
+	for _, d := range dels {
+		deleted[d.Chain] = true
 	}
-	return 1
+	height := make(map[string]int, len(dels))
+	var of func(name string, depth int) int
+	of = func(name string, depth int) int {
+		if h, ok := height[name]; ok {
+			return h
+		}
+		h := 0
+		c, _ := cur.Chain(name)
+		if depth <= len(dels) { // the kernel forbids loops; never recurse forever
+			for _, r := range append(slices.Clone(c.Rules), c.Unordered...) {
+				if (r.Verdict == Jump || r.Verdict == Goto) && deleted[r.Target] && r.Target != name {
+					h = max(h, of(r.Target, depth+1)+1)
+				}
+			}
+		}
+		height[name] = h
+		return h
+	}
+	for _, d := range dels {
+		of(d.Chain, 0)
+	}
+	return height
 }
 
 // rangeChanges is the change of an interval set as whole ranges: the
@@ -365,20 +399,20 @@ func chainDepth(name string) int {
 // an added range never touches a kept one. ok is false when an element
 // does not parse (the set is rewritten).
 func rangeChanges(cur, want []string) (gone, added []string, ok bool) {
-	cr, err1 := parseIntervalElements(cur)
-	wr, err2 := parseIntervalElements(want)
+	cr, err1 := ParseIntervalElements(cur)
+	wr, err2 := ParseIntervalElements(want)
 	if err1 != nil || err2 != nil {
 		return nil, nil, false
 	}
-	in := func(rs []addrRange) map[addrRange]bool {
-		m := make(map[addrRange]bool, len(rs))
+	in := func(rs []AddrRange) map[AddrRange]bool {
+		m := make(map[AddrRange]bool, len(rs))
 		for _, r := range rs {
 			m[r] = true
 		}
 		return m
 	}
 	cm, wm := in(cr), in(wr)
-	var g, a []addrRange
+	var g, a []AddrRange
 	for _, r := range cr {
 		if !wm[r] {
 			g = append(g, r)
@@ -389,5 +423,5 @@ func rangeChanges(cur, want []string) (gone, added []string, ok bool) {
 			a = append(a, r)
 		}
 	}
-	return rangesElements(g), rangesElements(a), true
+	return RangesElements(g), RangesElements(a), true
 }

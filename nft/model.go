@@ -1,19 +1,15 @@
-package policy
+package nft
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
 )
 
-// TableName is the name of the project's own nftables tables, one per
-// address family (ip and ip6). Nothing else in them belongs to anybody else,
-// and nothing outside them is ever touched.
-const TableName = "calico-cnm"
-
-// Family is an nftables table family the policy uses.
+// Family is an nftables table family the project uses.
 type Family string
 
 // The two families: one table each.
@@ -21,6 +17,14 @@ const (
 	IPv4 Family = "ip"
 	IPv6 Family = "ip6"
 )
+
+// FamilyOf is the table family of a's address family.
+func FamilyOf(a netip.Addr) Family {
+	if a.Unmap().Is4() {
+		return IPv4
+	}
+	return IPv6
+}
 
 // SetType is the key type of a named set.
 type SetType string
@@ -31,9 +35,10 @@ const (
 	SetIfname SetType = "ifname" // interface names
 )
 
-// Ruleset is the whole desired (or dumped) content of the project's tables:
-// the pure description that Desired computes, Diff compares and the netlink
-// layer writes and reads back.
+// Ruleset is the whole desired (or dumped) content of the tables of one
+// name, one table per family: the pure description an owner of tables
+// computes (policy.Desired, the published ports), Diff compares and Conn
+// writes and reads back.
 type Ruleset struct {
 	Tables []Table
 }
@@ -106,6 +111,12 @@ const (
 	// MatchCtDNAT: the connection was destination-NATed (`ct status
 	// dnat`): a published port (package ports).
 	MatchCtDNAT
+	// MatchAddr: the source (In) or destination address is (Negate: is
+	// not) in the prefix Value ("127.0.0.0/8", "10.0.0.5/32").
+	MatchAddr
+	// MatchFibLocal: the destination address is one of this host's (`fib
+	// daddr type local`).
+	MatchFibLocal
 )
 
 // Match is one condition of a rule.
@@ -133,6 +144,7 @@ const (
 	Masquerade
 	Goto     // to Target; its return goes where this chain's would
 	Continue // no verdict: the next rule (a Log rule)
+	DNAT     // to NATAddr port NATPort (a nat chain)
 )
 
 // Rule is matches and a verdict. Every rule counts its packets.
@@ -140,6 +152,9 @@ type Rule struct {
 	Matches []Match
 	Verdict VerdictKind
 	Target  string // chain of a Jump or Goto
+	// NATAddr and NATPort are where a DNAT sends the packet.
+	NATAddr netip.Addr
+	NATPort uint16
 	// SetMark bits are set and ClearMark bits cleared in the packet mark
 	// (one statement, after the counter).
 	SetMark, ClearMark uint32
@@ -152,30 +167,31 @@ type Rule struct {
 	// Packets and Bytes are a dumped rule's counter (not compared).
 	Packets, Bytes uint64
 
-	// rendered is Render(renderedFor), remembered by withText: rules
-	// NFT remembers and the endpoints' jumps Desired memoises are
-	// compared at every change without rendering them again.
+	// rendered is Render(renderedFor), remembered by WithText: rules
+	// Conn remembers and the rules an owner memoises (the policy's
+	// endpoint jumps) are compared at every change without rendering
+	// them again.
 	rendered    string
 	renderedFor Family
 }
 
-// text is Render(f), remembered when withText did it for f.
-func (r Rule) text(f Family) string {
+// Text is Render(f), remembered when WithText did it for f.
+func (r Rule) Text(f Family) string {
 	if r.rendered != "" && r.renderedFor == f {
 		return r.rendered
 	}
 	return r.Render(f)
 }
 
-// withText is r remembering its rendering for f (r must not change
+// WithText is r remembering its rendering for f (r must not change
 // afterwards).
-func (r Rule) withText(f Family) Rule {
+func (r Rule) WithText(f Family) Rule {
 	r.rendered, r.renderedFor = r.Render(f), f
 	return r
 }
 
-// ifnameLen is IFNAMSIZ: nftables compares interface names as 16 bytes.
-const ifnameLen = 16
+// IfnameLen is IFNAMSIZ: nftables compares interface names as 16 bytes.
+const IfnameLen = 16
 
 func (m Match) render(f Family) string {
 	return string(m.appendRender(nil, f))
@@ -200,6 +216,14 @@ func (m Match) appendRender(b []byte, f Family) []byte {
 		return append(b, "ct state established,related"...)
 	case MatchCtDNAT:
 		return append(b, "ct status dnat"...)
+	case MatchFibLocal:
+		return append(b, "fib daddr type local"...)
+	case MatchAddr:
+		b = append(append(append(append(append(b, f...), ' '), dir(m.In, "saddr", "daddr")...), ' '), neg...)
+		if p, err := netip.ParsePrefix(m.Value); err == nil && p.IsSingleIP() {
+			return p.Addr().AppendTo(b)
+		}
+		return append(b, m.Value...)
 	case MatchIfname:
 		v := m.Value
 		if m.Prefix {
@@ -292,11 +316,19 @@ func (r Rule) Render(f Family) string {
 		b = append(b, " masquerade"...)
 	case Goto:
 		b = append(append(b, " goto "...), r.Target...)
+	case DNAT:
+		b = append(b, " dnat to "...)
+		if f == IPv6 {
+			b = append(r.NATAddr.AppendTo(append(b, '[')), ']')
+		} else {
+			b = r.NATAddr.AppendTo(b)
+		}
+		b = strconv.AppendUint(append(b, ':'), uint64(r.NATPort), 10)
 	case Continue:
 	default:
 		b = append(b, fmt.Sprintf(" <unknown verdict %d>", r.Verdict)...)
 	}
-	if c := clipComment(r.Comment); c != "" {
+	if c := ClipComment(r.Comment); c != "" {
 		b = appendQuote(append(b, " comment "...), c)
 	}
 	return string(b)
@@ -328,7 +360,7 @@ func (c Chain) header() string {
 // canonical order; two tables are equal when their renderings are.
 func (t Table) Render() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "table %s %s\n", t.Family, TableName)
+	fmt.Fprintf(&b, "table %s\n", t.Family)
 	sets := slices.Clone(t.Sets)
 	slices.SortFunc(sets, func(a, b Set) int { return strings.Compare(a.Name, b.Name) })
 	for _, s := range sets {
@@ -411,8 +443,8 @@ func (t Table) RuleCount() int {
 // (NFTNL_UDATA_COMMENT_MAXLEN is 128 with the terminating NUL).
 const maxComment = 127
 
-// clipComment cuts a comment to what the kernel stores, at a rune boundary.
-func clipComment(s string) string {
+// ClipComment cuts a comment to what the kernel stores, at a rune boundary.
+func ClipComment(s string) string {
 	if len(s) <= maxComment {
 		return s
 	}
