@@ -219,6 +219,22 @@ func (s *Store) Ping(ctx context.Context) error {
 	return s.wrap(err)
 }
 
+// Revision is the datastore's current revision (a count-only read): a
+// reader of the syncer's memory that must see every write made so far
+// waits for it (Syncer.WaitRevision).
+func (s *Store) Revision(ctx context.Context) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	s.reads.Add(1)
+	begin := s.seenRevision()
+	resp, err := s.client.Get(ctx, s.abs(FormatKey), clientv3.WithCountOnly())
+	if err != nil {
+		return 0, s.wrap(err)
+	}
+	s.observe(begin, resp.Header.Revision)
+	return resp.Header.Revision, nil
+}
+
 // Get reads one record; ErrNotFound when absent.
 func (s *Store) Get(ctx context.Context, key string) (KV, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)

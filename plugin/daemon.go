@@ -203,7 +203,7 @@ func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
 			d.pol.close()
 		}
 	}
-	d.portsMgr = newPorts(d.cfg, d.store, d.dp, d.nft, d.ident.ID, d.log)
+	d.portsMgr = newPorts(d.cfg, d.store, d.syncer, d.dp, d.nft, d.ident.ID, d.log)
 	var closeBandwidth func()
 	if d.bw, closeBandwidth, err = newBandwidth(d.cfg, d.syncer, d.ident.ID, d.log); err != nil {
 		closePolicy()

@@ -14,8 +14,8 @@ import (
 // newPorts makes the publisher of container ports (package ports) for the
 // host namespace, programming its tables through conn. Its tables are
 // rebuilt from the datastore by startPorts.
-func newPorts(cfg Config, store *datastore.Store, dp *dataplane.Linux, conn *nft.Conn, engineID func() string, log logrus.FieldLogger) *ports.Manager {
-	return ports.NewManager(store, cfg.NodeName, ports.NewTables(conn), dp, ipv6Available(cfg.ProcSys), engineID, log)
+func newPorts(cfg Config, store *datastore.Store, records datastore.Records, dp *dataplane.Linux, conn *nft.Conn, engineID func() string, log logrus.FieldLogger) *ports.Manager {
+	return ports.NewManager(store, records, cfg.NodeName, ports.NewTables(conn), dp, ipv6Available(cfg.ProcSys), engineID, log)
 }
 
 // startPorts rebuilds the published ports' rules now and on every resync

@@ -2,7 +2,6 @@ package ports
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -30,7 +29,10 @@ type Dataplane interface {
 // serialised: one daemon serves one host, so a mutex is what keeps two
 // containers from taking the same host port at once.
 type Manager struct {
-	store *datastore.Store
+	// store takes the manager's writes; records (the datastore syncer) is
+	// what it reads.
+	store   *datastore.Store
+	records datastore.Records
 	node  string
 	nft   *nft.Tables
 	dp    Dataplane
@@ -50,14 +52,14 @@ type Manager struct {
 // endpoints in store; ipv6 adds the ip6 table;
 // engineID (nil: unknown) tells this host's endpoint records from those a
 // host sharing the node name wrote.
-func NewManager(store *datastore.Store, node string, tables *nft.Tables, dp Dataplane, ipv6 bool, engineID func() string, log logrus.FieldLogger) *Manager {
+func NewManager(store *datastore.Store, records datastore.Records, node string, tables *nft.Tables, dp Dataplane, ipv6 bool, engineID func() string, log logrus.FieldLogger) *Manager {
 	if log == nil {
 		log = logrus.StandardLogger()
 	}
 	if engineID == nil {
 		engineID = func() string { return "" }
 	}
-	return &Manager{store: store, node: node, nft: tables, dp: dp, ipv6: ipv6, engineID: engineID, log: log.WithField("component", "ports"), last: lastpass.New("published ports")}
+	return &Manager{store: store, records: records, node: node, nft: tables, dp: dp, ipv6: ipv6, engineID: engineID, log: log.WithField("component", "ports"), last: lastpass.New("published ports")}
 }
 
 type record struct {
@@ -68,27 +70,26 @@ type record struct {
 // load reads this host's endpoint records (not those of another engine
 // under the same node name).
 func (m *Manager) load(ctx context.Context) ([]record, error) {
-	kvs, err := m.store.List(ctx, datastore.EndpointKey(m.node, ""))
+	// The syncer's memory must hold every write so far (the Join's, the
+	// last Publish's): port conflicts are decided on it.
+	rev, err := m.store.Revision(ctx)
+	if err == nil {
+		err = m.records.WaitRevision(ctx, rev)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("reading the endpoints of %s: %w", m.node, err)
 	}
+	recs, _ := m.records.List(datastore.EndpointKey(m.node, ""))
 	engine := m.engineID() // one view of it for the whole list
-	out := make([]record, 0, len(kvs))
-	for _, kv := range kvs {
-		var ep datastore.Endpoint
-		if json.Unmarshal(kv.Value, &ep) == nil && !ep.OfOtherEngine(engine) {
-			out = append(out, record{ep: ep, rev: kv.ModRevision})
+	out := make([]record, 0, len(recs))
+	for _, r := range recs {
+		if w, ok := r.Value.(*datastore.WorkloadEndpoint); ok && !w.OfOtherEngine(engine) {
+			out = append(out, record{ep: w.Endpoint, rev: r.ModRevision})
 		}
 	}
 	return out, nil
 }
 
-func addrOf(cidr string) netip.Addr {
-	if p, err := netip.ParsePrefix(cidr); err == nil {
-		return p.Addr()
-	}
-	return netip.Addr{}
-}
 
 // internalState is what the guard of --internal networks needs: the pools
 // and the host interfaces of joined endpoints of internal networks.
@@ -100,26 +101,14 @@ type internalState struct {
 // loadInternal reads the pools and which networks are --internal.
 func (m *Manager) loadInternal(ctx context.Context, recs []record) (internalState, error) {
 	var st internalState
-	kvs, err := m.store.List(ctx, ipam.PoolsPrefix)
-	if err != nil {
-		return st, fmt.Errorf("reading the pools: %w", err)
+	pools, _ := m.records.List(ipam.PoolsPrefix)
+	for _, p := range datastore.Values[ipam.PoolInfo](pools) {
+		st.pools = append(st.pools, p.Prefix.Masked())
 	}
-	for _, kv := range kvs {
-		var p ipam.Pool
-		if json.Unmarshal(kv.Value, &p) == nil {
-			if pfx, err := netip.ParsePrefix(p.CIDR); err == nil {
-				st.pools = append(st.pools, pfx.Masked())
-			}
-		}
-	}
-	nets, err := m.store.List(ctx, datastore.NetworksPrefix)
-	if err != nil {
-		return st, fmt.Errorf("reading the networks: %w", err)
-	}
+	nets, _ := m.records.List(datastore.NetworksPrefix)
 	internal := map[string]bool{}
-	for _, kv := range nets {
-		var n datastore.Network
-		if json.Unmarshal(kv.Value, &n) == nil && n.Options[OptInternal] == "true" {
+	for _, n := range datastore.Values[datastore.Network](nets) {
+		if n.Options[OptInternal] == "true" {
 			internal[n.ID] = true
 		}
 	}
@@ -138,8 +127,9 @@ func entries(recs []record) []entry {
 		if !r.ep.Joined {
 			continue
 		}
+		v4, v6 := r.ep.Addrs()
 		for _, b := range r.ep.Ports {
-			out = append(out, entry{b: b, endpoint: r.ep.ID, v4: addrOf(r.ep.IPv4), v6: addrOf(r.ep.IPv6)})
+			out = append(out, entry{b: b, endpoint: r.ep.ID, v4: v4, v6: v6})
 		}
 	}
 	return out
@@ -221,9 +211,10 @@ func (m *Manager) Publish(ctx context.Context, endpointID string, reqs []Request
 		if !r.ep.Joined {
 			continue
 		}
+		v4, _ := r.ep.Addrs()
 		for _, b := range r.ep.Ports {
 			taken = append(taken, b)
-			owners = append(owners, fmt.Sprintf("endpoint %s (%s) of this host", dataplane.ShortID(r.ep.ID), addrOf(r.ep.IPv4)))
+			owners = append(owners, fmt.Sprintf("endpoint %s (%s) of this host", dataplane.ShortID(r.ep.ID), v4))
 		}
 	}
 	if self < 0 {

@@ -30,7 +30,7 @@ func TestManagerIgnoresOtherEngines(t *testing.T) {
 		{"ENGINE-A", []string{"legacy", "mine"}},
 		{"", []string{"clone", "legacy", "mine"}}, // engine unknown: no record can be told apart
 	} {
-		mgr := NewManager(m.Store, "n1", nil, nil, false, func() string { return tc.engine }, nil)
+		mgr := NewManager(m.Store, etcdtest.Records(t, m.Store), "n1", nil, nil, false, func() string { return tc.engine }, nil)
 		recs, err := mgr.load(ctx)
 		if err != nil {
 			t.Fatal(err)
