@@ -186,9 +186,7 @@ func (a *Agent) run(ctx context.Context) error {
 		return fmt.Errorf("reading the datastore revision: %w", err)
 	}
 	dirty := make(chan string, 8)
-	for _, prefix := range []string{datastore.NodesPrefix, datastore.BGPPrefix, ipam.PoolsPrefix, datastore.EndpointsPrefix + a.d.NodeName + "/"} {
-		go follow.Prefix(ctx, a.d.Store, prefix, rev, dirty)
-	}
+	gaveUp := follow.Prefixes(ctx, a.d.Store, []string{datastore.NodesPrefix, datastore.BGPPrefix, ipam.PoolsPrefix, datastore.EndpointsPrefix + a.d.NodeName + "/"}, rev, dirty)
 
 	if err := a.startSpeaker(ctx, addr, addr6); err != nil {
 		return err
@@ -196,7 +194,7 @@ func (a *Agent) run(ctx context.Context) error {
 	if err := a.announceInitialState(ctx); err != nil {
 		return fmt.Errorf("announcing the node's routes: %w", err)
 	}
-	return a.reconcileOnChanges(ctx, dirty)
+	return a.reconcileOnChanges(ctx, dirty, gaveUp)
 }
 
 // detectNodeAddress is Config.NodeIP, or else the autodetected address,
@@ -288,8 +286,9 @@ func (p *pendingPass) markDirty(prefix string) {
 
 // reconcileOnChanges runs a pass after every burst of block events,
 // datastore changes and speaker changes, and every ResyncInterval, until
-// ctx ends (its error) or the stream of the node's blocks ends.
-func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) error {
+// ctx ends (its error), the stream of the node's blocks ends or a follower
+// of the datastore gives up (gaveUp).
+func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string, gaveUp <-chan error) error {
 	a.blockEvents = a.d.Blocks.WatchHostBlocks(ctx, a.d.NodeName)
 	ticker := time.NewTicker(a.d.ResyncInterval)
 	defer ticker.Stop()
@@ -307,6 +306,8 @@ func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) err
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case err := <-gaveUp:
+			return err
 		case ev, ok := <-a.blockEvents:
 			onBlock(ev, ok)
 		case prefix := <-dirty:

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/calico-cnm/calico-cnm/internal/follow/followtest"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -58,5 +59,31 @@ func TestAgentRunReturnsItsFailure(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run went on after the block stream ended (its failure unseen)")
+	}
+}
+
+// TestAgentRunReturnsFollowFailure: when the agent can no longer follow
+// the datastore (a watch broke and the revision is refused for good), Run
+// returns that failure instead of going on while it hears of no change.
+func TestAgentRunReturnsFollowFailure(t *testing.T) {
+	store, eng, ctx, cancel, log, _ := newAgentFixtureWithPeer(t)
+	defer cancel()
+	agent, err := NewAgent(Deps{
+		Store: &followtest.Refusing{Store: store, Revisions: 1}, Blocks: eng, Speaker: newFakeSpeaker(),
+		Routes: &syncTable{ft: fakeTable{learned: map[netip.Prefix][]netip.Addr{}}}, NodeName: "a", Log: log,
+		Config: Config{Enabled: true, NodeIP: "10.0.0.1", SyncTimeout: time.Hour},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- agent.Run(ctx) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, followtest.ErrRefused) {
+			t.Fatalf("Run = %v, want %v", err, followtest.ErrRefused)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run went on while it follows the datastore no more")
 	}
 }

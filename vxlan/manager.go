@@ -105,18 +105,22 @@ func (m *Manager) Owns(dst netip.Prefix) bool {
 	return m.desired.Owns(dst)
 }
 
-// Run works until ctx ends.
+// Run works until ctx ends, and returns nil then. It gives up, with the
+// error, when it can no longer follow the datastore (the revision or a
+// watch refused for good): VXLAN would go on unmanaged while the daemon
+// looks fine.
 func (m *Manager) Run(ctx context.Context) error {
 	// The watches follow every change after rev, and every read of the
 	// passes comes after rev was taken: none falls in between.
 	rev, err := follow.Revision(ctx, m.d.Store, m.log)
 	if err != nil {
-		return nil // only when ctx ended
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("reading the datastore revision: %w", err)
 	}
 	dirty := make(chan string, 8)
-	for _, prefix := range []string{datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix} {
-		go follow.Prefix(ctx, m.d.Store, prefix, rev, dirty)
-	}
+	gaveUp := follow.Prefixes(ctx, m.d.Store, []string{datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix}, rev, dirty)
 	ticker := time.NewTicker(m.d.ResyncInterval)
 	defer ticker.Stop()
 	for {
@@ -128,22 +132,26 @@ func (m *Manager) Run(ctx context.Context) error {
 		if err != nil {
 			m.log.WithError(err).Warn("VXLAN sync failed; retrying at the next change or resync")
 		}
-		cause, ok := m.waitForChange(ctx, dirty, ticker.C)
-		if !ok {
+		cause, err := m.waitForChange(ctx, dirty, gaveUp, ticker.C)
+		if ctx.Err() != nil {
 			return nil
+		}
+		if err != nil {
+			return err
 		}
 		m.log.WithField("cause", cause).Debug("VXLAN pass")
 	}
 }
 
 // waitForChange waits for a change that can matter, returning the prefix
-// it came under or "resync" (false when ctx ended), and drains what else
+// it came under or "resync" (an error when ctx ended or a follower of
+// the datastore gave up), and drains what else
 // is queued, so a burst costs one pass. Without a VXLAN pool (once cleaned
 // up) a pass reads only the pools, so only a pool change starts one: block
 // claims, endpoints and nodes anywhere in the cluster are not worth a pass
 // on every node (at 64 nodes claiming at once, those passes' datastore
 // reads slowed the claims themselves).
-func (m *Manager) waitForChange(ctx context.Context, dirty <-chan string, resync <-chan time.Time) (string, bool) {
+func (m *Manager) waitForChange(ctx context.Context, dirty <-chan string, gaveUp <-chan error, resync <-chan time.Time) (string, error) {
 	matters := func(prefix string) bool {
 		return !m.clean || prefix == ipam.PoolsPrefix
 	}
@@ -151,7 +159,9 @@ func (m *Manager) waitForChange(ctx context.Context, dirty <-chan string, resync
 	for cause == "" {
 		select {
 		case <-ctx.Done():
-			return "", false
+			return "", ctx.Err()
+		case err := <-gaveUp:
+			return "", err
 		case prefix := <-dirty:
 			if matters(prefix) {
 				cause = prefix
@@ -164,7 +174,7 @@ func (m *Manager) waitForChange(ctx context.Context, dirty <-chan string, resync
 		select {
 		case <-dirty:
 		default:
-			return cause, true
+			return cause, nil
 		}
 	}
 }

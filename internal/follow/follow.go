@@ -7,6 +7,7 @@ package follow
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -62,8 +63,10 @@ func currentRevision(ctx context.Context, store Store) (int64, error) {
 // revision fromRev: the caller takes fromRev before it first reads what
 // prefix holds, so every change its read may have missed is signalled.
 // After a break it takes a new revision, watches from there and signals
-// once (whatever changed during the break is in the next read).
-func Prefix(ctx context.Context, store Store, prefix string, fromRev int64, dirty chan<- string) {
+// once (whatever changed during the break is in the next read). It
+// returns nil when ctx ends, and gives up (the error) only when the store
+// refuses a new revision for good (retry.Permanent).
+func Prefix(ctx context.Context, store Store, prefix string, fromRev int64, dirty chan<- string) error {
 	signal := func() bool {
 		select {
 		case dirty <- prefix:
@@ -81,20 +84,39 @@ func Prefix(ctx context.Context, store Store, prefix string, fromRev int64, dirt
 			}
 			backoff.Reset()
 			if !signal() {
-				return
+				return nil
 			}
 		}
 		for {
 			if !backoff.Wait(ctx) {
-				return
+				return nil
 			}
 			var err error
 			if rev, err = currentRevision(ctx, store); err == nil {
 				break
 			}
+			if retry.IsPermanent(err) && ctx.Err() == nil {
+				return fmt.Errorf("following %s: %w", prefix, err)
+			}
 		}
 		if !signal() {
-			return
+			return nil
 		}
 	}
+	return nil
+}
+
+// Prefixes follows each of prefixes (Prefix) from fromRev into dirty. The
+// channel returned yields the error of a follower that gave up: its
+// caller no longer hears of changes there and must not go on as if it did.
+func Prefixes(ctx context.Context, store Store, prefixes []string, fromRev int64, dirty chan<- string) <-chan error {
+	gaveUp := make(chan error, len(prefixes))
+	for _, prefix := range prefixes {
+		go func() {
+			if err := Prefix(ctx, store, prefix, fromRev, dirty); err != nil {
+				gaveUp <- err
+			}
+		}()
+	}
+	return gaveUp
 }
