@@ -159,7 +159,8 @@ func (a *Agent) retry(ctx context.Context, what string, fn func(ctx context.Cont
 
 // Run works until ctx ends, and returns nil then. The start-up steps
 // retry until they work; an error means the agent gave up (the stream of
-// the node's blocks ended) and routes are programmed no more.
+// the node's blocks ended, or it can no longer follow the datastore) and
+// routes are programmed no more.
 func (a *Agent) Run(ctx context.Context) error {
 	err := a.run(ctx)
 	if ctx.Err() != nil {

@@ -39,7 +39,8 @@ type Store interface {
 // change after it.
 
 // Revision is the datastore's current revision, retried until it is
-// read; an error only when ctx ends.
+// read; an error only when ctx ends or the store refuses for good
+// (retry.Permanent).
 func Revision(ctx context.Context, store Store, log logrus.FieldLogger) (int64, error) {
 	var rev int64
 	err := retry.Until(ctx, retry.Standard(), 0, func(ctx context.Context) error {
