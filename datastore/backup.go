@@ -238,4 +238,3 @@ func (s *Store) rawTxn(ctx context.Context, ops []clientv3.Op) error {
 	_, err := s.client.Txn(ctx).Then(ops...).Commit()
 	return s.wrap(err)
 }
-

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -103,6 +104,8 @@ type Syncer struct {
 	// lists counts the lists the syncer made (tests: nothing lists at
 	// idle but the resync).
 	lists int64
+	// stopped: Run returned; a new subscription ends at once.
+	stopped bool
 }
 
 // NewSyncer makes a syncer of the given kinds over store.
@@ -158,10 +161,16 @@ func (s *Syncer) decode(k *Kind, key string, raw []byte, rev int64) *Synced {
 	return r
 }
 
+// ErrSyncerStopped: the syncer's Run returned, so its subscriptions hear
+// of no change any more.
+var ErrSyncerStopped = errors.New("the datastore syncer stopped")
+
 // Run follows the datastore until ctx ends: it returns ctx's error then,
 // and never gives up before (a datastore that does not answer is retried
-// with backoff and reported by Health).
+// with backoff). When it returns, every subscription ends with
+// ErrSyncerStopped.
 func (s *Syncer) Run(ctx context.Context) error {
+	defer s.stop()
 	backoff := retry.New(retry.Standard())
 	for ctx.Err() == nil {
 		rev, err := s.list(ctx)
@@ -187,6 +196,19 @@ func (s *Syncer) Run(ctx context.Context) error {
 		}
 	}
 	return ctx.Err()
+}
+
+// stop ends every subscription (Next returns ErrSyncerStopped).
+func (s *Syncer) stop() {
+	s.mu.Lock()
+	s.stopped = true
+	subs := slices.Clone(s.subs)
+	close(s.advanced) // WaitRevision gives up
+	s.advanced = make(chan struct{})
+	s.mu.Unlock()
+	for _, sub := range subs {
+		sub.end()
+	}
 }
 
 // errResyncDue ends a healthy watch at the resync period: the syncer lists
@@ -352,10 +374,13 @@ func (s *Syncer) Lists() int64 {
 func (s *Syncer) WaitRevision(ctx context.Context, rev int64) error {
 	for {
 		s.mu.Lock()
-		done, ch := s.rev >= rev, s.advanced
+		done, ch, stopped := s.rev >= rev, s.advanced, s.stopped
 		s.mu.Unlock()
 		if done {
 			return nil
+		}
+		if stopped {
+			return fmt.Errorf("waiting for datastore revision %d: %w", rev, ErrSyncerStopped)
 		}
 		select {
 		case <-ch:
@@ -393,7 +418,7 @@ func (s *Syncer) List(prefix string) ([]*Synced, int64) {
 // (each within one of the syncer's kinds). Its first batch holds the
 // records the syncer has already read; it ends with ctx.
 func (s *Syncer) Subscribe(ctx context.Context, name string, prefixes ...string) *Subscription {
-	sub := &Subscription{name: name, prefixes: prefixes, ready: make(chan struct{}, 1), pending: map[string]Change{}}
+	sub := &Subscription{name: name, prefixes: prefixes, ready: make(chan struct{}, 1), ended: make(chan struct{}), pending: map[string]Change{}}
 	s.mu.Lock()
 	var initial []Change
 	for k, r := range s.records {
@@ -405,7 +430,11 @@ func (s *Syncer) Subscribe(ctx context.Context, name string, prefixes ...string)
 		sub.offer(initial, s.rev, s.inSync)
 	}
 	s.subs = append(s.subs, sub)
+	stopped := s.stopped
 	s.mu.Unlock()
+	if stopped {
+		sub.end()
+	}
 	go func() {
 		<-ctx.Done()
 		s.mu.Lock()
@@ -427,6 +456,9 @@ type Subscription struct {
 	name     string
 	prefixes []string
 	ready    chan struct{}
+	// ended is closed when the syncer stops.
+	ended   chan struct{}
+	endOnce sync.Once
 
 	mu      sync.Mutex
 	pending map[string]Change
@@ -496,13 +528,26 @@ func (sub *Subscription) Take() Batch {
 	return b
 }
 
-// Next waits for the next batch, or for ctx to end.
+func (sub *Subscription) end() { sub.endOnce.Do(func() { close(sub.ended) }) }
+
+// Ended is closed when the syncer stopped: no batch comes any more.
+func (sub *Subscription) Ended() <-chan struct{} { return sub.ended }
+
+// Next waits for the next batch; an error when ctx ends or the syncer
+// stopped (ErrSyncerStopped) with nothing left to take.
 func (sub *Subscription) Next(ctx context.Context) (Batch, error) {
 	select {
 	case <-sub.ready:
 		return sub.Take(), nil
 	case <-ctx.Done():
 		return Batch{}, ctx.Err()
+	case <-sub.ended:
+		select {
+		case <-sub.ready:
+			return sub.Take(), nil
+		default:
+			return Batch{}, ErrSyncerStopped
+		}
 	}
 }
 

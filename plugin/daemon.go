@@ -22,6 +22,8 @@ import (
 	"github.com/calico-cnm/calico-cnm/nft"
 	"github.com/calico-cnm/calico-cnm/ports"
 	"github.com/calico-cnm/calico-cnm/reconcile"
+	"github.com/calico-cnm/calico-cnm/vxlan"
+	"github.com/calico-cnm/calico-cnm/wireguard"
 )
 
 // Run is `calico-cnm serve`: it opens the datastore, serves both plugin APIs
@@ -93,8 +95,8 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger) error {
 	d.serveMetrics()
 	d.startLoops(socketPaths, alive, lease)
 
-	defer startVXLAN(d.sup, cfg, d.vx, d.log)()
-	defer startWireGuard(d.sup, cfg, d.wgd)()
+	defer d.vx.start(d.sup)()
+	defer d.wgd.start(d.sup)()
 	closeRouting, err := startRouting(d.sup, cfg, d.store, d.syncer, d.engine, d.vx.mgr, d.metrics.Routing, d.health, d.log)
 	if err != nil {
 		_ = d.sup.Stop()
@@ -123,8 +125,8 @@ type daemon struct {
 	engine *ipam.Engine
 	dp     *dataplane.Linux
 
-	vx       *vxlanRunner
-	wgd      *wgRunner
+	vx       *tunnel[*vxlan.Manager]
+	wgd      *tunnel[*wireguard.Manager]
 	pol      *policyRunner
 	portsMgr *ports.Manager
 	// nft is the one writer of every nftables table of the host's

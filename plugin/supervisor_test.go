@@ -127,3 +127,53 @@ func TestSupervisor(t *testing.T) {
 		})
 	}
 }
+
+// TestTunnelUnderSupervisor: a tunnel manager (VXLAN, WireGuard) whose Run
+// gives up stops the daemon with that error; its socket failing only turns
+// /healthz red.
+func TestTunnelUnderSupervisor(t *testing.T) {
+	errGaveUp := errors.New("following /calico/nodes/: datastore refused")
+	untilStopped := func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+	fails := func(context.Context) error { return errGaveUp }
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+
+	t.Run("manager gives up", func(t *testing.T) {
+		sup := newSupervisor(context.Background(), log)
+		released := false
+		tun := &tunnel[struct{}]{name: "VXLAN", run: fails, release: func() { released = true }}
+		release := tun.start(sup)
+		select {
+		case <-sup.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("a tunnel manager that gave up did not stop the daemon")
+		}
+		if err := sup.Stop(); !errors.Is(err, errGaveUp) || !strings.Contains(err.Error(), "VXLAN") {
+			t.Errorf("Stop = %v, want %v naming VXLAN", err, errGaveUp)
+		}
+		release()
+		if !released {
+			t.Error("start's release did not release the tunnel")
+		}
+	})
+	t.Run("socket fails", func(t *testing.T) {
+		sup := newSupervisor(context.Background(), log)
+		tun := &tunnel[struct{}]{name: "WireGuard", run: untilStopped, socketName: "WireGuard socket", socket: fails, release: func() {}}
+		defer tun.start(sup)()
+		deadline := time.Now().Add(10 * time.Second)
+		for sup.Health() == nil && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if err := sup.Health(); err == nil || !strings.Contains(err.Error(), "WireGuard socket") {
+			t.Fatalf("Health = %v, want the socket's failure", err)
+		}
+		select {
+		case <-sup.Done():
+			t.Error("a failing tunnel socket stopped the daemon")
+		default:
+		}
+		if err := sup.Stop(); err != nil {
+			t.Errorf("Stop = %v, want nil", err)
+		}
+	})
+}

@@ -161,7 +161,8 @@ func (a *Agent) retry(ctx context.Context, what string, fn func(ctx context.Cont
 
 // Run works until ctx ends, and returns nil then. The start-up steps
 // retry until they work; an error means the agent gave up (the stream of
-// the node's blocks ended) and routes are programmed no more.
+// the node's blocks ended, or it can no longer follow the datastore) and
+// routes are programmed no more.
 func (a *Agent) Run(ctx context.Context) error {
 	err := a.run(ctx)
 	if ctx.Err() != nil {
@@ -184,7 +185,7 @@ func (a *Agent) run(ctx context.Context) error {
 	// syncer's memory) miss nothing: a node that registers while this one
 	// starts is either in the first read of the nodes or signalled.
 	dirty := make(chan string, 8)
-	go follow.Prefixes(ctx, a.d.Records, "bgp", []string{datastore.NodesPrefix, datastore.BGPPrefix, ipam.PoolsPrefix, datastore.EndpointsPrefix + a.d.NodeName + "/"}, dirty)
+	gaveUp := follow.Prefixes(ctx, a.d.Records, "bgp", []string{datastore.NodesPrefix, datastore.BGPPrefix, ipam.PoolsPrefix, datastore.EndpointsPrefix + a.d.NodeName + "/"}, dirty)
 
 	if err := a.startSpeaker(ctx, addr, addr6); err != nil {
 		return err
@@ -192,7 +193,7 @@ func (a *Agent) run(ctx context.Context) error {
 	if err := a.announceInitialState(ctx); err != nil {
 		return fmt.Errorf("announcing the node's routes: %w", err)
 	}
-	return a.reconcileOnChanges(ctx, dirty)
+	return a.reconcileOnChanges(ctx, dirty, gaveUp)
 }
 
 // detectNodeAddress is Config.NodeIP, or else the autodetected address,
@@ -284,8 +285,9 @@ func (p *pendingPass) markDirty(prefix string) {
 
 // reconcileOnChanges runs a pass after every burst of block events,
 // datastore changes and speaker changes, and every ResyncInterval, until
-// ctx ends (its error) or the stream of the node's blocks ends.
-func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) error {
+// ctx ends (its error), the stream of the node's blocks ends or a follower
+// of the datastore gives up (gaveUp).
+func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string, gaveUp <-chan error) error {
 	a.blockEvents = a.d.Blocks.WatchHostBlocks(ctx, a.d.NodeName)
 	ticker := time.NewTicker(a.d.ResyncInterval)
 	defer ticker.Stop()
@@ -303,6 +305,8 @@ func (a *Agent) reconcileOnChanges(ctx context.Context, dirty <-chan string) err
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case err := <-gaveUp:
+			return err
 		case ev, ok := <-a.blockEvents:
 			onBlock(ev, ok)
 		case prefix := <-dirty:

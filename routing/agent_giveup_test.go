@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/follow/followtest"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -58,5 +60,41 @@ func TestAgentRunReturnsItsFailure(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run went on after the block stream ended (its failure unseen)")
+	}
+}
+
+// TestAgentRunReturnsFollowFailure: when the agent can no longer follow
+// the datastore (its syncer stopped), Run returns that failure instead of
+// going on while it hears of no change.
+func TestAgentRunReturnsFollowFailure(t *testing.T) {
+	store, eng, ctx, cancel, log, _ := newAgentFixtureWithPeer(t)
+	defer cancel()
+	records, stop := followtest.Stoppable(t, store)
+	sp := newFakeSpeaker()
+	agent, err := NewAgent(Deps{
+		Store: store, Records: records, Blocks: eng, Speaker: sp,
+		Routes: &syncTable{ft: fakeTable{learned: map[netip.Prefix][]netip.Addr{}}}, NodeName: "a", Log: log,
+		Config: Config{Enabled: true, NodeIP: "10.0.0.1", SyncTimeout: time.Hour},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- agent.Run(ctx) }()
+	eventually(t, "a session to b", func() error {
+		peers, _ := sp.snapshot()
+		if _, ok := peers[addr("10.0.0.2")]; !ok {
+			return errors.New("no session to b yet")
+		}
+		return nil
+	})
+	stop()
+	select {
+	case err := <-done:
+		if !errors.Is(err, datastore.ErrSyncerStopped) {
+			t.Fatalf("Run = %v, want %v", err, datastore.ErrSyncerStopped)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run went on while it follows the datastore no more")
 	}
 }

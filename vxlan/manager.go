@@ -106,12 +106,15 @@ func (m *Manager) Owns(dst netip.Prefix) bool {
 	return m.desired.Owns(dst)
 }
 
-// Run works until ctx ends.
+// Run works until ctx ends, and returns nil then. It gives up, with the
+// error, when it can no longer follow the datastore (the revision or a
+// watch refused for good): VXLAN would go on unmanaged while the daemon
+// looks fine.
 func (m *Manager) Run(ctx context.Context) error {
 	// The subscription starts with what the syncer holds and then has
 	// every change; the passes read the syncer's memory.
 	dirty := make(chan string, 8)
-	go follow.Prefixes(ctx, m.d.Records, "vxlan", []string{datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix}, dirty)
+	gaveUp := follow.Prefixes(ctx, m.d.Records, "vxlan", []string{datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix}, dirty)
 	ticker := time.NewTicker(m.d.ResyncInterval)
 	defer ticker.Stop()
 	for {
@@ -123,22 +126,26 @@ func (m *Manager) Run(ctx context.Context) error {
 		if err != nil {
 			m.log.WithError(err).Warn("VXLAN sync failed; retrying at the next change or resync")
 		}
-		cause, ok := m.waitForChange(ctx, dirty, ticker.C)
-		if !ok {
+		cause, err := m.waitForChange(ctx, dirty, gaveUp, ticker.C)
+		if ctx.Err() != nil {
 			return nil
+		}
+		if err != nil {
+			return err
 		}
 		m.log.WithField("cause", cause).Debug("VXLAN pass")
 	}
 }
 
 // waitForChange waits for a change that can matter, returning the prefix
-// it came under or "resync" (false when ctx ended), and drains what else
+// it came under or "resync" (an error when ctx ended or a follower of
+// the datastore gave up), and drains what else
 // is queued, so a burst costs one pass. Without a VXLAN pool (once cleaned
 // up) a pass reads only the pools, so only a pool change starts one: block
 // claims, endpoints and nodes anywhere in the cluster are not worth a pass
 // on every node (at 64 nodes claiming at once, those passes' datastore
 // reads slowed the claims themselves).
-func (m *Manager) waitForChange(ctx context.Context, dirty <-chan string, resync <-chan time.Time) (string, bool) {
+func (m *Manager) waitForChange(ctx context.Context, dirty <-chan string, gaveUp <-chan error, resync <-chan time.Time) (string, error) {
 	matters := func(prefix string) bool {
 		return !m.clean || prefix == ipam.PoolsPrefix
 	}
@@ -146,7 +153,9 @@ func (m *Manager) waitForChange(ctx context.Context, dirty <-chan string, resync
 	for cause == "" {
 		select {
 		case <-ctx.Done():
-			return "", false
+			return "", ctx.Err()
+		case err := <-gaveUp:
+			return "", err
 		case prefix := <-dirty:
 			if matters(prefix) {
 				cause = prefix
@@ -159,7 +168,7 @@ func (m *Manager) waitForChange(ctx context.Context, dirty <-chan string, resync
 		select {
 		case <-dirty:
 		default:
-			return cause, true
+			return cause, nil
 		}
 	}
 }

@@ -321,9 +321,9 @@ func TestVXLANManagerIgnoresChurnWithoutVXLAN(t *testing.T) {
 		dirty <- datastore.EndpointsPrefix
 		dirty <- datastore.NodesPrefix
 		dirty <- ipam.PoolsPrefix
-		cause, ok := m.waitForChange(context.Background(), dirty, nil)
-		if !ok || cause != tc.want {
-			t.Errorf("clean=%v: pass caused by %q (%v), want %q", tc.clean, cause, ok, tc.want)
+		cause, err := m.waitForChange(context.Background(), dirty, nil, nil)
+		if err != nil || cause != tc.want {
+			t.Errorf("clean=%v: pass caused by %q (%v), want %q", tc.clean, cause, err, tc.want)
 		}
 		if len(dirty) != 0 {
 			t.Errorf("clean=%v: %d changes left queued, want all drained into the one pass", tc.clean, len(dirty))

@@ -130,12 +130,15 @@ func NewManager(d Deps) (*Manager, error) {
 // Health is nil unless the last pass failed (/healthz).
 func (m *Manager) Health() error { return m.last.Err() }
 
-// Run works until ctx ends. The device stays when it returns (a
-// userspace device persists without its process: packets to it wait
-// dropped, never in clear, until the next daemon attaches).
+// Run works until ctx ends, and returns nil then. It gives up, with the
+// error, when it can no longer follow the datastore (the revision or a
+// watch refused for good): peers would go stale while the daemon looks
+// fine. The device stays when it returns (a userspace device persists
+// without its process: packets to it wait dropped, never in clear, until
+// the next daemon attaches).
 func (m *Manager) Run(ctx context.Context) error {
 	dirty := make(chan string, 8)
-	go follow.Prefixes(ctx, m.d.Records, "wireguard", []string{datastore.ClusterConfigKey, datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix}, dirty)
+	gaveUp := follow.Prefixes(ctx, m.d.Records, "wireguard", []string{datastore.ClusterConfigKey, datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix}, dirty)
 	ticker := time.NewTicker(m.d.ResyncInterval)
 	defer ticker.Stop()
 	for {
@@ -150,6 +153,8 @@ func (m *Manager) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case err := <-gaveUp:
+			return err
 		case <-dirty:
 		case <-ticker.C:
 		case reply := <-m.rotate:

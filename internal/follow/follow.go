@@ -6,6 +6,7 @@ package follow
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
@@ -24,30 +25,41 @@ type Store interface {
 // Prefixes signals dirty with each of the prefixes a batch of the
 // syncer's changes touched, once per batch, until ctx ends. The first
 // batch (what the datastore held when the subscription began) signals
-// every prefix, so the consumer's first pass reads it all.
-func Prefixes(ctx context.Context, records datastore.Records, name string, prefixes []string, dirty chan<- string) {
+// every prefix, so the consumer's first pass reads it all. The channel
+// returned yields an error if the syncer stops while ctx is live: the
+// caller hears of no change any more and must not go on as if it did.
+func Prefixes(ctx context.Context, records datastore.Records, name string, prefixes []string, dirty chan<- string) <-chan error {
+	gaveUp := make(chan error, 1)
 	sub := records.Subscribe(ctx, name, prefixes...)
-	for first := true; ; first = false {
-		b, err := sub.Next(ctx)
-		if err != nil {
-			return
-		}
-		for _, p := range prefixes {
-			touched := first
-			for _, c := range b.Changes {
-				if touched {
-					break
+	go func() {
+		for first := true; ; first = false {
+			b, err := sub.Next(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					gaveUp <- fmt.Errorf("following %s: %w", strings.Join(prefixes, ", "), err)
 				}
-				touched = strings.HasPrefix(c.Key, p)
-			}
-			if !touched {
-				continue
-			}
-			select {
-			case dirty <- p:
-			case <-ctx.Done():
 				return
 			}
+			for _, p := range prefixes {
+				if !first && !touches(b, p) {
+					continue
+				}
+				select {
+				case dirty <- p:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return gaveUp
+}
+
+func touches(b datastore.Batch, prefix string) bool {
+	for _, c := range b.Changes {
+		if strings.HasPrefix(c.Key, prefix) {
+			return true
 		}
 	}
+	return false
 }

@@ -6,6 +6,7 @@ package retry
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	cb "github.com/cenkalti/backoff/v5"
@@ -77,3 +78,10 @@ func Until(ctx context.Context, p Policy, maxTries uint, fn func(ctx context.Con
 
 // Permanent marks err as not worth retrying: Until returns it at once.
 func Permanent(err error) error { return cb.Permanent(err) }
+
+// IsPermanent says whether err was marked Permanent, for a loop that
+// retries without Until.
+func IsPermanent(err error) bool {
+	var p *cb.PermanentError
+	return errors.As(err, &p)
+}
