@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -55,4 +56,83 @@ func TestNothingPointsOutsideTheRepository(t *testing.T) {
 	if checked < 50 {
 		t.Fatalf("checked only %d files: is the walk broken?", checked)
 	}
+}
+
+// TestArchitectureNamesEveryPackage: docs/architecture.md's package map
+// names every Go package of the repository, and only directories that are
+// one, so the map cannot fall behind a package added, moved or removed.
+func TestArchitectureNamesEveryPackage(t *testing.T) {
+	root := moduleRoot(t)
+	doc, err := os.ReadFile(filepath.Join(root, "docs", "architecture.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := packageMap(t, string(doc))
+
+	var pkgs []string
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != root && (name == "testdata" || name == "vendor" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_")) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		rel, err := filepath.Rel(root, filepath.Dir(path))
+		if err != nil {
+			return err
+		}
+		if dir := filepath.ToSlash(rel) + "/"; !slices.Contains(pkgs, dir) {
+			pkgs = append(pkgs, dir)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pkgs {
+		if !slices.Contains(named, p) {
+			t.Errorf("package %s is not in docs/architecture.md's package map", p)
+		}
+	}
+	for _, n := range named {
+		if !slices.Contains(pkgs, n) {
+			t.Errorf("docs/architecture.md's package map names %s, which holds no Go package", n)
+		}
+	}
+}
+
+// packageMap is the directories listed under "## Package map": the first
+// word of each indented line.
+func packageMap(t *testing.T, doc string) []string {
+	t.Helper()
+	_, section, ok := strings.Cut(doc, "\n## Package map\n")
+	if !ok {
+		t.Fatal(`docs/architecture.md has no "## Package map" section`)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	var dirs []string
+	for _, line := range strings.Split(section, "\n") {
+		if !strings.HasPrefix(line, "    ") {
+			continue
+		}
+		dir := strings.Fields(line)[0]
+		if !strings.HasSuffix(dir, "/") {
+			t.Errorf("package map line does not start with a directory: %q", line)
+			continue
+		}
+		if slices.Contains(dirs, dir) {
+			t.Errorf("package map names %s twice", dir)
+		}
+		dirs = append(dirs, dir)
+	}
+	if len(dirs) < 10 {
+		t.Fatalf("found only %d directories in the package map: is the parse broken?", len(dirs))
+	}
+	return dirs
 }
