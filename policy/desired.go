@@ -228,13 +228,29 @@ type localEndpoint struct {
 // option value, an unparsable address) do not stop the rest; they are
 // returned as warnings, and the record gets the safe default (isolated).
 func Desired(st State) (Ruleset, []string) {
-	networks := make(map[string]datastore.Network, len(st.Networks))
-	for _, n := range st.Networks {
+	networks := networksByID(st.Networks)
+	members, locals, warnings := splitEndpoints(st, networks)
+	rs, more := desiredFrom(st, locals, func(key string, f Family) []string { return addrElements(members[key][f]) })
+	return rs, append(warnings, more...)
+}
+
+// networksByID indexes the network records.
+func networksByID(ns []datastore.Network) map[string]datastore.Network {
+	networks := make(map[string]datastore.Network, len(ns))
+	for _, n := range ns {
 		networks[n.ID] = n
 	}
-	members, locals, warnings := splitEndpoints(st, networks)
-	pools, natPools, poolWarnings := poolPrefixes(st.Pools)
-	warnings = append(warnings, poolWarnings...)
+	return networks
+}
+
+// desiredFrom is Desired once the endpoint records are read: locals are
+// this host's endpoints that get rules (sorted by interface name) and
+// memberElems gives a logical network's member set elements. Only the
+// policy plan reads st.Endpoints, for the joined ones: the incremental
+// calculation (calc.go) hands it those alone, and the rest from its own
+// indexes.
+func desiredFrom(st State, locals []localEndpoint, memberElems func(key string, f Family) []string) (Ruleset, []string) {
+	pools, natPools, warnings := poolPrefixes(st.Pools)
 	hosts, hostWarnings := hostAddrs(st.Nodes)
 	warnings = append(warnings, hostWarnings...)
 	vteps, vtepWarnings := vtepAddrs(st.Nodes)
@@ -250,7 +266,7 @@ func Desired(st State) (Ruleset, []string) {
 	}
 	var rs Ruleset
 	for _, f := range families {
-		t := desiredTable(f, locals, members, pools[f], natPools[f], hosts[f], vteps[f], plan, heps, st.Failsafe, clusterOf(st))
+		t := desiredTable(f, locals, memberElems, pools[f], natPools[f], hosts[f], vteps[f], plan, heps, st.Failsafe, clusterOf(st))
 		rs.Tables = append(rs.Tables, t)
 	}
 	rs.Tables[0].Chains = append(rs.Tables[0].Chains, vxlanChains(st.Pools)...) // IPv4 only, as VXLAN
@@ -410,7 +426,7 @@ func familyOf(a netip.Addr) Family {
 	return IPv6
 }
 
-func desiredTable(f Family, locals []localEndpoint, members map[string]map[Family][]netip.Addr, pools, natPools []netip.Prefix, hosts, vteps []netip.Addr, plan policyPlan, heps []api.HostEndpoint, fs Failsafe, cl clusterTraffic) Table {
+func desiredTable(f Family, locals []localEndpoint, memberElems func(key string, f Family) []string, pools, natPools []netip.Prefix, hosts, vteps []netip.Addr, plan policyPlan, heps []api.HostEndpoint, fs Failsafe, cl clusterTraffic) Table {
 	pt := newPolicyTable(f, plan)
 	t := Table{Family: f, Sets: fixedSets(locals, pools, natPools, hosts, vteps), Chains: []Chain{natChain()}}
 	forward := forwardChain()
@@ -431,7 +447,7 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 		}
 		if l.policy.Isolated && !netSets[set] {
 			netSets[set] = true
-			t.Sets = append(t.Sets, Set{Name: set, Type: SetAddr, Elements: addrElements(members[l.key][f]), Comment: "members of " + l.key})
+			t.Sets = append(t.Sets, Set{Name: set, Type: SetAddr, Elements: memberElems(l.key, f), Comment: "members of " + l.key})
 		}
 		if netChains[l.network.ID] {
 			continue
