@@ -63,10 +63,8 @@ type incrementalCalc struct {
 	netByID     map[string]datastore.Network
 	netsChanged map[string]bool // network ids whose record changed
 
-	// members: logical network key -> family -> address -> how many
-	// endpoints have it; memberElems caches their set elements.
-	members     map[string]map[Family]map[netip.Addr]int
-	memberElems map[string]map[Family][]string
+	// members: logical network key -> family -> its addresses.
+	members map[string]map[Family]*memberSet
 
 	// claimants: interface name -> keys of the endpoints claiming it; the
 	// smallest key wins, as Desired takes the records in key order.
@@ -136,8 +134,7 @@ func newIncrementalCalc(node string, ipv6 bool, fs Failsafe) *incrementalCalc {
 		byNetwork:    map[string]map[string]bool{},
 		netByID:      map[string]datastore.Network{},
 		netsChanged:  map[string]bool{},
-		members:      map[string]map[Family]map[netip.Addr]int{},
-		memberElems:  map[string]map[Family][]string{},
+		members:      map[string]map[Family]*memberSet{},
 		claimants:    map[string]map[string]bool{},
 		dirtyIf:      map[string]bool{},
 		locals:       map[string]localEndpoint{},
@@ -306,40 +303,53 @@ func (c *incrementalCalc) takeEndpoint(key string) {
 func (c *incrementalCalc) addMembers(ce *calcEndpoint, n int) {
 	m := c.members[ce.netKey]
 	if m == nil {
-		m = map[Family]map[netip.Addr]int{}
+		m = map[Family]*memberSet{}
 		c.members[ce.netKey] = m
 	}
 	for f, a := range ce.addrs {
 		if m[f] == nil {
-			m[f] = map[netip.Addr]int{}
+			m[f] = &memberSet{count: map[netip.Addr]int{}, elems: []string{}}
 		}
-		before := m[f][a]
-		m[f][a] += n
-		if m[f][a] <= 0 {
-			delete(m[f], a)
-		}
-		if (before == 0) != (m[f][a] == 0) {
-			delete(c.memberElems[ce.netKey], f)
-		}
+		m[f].add(a, n)
 	}
 }
 
 // memberElements is a logical network's member set elements, as
 // addrElements gives them.
 func (c *incrementalCalc) memberElements(key string, f Family) []string {
-	if es, ok := c.memberElems[key][f]; ok {
-		return es
+	if ms := c.members[key][f]; ms != nil {
+		return ms.elems
 	}
-	addrs := make([]netip.Addr, 0, len(c.members[key][f]))
-	for a := range c.members[key][f] {
-		addrs = append(addrs, a)
+	return addrElements(nil)
+}
+
+// memberSet is one family's addresses of a logical network: how many
+// endpoints have each, and the distinct ones sorted with their set
+// elements. A change copies the slices (a Ruleset handed out keeps the
+// old ones): a join costs a copy, not a sort and formatting of them all.
+type memberSet struct {
+	count map[netip.Addr]int
+	addrs []netip.Addr
+	elems []string
+}
+
+func (ms *memberSet) add(a netip.Addr, n int) {
+	before := ms.count[a]
+	after := before + n
+	if after <= 0 {
+		delete(ms.count, a)
+	} else {
+		ms.count[a] = after
 	}
-	es := addrElements(addrs)
-	if c.memberElems[key] == nil {
-		c.memberElems[key] = map[Family][]string{}
+	i, found := slices.BinarySearchFunc(ms.addrs, a, netip.Addr.Compare)
+	switch {
+	case before == 0 && after > 0 && !found:
+		ms.addrs = slices.Insert(slices.Clone(ms.addrs), i, a)
+		ms.elems = slices.Insert(slices.Clone(ms.elems), i, a.String())
+	case before > 0 && after <= 0 && found:
+		ms.addrs = slices.Delete(slices.Clone(ms.addrs), i, i+1)
+		ms.elems = slices.Delete(slices.Clone(ms.elems), i, i+1)
 	}
-	c.memberElems[key][f] = es
-	return es
 }
 
 // takeIfname decides which claimant of an interface name gets its rules.

@@ -80,3 +80,44 @@ func programmed(tb testing.TB, rs Ruleset) Ruleset {
 	}
 	return out
 }
+
+// BenchmarkCalculatorJoin is BenchmarkDesiredJoin through the incremental
+// Calculator: one endpoint's record changes (it joins, then leaves, in
+// turn) and the tables are computed and diffed against the previous ones.
+func BenchmarkCalculatorJoin(b *testing.B) {
+	for _, n := range []int{0, 50} {
+		b.Run(fmt.Sprintf("policies=%d", n), func(b *testing.B) {
+			st := scaleState(b, n)
+			c := newIncrementalCalc(st.Node, st.IPv6, st.Failsafe)
+			for i, p := range st.Pools {
+				c.OnUpdate(fmt.Sprintf("pools/%d", i), p)
+			}
+			for _, nw := range st.Networks {
+				c.OnUpdate(datastore.NetworkKey(nw.ID), nw)
+			}
+			for _, nd := range st.Nodes {
+				c.OnUpdate(datastore.NodesPrefix+nd.Name, nd)
+			}
+			for _, p := range st.Policies {
+				c.OnUpdate(api.PolicyKey(p.Metadata.Name), p)
+			}
+			for _, e := range st.Endpoints {
+				c.OnUpdate(datastore.EndpointKey(e.Node, e.ID), e)
+			}
+			last := st.Endpoints[len(st.Endpoints)-1]
+			key := datastore.EndpointKey(last.Node, last.ID)
+			prev, _ := c.CompleteDeferredWork()
+			cur := programmed(b, prev)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				e := last
+				e.Joined = i%2 == 1
+				c.OnUpdate(key, e)
+				want, _ := c.CompleteDeferredWork()
+				if ops := Diff(cur, want); len(ops) == 0 && i%2 == 0 {
+					b.Fatal("no change")
+				}
+			}
+		})
+	}
+}
