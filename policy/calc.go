@@ -55,11 +55,12 @@ type incrementalCalc struct {
 	// unreadable: records that do not decode, by key, with the warning.
 	unreadable map[string]string
 
-	endpoints   map[string]datastore.Endpoint // the decoded records, by key
-	computed    map[string]*calcEndpoint      // what was taken into the indexes, by key
-	dirty       map[string]bool               // endpoint keys to take in again
-	warned      map[string]bool               // endpoint keys with warnings
-	byNetwork   map[string]map[string]bool    // network id -> endpoint keys
+	// dirty: the endpoint keys to take in again, with their new record
+	// (nil: gone, or the one computed holds when only its network changed).
+	dirty       map[string]*datastore.Endpoint
+	computed    map[string]*calcEndpoint   // what was taken into the indexes, by key
+	warned      map[string]bool            // endpoint keys with warnings
+	byNetwork   map[string]map[string]bool // network id -> endpoint keys
 	netByID     map[string]datastore.Network
 	netsChanged map[string]bool // network ids whose record changed
 
@@ -127,9 +128,8 @@ func newIncrementalCalc(node string, ipv6 bool, fs Failsafe) *incrementalCalc {
 	return &incrementalCalc{
 		node: node, ipv6: ipv6, failsafe: fs,
 		unreadable:   map[string]string{},
-		endpoints:    map[string]datastore.Endpoint{},
 		computed:     map[string]*calcEndpoint{},
-		dirty:        map[string]bool{},
+		dirty:        map[string]*datastore.Endpoint{},
 		warned:       map[string]bool{},
 		byNetwork:    map[string]map[string]bool{},
 		netByID:      map[string]datastore.Network{},
@@ -154,11 +154,10 @@ func (c *incrementalCalc) OnUpdate(key string, value any) {
 	switch {
 	case strings.HasPrefix(key, datastore.EndpointsPrefix):
 		if ep, ok := value.(datastore.Endpoint); ok {
-			c.endpoints[key] = ep
+			c.dirty[key] = &ep
 		} else {
-			delete(c.endpoints, key)
+			c.dirty[key] = nil
 		}
-		c.dirty[key] = true
 	case strings.HasPrefix(key, datastore.NetworksPrefix):
 		old, had := c.networks.byKey[key]
 		if had {
@@ -196,7 +195,7 @@ func updateRecord[T any](r *records[T], key string, value any) {
 func (c *incrementalCalc) CompleteDeferredWork() (Ruleset, []string) {
 	c.takeNetworks()
 	for _, key := range sortedKeys(c.dirty) {
-		c.takeEndpoint(key)
+		c.takeEndpoint(key, c.dirty[key])
 	}
 	clear(c.dirty)
 	for _, ifname := range sortedKeys(c.dirtyIf) {
@@ -231,15 +230,18 @@ func (c *incrementalCalc) takeNetworks() {
 	c.netByID = networksByID(c.networks.list())
 	for id := range c.netsChanged {
 		for key := range c.byNetwork[id] {
-			c.dirty[key] = true
+			if _, pending := c.dirty[key]; !pending {
+				ep := c.computed[key].ep
+				c.dirty[key] = &ep
+			}
 		}
 	}
 	clear(c.netsChanged)
 }
 
 // takeEndpoint replaces what the indexes hold of the endpoint at key by
-// what its current record gives.
-func (c *incrementalCalc) takeEndpoint(key string) {
+// what its current record (nil: none) gives.
+func (c *incrementalCalc) takeEndpoint(key string, rec *datastore.Endpoint) {
 	if old := c.computed[key]; old != nil {
 		c.joinedDirty = c.joinedDirty || old.ep.Joined
 		c.addMembers(old, -1)
@@ -256,10 +258,10 @@ func (c *incrementalCalc) takeEndpoint(key string) {
 		delete(c.computed, key)
 		delete(c.warned, key)
 	}
-	ep, ok := c.endpoints[key]
-	if !ok {
+	if rec == nil {
 		return
 	}
+	ep := *rec
 	ce := &calcEndpoint{ep: ep, netKey: "id:" + ep.Network, addrs: map[Family]netip.Addr{}}
 	if n, known := c.netByID[ep.Network]; known {
 		ce.netKey = NetworkKey(n)
