@@ -81,6 +81,9 @@ type incrementalCalc struct {
 	// plan's input); nil when it must be rebuilt.
 	joined      []datastore.Endpoint
 	joinedDirty bool
+
+	// rules keeps policy-selected endpoints' rules between computations.
+	rules ruleMemo
 }
 
 // records is one small kind's decoded records by key, and their list in
@@ -141,6 +144,7 @@ func newIncrementalCalc(node string, ipv6 bool, fs Failsafe) *incrementalCalc {
 		localWarning: map[string]string{},
 		conflicts:    map[string][]string{},
 		joinedDirty:  true,
+		rules:        ruleMemo{},
 	}
 }
 
@@ -213,7 +217,12 @@ func (c *incrementalCalc) CompleteDeferredWork() (Ruleset, []string) {
 	for i, n := range c.ifnames {
 		locals[i] = c.locals[n]
 	}
-	rs, more := desiredFrom(st, locals, c.memberElements)
+	// The memo forgets the endpoints gone (and their old targets) once it
+	// holds far more than the endpoints' rules.
+	if len(c.rules) > 4*len(locals)+64 {
+		clear(c.rules)
+	}
+	rs, more := desiredFrom(st, locals, c.memberElements, c.rules)
 	return rs, append(c.warnings(), more...)
 }
 

@@ -221,6 +221,10 @@ type localEndpoint struct {
 	network datastore.Network // a stand-in with only ID when the record is missing
 	policy  NetworkPolicy
 	key     string
+	// labels is labelsKey of ep.Labels: the policy plan groups the
+	// endpoints by it at every change, and a kept localEndpoint (calc.go)
+	// need not compute it again.
+	labels string
 }
 
 // Desired computes the tables from the datastore state. It is pure: the
@@ -230,7 +234,7 @@ type localEndpoint struct {
 func Desired(st State) (Ruleset, []string) {
 	networks := networksByID(st.Networks)
 	members, locals, warnings := splitEndpoints(st, networks)
-	rs, more := desiredFrom(st, locals, func(key string, f Family) []string { return addrElements(members[key][f]) })
+	rs, more := desiredFrom(st, locals, func(key string, f Family) []string { return addrElements(members[key][f]) }, nil)
 	return rs, append(warnings, more...)
 }
 
@@ -244,12 +248,13 @@ func networksByID(ns []datastore.Network) map[string]datastore.Network {
 }
 
 // desiredFrom is Desired once the endpoint records are read: locals are
-// this host's endpoints that get rules (sorted by interface name) and
-// memberElems gives a logical network's member set elements. Only the
+// this host's endpoints that get rules (sorted by interface name),
+// memberElems gives a logical network's member set elements and memo
+// (nil: none) keeps rules from one computation to the next. Only the
 // policy plan reads st.Endpoints, for the joined ones: the incremental
 // calculation (calc.go) hands it those alone, and the rest from its own
 // indexes.
-func desiredFrom(st State, locals []localEndpoint, memberElems func(key string, f Family) []string) (Ruleset, []string) {
+func desiredFrom(st State, locals []localEndpoint, memberElems func(key string, f Family) []string, memo ruleMemo) (Ruleset, []string) {
 	pools, natPools, warnings := poolPrefixes(st.Pools)
 	hosts, hostWarnings := hostAddrs(st.Nodes)
 	warnings = append(warnings, hostWarnings...)
@@ -266,7 +271,7 @@ func desiredFrom(st State, locals []localEndpoint, memberElems func(key string, 
 	}
 	var rs Ruleset
 	for _, f := range families {
-		t := desiredTable(f, locals, memberElems, pools[f], natPools[f], hosts[f], vteps[f], plan, heps, st.Failsafe, clusterOf(st))
+		t := desiredTable(f, locals, memberElems, memo, pools[f], natPools[f], hosts[f], vteps[f], plan, heps, st.Failsafe, clusterOf(st))
 		rs.Tables = append(rs.Tables, t)
 	}
 	rs.Tables[0].Chains = append(rs.Tables[0].Chains, vxlanChains(st.Pools)...) // IPv4 only, as VXLAN
@@ -356,7 +361,7 @@ func newLocalEndpoint(ep datastore.Endpoint, key string, networks map[string]dat
 	if err != nil {
 		warning = fmt.Sprintf("network %s: %v; applying the defaults (isolated, ingress from the cluster)", shortID(n.ID), err)
 	}
-	return localEndpoint{ep: ep, network: n, policy: pol, key: key}, true, warning
+	return localEndpoint{ep: ep, network: n, policy: pol, key: key, labels: labelsKey(ep.Labels)}, true, warning
 }
 
 // poolPrefixes are the pools' CIDRs by family: all of them, and those
@@ -426,8 +431,8 @@ func familyOf(a netip.Addr) Family {
 	return IPv6
 }
 
-func desiredTable(f Family, locals []localEndpoint, memberElems func(key string, f Family) []string, pools, natPools []netip.Prefix, hosts, vteps []netip.Addr, plan policyPlan, heps []api.HostEndpoint, fs Failsafe, cl clusterTraffic) Table {
-	pt := newPolicyTable(f, plan)
+func desiredTable(f Family, locals []localEndpoint, memberElems func(key string, f Family) []string, memo ruleMemo, pools, natPools []netip.Prefix, hosts, vteps []netip.Addr, plan policyPlan, heps []api.HostEndpoint, fs Failsafe, cl clusterTraffic) Table {
+	pt := newPolicyTable(f, plan, memo)
 	t := Table{Family: f, Sets: fixedSets(locals, pools, natPools, hosts, vteps), Chains: []Chain{natChain()}}
 	forward := forwardChain()
 	netSets := map[string]bool{}
