@@ -141,7 +141,9 @@ type policyPlan struct {
 	// joined are the cluster's joined endpoints: rule selectors pick
 	// their addresses, and those of hostEndpoints (expectedIPs) and
 	// networkSets (nets).
-	joined        []datastore.Endpoint
+	// (Pointers into State.Endpoints: a copy of each record at every
+	// change was most of the plan's cost at 1000 endpoints.)
+	joined        []*datastore.Endpoint
 	hostEndpoints []api.HostEndpoint
 	networkSets   []api.GlobalNetworkSet
 }
@@ -153,9 +155,9 @@ func planPolicies(st State, locals []localEndpoint) (policyPlan, []string) {
 	if len(cps) == 0 {
 		return plan, warnings
 	}
-	for _, ep := range st.Endpoints {
-		if ep.Joined {
-			plan.joined = append(plan.joined, ep)
+	for i := range st.Endpoints {
+		if st.Endpoints[i].Joined {
+			plan.joined = append(plan.joined, &st.Endpoints[i])
 		}
 	}
 	// Endpoints with the same labels (replicas) are selected alike:
