@@ -183,6 +183,13 @@ func (r Rule) Text(f Family) string {
 	return r.Render(f)
 }
 
+// WithoutText is r without a remembered rendering: two rules that differ
+// only in it are the same rule (tests compare them so).
+func (r Rule) WithoutText() Rule {
+	r.rendered, r.renderedFor = "", ""
+	return r
+}
+
 // WithText is r remembering its rendering for f (r must not change
 // afterwards).
 func (r Rule) WithText(f Family) Rule {

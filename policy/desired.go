@@ -223,6 +223,10 @@ type localEndpoint struct {
 	network datastore.Network // a stand-in with only ID when the record is missing
 	policy  NetworkPolicy
 	key     string
+	// labels is labelsKey of ep.Labels: the policy plan groups the
+	// endpoints by it at every change, and a kept localEndpoint (calc.go)
+	// need not compute it again.
+	labels string
 }
 
 // Desired computes the tables from the datastore state. It is pure: the
@@ -230,13 +234,30 @@ type localEndpoint struct {
 // option value, an unparsable address) do not stop the rest; they are
 // returned as warnings, and the record gets the safe default (isolated).
 func Desired(st State) (Ruleset, []string) {
-	networks := make(map[string]datastore.Network, len(st.Networks))
-	for _, n := range st.Networks {
+	networks := networksByID(st.Networks)
+	members, locals, warnings := splitEndpoints(st, networks)
+	rs, more := desiredFrom(st, locals, func(key string, f Family) []string { return nft.AddrElements(members[key][f]) }, nil)
+	return rs, append(warnings, more...)
+}
+
+// networksByID indexes the network records.
+func networksByID(ns []datastore.Network) map[string]datastore.Network {
+	networks := make(map[string]datastore.Network, len(ns))
+	for _, n := range ns {
 		networks[n.ID] = n
 	}
-	members, locals, warnings := splitEndpoints(st, networks)
-	pools, natPools, poolWarnings := poolPrefixes(st.Pools)
-	warnings = append(warnings, poolWarnings...)
+	return networks
+}
+
+// desiredFrom is Desired once the endpoint records are read: locals are
+// this host's endpoints that get rules (sorted by interface name),
+// memberElems gives a logical network's member set elements and memo
+// (nil: none) keeps rules from one computation to the next. Only the
+// policy plan reads st.Endpoints, for the joined ones: the incremental
+// calculation (calc.go) hands it those alone, and the rest from its own
+// indexes.
+func desiredFrom(st State, locals []localEndpoint, memberElems func(key string, f Family) []string, memo ruleMemo) (Ruleset, []string) {
+	pools, natPools, warnings := poolPrefixes(st.Pools)
 	hosts, hostWarnings := hostAddrs(st.Nodes)
 	warnings = append(warnings, hostWarnings...)
 	vteps, vtepWarnings := vtepAddrs(st.Nodes)
@@ -252,7 +273,7 @@ func Desired(st State) (Ruleset, []string) {
 	}
 	var rs Ruleset
 	for _, f := range families {
-		t := desiredTable(f, locals, members, pools[f], natPools[f], hosts[f], vteps[f], plan, heps, st.Failsafe, clusterOf(st))
+		t := desiredTable(f, locals, memberElems, memo, pools[f], natPools[f], hosts[f], vteps[f], plan, heps, st.Failsafe, clusterOf(st))
 		rs.Tables = append(rs.Tables, t)
 	}
 	rs.Tables[0].Chains = append(rs.Tables[0].Chains, vxlanChains(st.Pools)...) // IPv4 only, as VXLAN
@@ -342,7 +363,7 @@ func newLocalEndpoint(ep datastore.Endpoint, key string, networks map[string]dat
 	if err != nil {
 		warning = fmt.Sprintf("network %s: %v; applying the defaults (isolated, ingress from the cluster)", dataplane.ShortID(n.ID), err)
 	}
-	return localEndpoint{ep: ep, network: n, policy: pol, key: key}, true, warning
+	return localEndpoint{ep: ep, network: n, policy: pol, key: key, labels: labelsKey(ep.Labels)}, true, warning
 }
 
 // poolPrefixes are the pools' CIDRs by family: all of them, and those
@@ -405,8 +426,8 @@ func nodeAddrs(nodes []datastore.Node, what string, field func(datastore.Node) s
 	return out, warnings
 }
 
-func desiredTable(f Family, locals []localEndpoint, members map[string]map[Family][]netip.Addr, pools, natPools []netip.Prefix, hosts, vteps []netip.Addr, plan policyPlan, heps []api.HostEndpoint, fs Failsafe, cl clusterTraffic) Table {
-	pt := newPolicyTable(f, plan)
+func desiredTable(f Family, locals []localEndpoint, memberElems func(key string, f Family) []string, memo ruleMemo, pools, natPools []netip.Prefix, hosts, vteps []netip.Addr, plan policyPlan, heps []api.HostEndpoint, fs Failsafe, cl clusterTraffic) Table {
+	pt := newPolicyTable(f, plan, memo)
 	t := Table{Family: f, Sets: fixedSets(locals, pools, natPools, hosts, vteps), Chains: []Chain{natChain()}}
 	forward := forwardChain()
 	netSets := map[string]bool{}
@@ -426,7 +447,7 @@ func desiredTable(f Family, locals []localEndpoint, members map[string]map[Famil
 		}
 		if l.policy.Isolated && !netSets[set] {
 			netSets[set] = true
-			t.Sets = append(t.Sets, Set{Name: set, Type: SetAddr, Elements: nft.AddrElements(members[l.key][f]), Comment: "members of " + l.key})
+			t.Sets = append(t.Sets, Set{Name: set, Type: SetAddr, Elements: memberElems(l.key, f), Comment: "members of " + l.key})
 		}
 		if netChains[l.network.ID] {
 			continue

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -142,7 +143,9 @@ type policyPlan struct {
 	// joined are the cluster's joined endpoints: rule selectors pick
 	// their addresses, and those of hostEndpoints (expectedIPs) and
 	// networkSets (nets).
-	joined        []datastore.Endpoint
+	// (Pointers into State.Endpoints: a copy of each record at every
+	// change was most of the plan's cost at 1000 endpoints.)
+	joined        []*datastore.Endpoint
 	hostEndpoints []api.HostEndpoint
 	networkSets   []api.GlobalNetworkSet
 }
@@ -154,9 +157,9 @@ func planPolicies(st State, locals []localEndpoint) (policyPlan, []string) {
 	if len(cps) == 0 {
 		return plan, warnings
 	}
-	for _, ep := range st.Endpoints {
-		if ep.Joined {
-			plan.joined = append(plan.joined, ep)
+	for i := range st.Endpoints {
+		if st.Endpoints[i].Joined {
+			plan.joined = append(plan.joined, &st.Endpoints[i])
 		}
 	}
 	// Endpoints with the same labels (replicas) are selected alike:
@@ -174,7 +177,7 @@ func planPolicies(st State, locals []localEndpoint) (policyPlan, []string) {
 			}
 			continue
 		}
-		key := labelsKey(l.ep.Labels)
+		key := l.labels
 		sel, done := memo[key]
 		if !done {
 			sel = map[api.PolicyType][]int{}
@@ -223,10 +226,12 @@ type policyTable struct {
 	// dispatch memoises the dispatch chain of a (direction, profile,
 	// policy list).
 	dispatch map[string]string
+	// rulesMemo: see ruleMemo; nil in Desired.
+	rulesMemo ruleMemo
 }
 
-func newPolicyTable(f Family, plan policyPlan) *policyTable {
-	return &policyTable{f: f, plan: plan, sets: map[string]Set{}, chains: map[string]Chain{}, dispatch: map[string]string{}}
+func newPolicyTable(f Family, plan policyPlan, memo ruleMemo) *policyTable {
+	return &policyTable{f: f, plan: plan, sets: map[string]Set{}, chains: map[string]Chain{}, dispatch: map[string]string{}, rulesMemo: memo}
 }
 
 // endpointJump is the forward rule for a local endpoint and direction, or
@@ -237,8 +242,8 @@ func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile
 	if dir == api.Egress {
 		match, what = Match{Kind: MatchIfname, In: true, Value: l.ep.HostIfName}, "from"
 	}
-	jump := Rule{Matches: []Match{match}, Verdict: Jump, Comment: what + " endpoint " + dataplane.ShortID(l.ep.ID) + ": policies"}
 	if pt.plan.failClosed[l.ep.ID][dir] {
+		jump := Rule{Matches: []Match{match}, Verdict: Jump, Comment: what + " endpoint " + dataplane.ShortID(l.ep.ID) + ": policies"}
 		jump.Target = dispatchChainName(dir, "fail-closed")
 		pt.chains[jump.Target] = Chain{Name: jump.Target, Rules: []Rule{{Verdict: Drop, Comment: "endpoint labels unknown: fail closed while policies exist"}}}
 		return jump, true
@@ -247,24 +252,30 @@ func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile
 	if len(idx) == 0 {
 		return Rule{}, false
 	}
+	memoKey := dispatchMemoKey(dir, profile, idx)
+	target, done := pt.dispatch[memoKey]
+	if !done {
+		target = pt.dispatchChain(memoKey, dir, profile, idx)
+	}
 	// The dispatch chain ends with one drop per endpoint using it (see
 	// markDeny), after its ordered rules.
-	denied := Rule{Matches: []Match{match}, Verdict: Drop, Comment: DeniedComment(dir, l.ep.ID)}
-	memoKey := fmt.Sprint(dir, profile, idx)
-	if target, done := pt.dispatch[memoKey]; done {
-		jump.Target = target
-		c := pt.chains[target]
-		c.Unordered = append(c.Unordered, denied)
-		pt.chains[target] = c
-		return jump, true
-	}
+	jump, denied := pt.rulesMemo.selectedRules(pt.f, l, dir, target, match, what)
+	c := pt.chains[target]
+	c.Unordered = append(c.Unordered, denied)
+	pt.chains[target] = c
+	return jump, true
+}
+
+// dispatchChain builds the dispatch chain of a (direction, profile,
+// policy list) and returns its name.
+func (pt *policyTable) dispatchChain(memoKey string, dir api.PolicyType, profile string, idx []int) string {
 	var names []string
 	for _, i := range idx {
 		names = append(names, pt.plan.policies[i].Metadata.Name)
 	}
-	jump.Target = dispatchChainName(dir, profile+"|"+strings.Join(names, ","))
-	pt.dispatch[memoKey] = jump.Target
-	c := Chain{Name: jump.Target}
+	target := dispatchChainName(dir, profile+"|"+strings.Join(names, ","))
+	pt.dispatch[memoKey] = target
+	c := Chain{Name: target}
 	c.Rules = append(c.Rules, Rule{ClearMark: markBits, Verdict: Continue, Comment: nft.ClipComment("policies " + strings.Join(names, ", "))})
 	for n, i := range idx {
 		p := pt.plan.policies[i]
@@ -279,11 +290,58 @@ func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile
 	if profile != "" {
 		pass.Verdict, pass.Target = Goto, profile
 	}
-	// No rule decided, or a Deny did: the endpoint's drop (Unordered).
+	// No rule decided, or a Deny did: the endpoints' drops (Unordered).
 	c.Rules = append(c.Rules, pass)
-	c.Unordered = []Rule{denied}
-	pt.chains[jump.Target] = c
-	return jump, true
+	pt.chains[target] = c
+	return target
+}
+
+// selectedKey is what a policy-selected endpoint's jump and drop are
+// built from.
+type selectedKey struct {
+	f                  Family
+	dir                api.PolicyType
+	id, ifname, target string
+}
+
+type selectedRules struct{ jump, denied Rule }
+
+// ruleMemo keeps the rendered jump and drop of policy-selected endpoints
+// from one computation to the next (the Calculator's): they are most of
+// a change's work with policies selecting a thousand endpoints. A nil
+// ruleMemo (Desired) builds them each time.
+type ruleMemo map[selectedKey]selectedRules
+
+// selectedRules are the endpoint's jump to its dispatch chain target and
+// its drop at the chain's end.
+func (m ruleMemo) selectedRules(f Family, l localEndpoint, dir api.PolicyType, target string, match Match, what string) (jump, denied Rule) {
+	key := selectedKey{f: f, dir: dir, id: l.ep.ID, ifname: l.ep.HostIfName, target: target}
+	if r, ok := m[key]; ok {
+		return r.jump, r.denied
+	}
+	jump = Rule{Matches: []Match{match}, Verdict: Jump, Target: target, Comment: what + " endpoint " + dataplane.ShortID(l.ep.ID) + ": policies"}
+	denied = Rule{Matches: []Match{match}, Verdict: Drop, Comment: DeniedComment(dir, l.ep.ID)}
+	if m != nil {
+		jump, denied = jump.WithText(f), denied.WithText(f)
+		m[key] = selectedRules{jump: jump, denied: denied}
+	}
+	return jump, denied
+}
+
+// dispatchMemoKey identifies a dispatch chain by what it is built from.
+// It runs for every policy-selected local endpoint at every change: fmt
+// was most of the cost of a change with 50 policies.
+func dispatchMemoKey(dir api.PolicyType, profile string, idx []int) string {
+	b := make([]byte, 0, len(dir)+len(profile)+2+4*len(idx))
+	b = append(b, dir...)
+	b = append(b, 0)
+	b = append(b, profile...)
+	b = append(b, 0)
+	for _, i := range idx {
+		b = strconv.AppendInt(b, int64(i), 10)
+		b = append(b, ',')
+	}
+	return string(b)
 }
 
 // policyChain builds (once) the chain of p's rules for dir.

@@ -310,7 +310,7 @@ func TestMemoJumpsEqualsEndpointJumps(t *testing.T) {
 	for round := 0; round < 2; round++ { // the second round comes from the memo
 		for _, f := range []Family{IPv4, IPv6} {
 			for i, l := range locals {
-				pt := newPolicyTable(f, policyPlan{})
+				pt := newPolicyTable(f, policyPlan{}, nil)
 				got, want := memoJumps(f, pt, l, l.network.Name), endpointJumps(pt, l, l.network.Name)
 				var g, w []string
 				for _, r := range got {

@@ -265,6 +265,17 @@ type syncState struct {
 	retryC          <-chan time.Time
 	warned          map[string]bool      // the problems logged, while they last
 	names           chan map[string]bool // to resolveNames; nil without a NameResolver
+	// calc computes the tables from the records' changes; merge feeds it
+	// (see calculator).
+	calc *incrementalCalc
+}
+
+// calculator is ss's Calculator, made at first use.
+func (ss *syncState) calculator(s *Syncer) *incrementalCalc {
+	if ss.calc == nil {
+		ss.calc = newIncrementalCalc(s.cfg.Node, s.cfg.IPv6, *s.cfg.Failsafe)
+	}
+	return ss.calc
 }
 
 // startHelpers starts a follower per prefix and, given a NameResolver,
@@ -316,11 +327,11 @@ func (s *Syncer) apply(ctx context.Context, ss *syncState, force bool) {
 		s.setProgrammed(rev, "")
 		return
 	}
-	st, bad := s.state(ss.records)
-	want, warnings := Desired(st)
-	ss.warnOnce(s.log, append(bad, warnings...))
+	calc := ss.calculator(s)
+	want, warnings := calc.CompleteDeferredWork()
+	ss.warnOnce(s.log, warnings)
 	if ss.names != nil {
-		offerNames(ss.names, unnamedNetworks(st.Networks))
+		offerNames(ss.names, unnamedNetworks(calc.networks.list()))
 	}
 	if r, ok := s.cfg.Dataplane.(Resyncer); ok && (force || !ss.inStep) {
 		r.Resync()
@@ -347,7 +358,7 @@ func (s *Syncer) apply(ctx context.Context, ss *syncState, force bool) {
 	ss.inStep = true
 	s.setProgrammed(rev, "")
 	if n > 0 {
-		s.log.WithFields(logrus.Fields{"changes": n, "took": time.Since(start).Round(time.Microsecond), "localEndpoints": countLocal(st)}).Info("nftables policy updated")
+		s.log.WithFields(logrus.Fields{"changes": n, "took": time.Since(start).Round(time.Microsecond), "localEndpoints": calc.LocalEndpoints()}).Info("nftables policy updated")
 	}
 }
 
@@ -366,9 +377,82 @@ func (ss *syncState) warnOnce(log logrus.FieldLogger, problems []string) {
 // merge takes u into the records, noting whether they changed and the
 // endpoint records' revision.
 func (ss *syncState) merge(s *Syncer, u update) {
+	// The records u replaces, to hand the calculation only what changed.
+	before := map[string]map[string][]byte{}
+	if u.snapshot != nil {
+		before[u.prefix] = ss.records[u.prefix]
+	}
+	for prefix := range u.snapshots {
+		before[prefix] = ss.records[prefix]
+	}
 	rev, changed := s.merge(ss.records, ss.loaded, u)
 	ss.epRev = max(ss.epRev, rev)
 	ss.changed = ss.changed || changed
+	if !changed {
+		return
+	}
+	calc := ss.calculator(s)
+	if u.event != nil {
+		calc.OnUpdate(u.event.Key, decodeRecord(u.prefix, u.event.Key, ss.records[u.prefix][u.event.Key], u.event.Type == datastore.EventDelete))
+		return
+	}
+	for prefix, old := range before {
+		now := ss.records[prefix]
+		for k, v := range now {
+			if ov, ok := old[k]; !ok || !bytes.Equal(ov, v) {
+				calc.OnUpdate(k, decodeRecord(prefix, k, v, false))
+			}
+		}
+		for k := range old {
+			if _, ok := now[k]; !ok {
+				calc.OnUpdate(k, nil)
+			}
+		}
+	}
+}
+
+// decodeRecord is the value a Calculator takes for a record of prefix:
+// the decoded record, the error of one that does not decode, or nil for
+// a deletion.
+func decodeRecord(prefix, key string, raw []byte, deleted bool) any {
+	if deleted {
+		return nil
+	}
+	var (
+		v   any
+		err error
+	)
+	switch prefix {
+	case ipam.PoolsPrefix:
+		var p ipam.Pool
+		err = json.Unmarshal(raw, &p)
+		v = p
+	case datastore.NetworksPrefix:
+		var n datastore.Network
+		err = json.Unmarshal(raw, &n)
+		if n.ID == "" {
+			n.ID = strings.TrimPrefix(key, datastore.NetworksPrefix)
+		}
+		v = n
+	case datastore.EndpointsPrefix:
+		v, err = decodeEndpointRecord(key, raw)
+	case datastore.NodesPrefix:
+		var n datastore.Node
+		err = json.Unmarshal(raw, &n)
+		v = n
+	case api.PoliciesPrefix:
+		v, err = decodePolicyRecord(key, raw)
+	case api.HostEndpointsPrefix:
+		v, err = api.DecodeHostEndpointRecord(key, raw)
+	case api.NetworkSetsPrefix:
+		v, err = api.DecodeNetworkSetRecord(key, raw)
+	default:
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return v
 }
 
 // merge applies u to records; it returns the revision of the endpoint
@@ -572,16 +656,6 @@ func (s *Syncer) state(records map[string]map[string][]byte) (State, []string) {
 		return nil
 	})
 	return st, bad
-}
-
-func countLocal(st State) int {
-	n := 0
-	for _, e := range st.Endpoints {
-		if e.Node == st.Node && e.Joined {
-			n++
-		}
-	}
-	return n
 }
 
 // unnamedNetworks are the records whose identity still is their id.
