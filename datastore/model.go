@@ -58,20 +58,20 @@ func ParseEndpointAddr(s string) (netip.Addr, bool) {
 	return netip.Addr{}, false
 }
 
-// ParseEndpoint decodes an endpoint record; the key fills in a node or id
-// the record lacks.
+// ParseEndpoint decodes an endpoint record. The key says which node the
+// endpoint is on (whatever the record says) and fills in a missing id.
 func ParseEndpoint(key string, raw []byte) (*WorkloadEndpoint, error) {
 	var w WorkloadEndpoint
 	if err := json.Unmarshal(raw, &w.Endpoint); err != nil {
 		return nil, fmt.Errorf("decoding endpoint %s: %w", key, err)
 	}
-	if node, id, ok := EndpointNodeAndID(key); ok {
-		if w.Node == "" {
-			w.Node = node
-		}
-		if w.ID == "" {
-			w.ID = id
-		}
+	node, id, ok := EndpointNodeAndID(key)
+	if !ok {
+		return nil, fmt.Errorf("endpoint record %s: not an %s<node>/<id> key", key, EndpointsPrefix)
+	}
+	w.Node = node
+	if w.ID == "" {
+		w.ID = id
 	}
 	w.Addr4, w.Addr6 = w.Endpoint.Addrs()
 	return &w, nil

@@ -315,6 +315,12 @@ func (s *Syncer) applyEvents(resp clientv3.WatchResponse) {
 		if k == nil || ev.Type == clientv3.EventTypeDelete {
 			continue
 		}
+		if old := s.current(key); old != nil && bytes.Equal(old.Raw, ev.Kv.Value) {
+			same := *old
+			same.ModRevision = ev.Kv.ModRevision
+			decoded[i] = &same
+			continue
+		}
 		decoded[i] = s.decode(k, key, ev.Kv.Value, ev.Kv.ModRevision)
 	}
 	s.mu.Lock()
@@ -334,6 +340,10 @@ func (s *Syncer) applyEvents(resp clientv3.WatchResponse) {
 			continue
 		}
 		s.records[key] = decoded[i]
+		if old != nil && bytes.Equal(old.Raw, decoded[i].Raw) {
+			// Rewritten unchanged: nothing for subscribers to do.
+			continue
+		}
 		changes = append(changes, Change{Key: key, New: decoded[i], Old: old})
 	}
 	s.advanceLocked(resp.Header.Revision, changes, false)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -256,5 +257,50 @@ func TestSyncerRelistsAfterCompaction(t *testing.T) {
 	want := map[string]any{"num/changed": 4, "num/gone": "deleted", "num/new": 5}
 	if got := values(sub.Take()); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("after the compaction the subscriber got %v, want %v", got, want)
+	}
+}
+
+// TestSyncerDecodesOncePerRevision: a record is decoded once per revision
+// however many subscribers take it, and a re-list that finds it unchanged
+// does not decode it again.
+func TestSyncerDecodesOncePerRevision(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	m := etcdtest.Start(t)
+	var decodes atomic.Int64
+	kinds := []datastore.Kind{{Prefix: "num/", Decode: func(_ string, v []byte) (any, error) {
+		decodes.Add(1)
+		return strconv.Atoi(string(v))
+	}}}
+	put(t, ctx, m.Store, "num/a", "1", "num/b", "2")
+	s, err := datastore.NewSyncer(m.Store, datastore.SyncerConfig{Kinds: kinds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	subs := []*datastore.Subscription{s.Subscribe(ctx, "one", "num/"), s.Subscribe(ctx, "two", "num/"), s.Subscribe(ctx, "three", "num/a")}
+	if _, err := s.ListForTest(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := decodes.Load(); n != 2 {
+		t.Fatalf("the first list decoded %d times, want 2", n)
+	}
+	if _, err := s.ListForTest(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := decodes.Load(); n != 2 {
+		t.Errorf("a re-list of unchanged records decoded %d more times, want none", n-2)
+	}
+	var first *datastore.Synced
+	for _, sub := range subs {
+		for _, c := range sub.Take().Changes {
+			if c.Key != "num/a" {
+				continue
+			}
+			if first == nil {
+				first = c.New
+			} else if c.New != first {
+				t.Error("subscribers got different copies of one record")
+			}
+		}
 	}
 }

@@ -70,7 +70,7 @@ func TestJoinWaitsForPolicy(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	tables := &slowTables{delay: 300 * time.Millisecond}
-	syncer, err := policy.NewSyncer(policy.Config{Store: m.Store, Node: testHost, Dataplane: tables, Log: quietLog()})
+	syncer, err := policy.NewSyncer(policy.Config{Store: m.Store, Records: etcdtest.Records(t, m.Store, policy.RecordKinds()...), Node: testHost, Dataplane: tables, Log: quietLog()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -20,6 +21,7 @@ import (
 	"github.com/calico-cnm/calico-cnm/internal/dockerapi"
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/nft"
+	"github.com/calico-cnm/calico-cnm/policy/api"
 	"github.com/calico-cnm/calico-cnm/ports"
 	"github.com/calico-cnm/calico-cnm/reconcile"
 	"github.com/calico-cnm/calico-cnm/vxlan"
@@ -160,7 +162,7 @@ func (d *daemon) openDatastore(ctx context.Context) error {
 		return fmt.Errorf("opening the datastore: %w", err)
 	}
 	d.store = store
-	kinds := append(datastore.Kinds(), ipam.Kinds()...)
+	kinds := slices.Concat(datastore.Kinds(), ipam.Kinds(), api.Kinds())
 	if d.syncer, err = datastore.NewSyncer(store, datastore.SyncerConfig{Kinds: kinds, ResyncInterval: d.cfg.ResyncInterval, Log: d.log}); err != nil {
 		_ = store.Close()
 		return err
@@ -197,7 +199,7 @@ func (d *daemon) prepareSubsystems() (closeSubsystems func(), err error) {
 	if d.wgd, err = newWireGuard(d.cfg, d.store, d.syncer, d.engine, d.log); err != nil {
 		return nil, fmt.Errorf("starting WireGuard: %w", err)
 	}
-	if d.pol, err = newPolicy(d.cfg, d.store, d.nft, d.log); err != nil {
+	if d.pol, err = newPolicy(d.cfg, d.store, d.syncer, d.nft, d.log); err != nil {
 		return nil, fmt.Errorf("starting network policy: %w", err)
 	}
 	closePolicy := func() {

@@ -36,7 +36,7 @@ type policyRunner struct {
 
 // newPolicy programs the policy's tables through conn, which the caller
 // closes after the runner.
-func newPolicy(cfg Config, store *datastore.Store, conn *nft.Conn, log logrus.FieldLogger) (*policyRunner, error) {
+func newPolicy(cfg Config, store *datastore.Store, records datastore.Records, conn *nft.Conn, log logrus.FieldLogger) (*policyRunner, error) {
 	log = log.WithField("component", "policy")
 	tables := policy.NFTOn(conn)
 	// Network names and container labels come from Docker; a Docker API
@@ -53,6 +53,7 @@ func newPolicy(cfg Config, store *datastore.Store, conn *nft.Conn, log logrus.Fi
 	failsafe = withOwnPorts(failsafe, cfg)
 	syncer, err := policy.NewSyncer(policy.Config{
 		Store:          store,
+		Records:        records,
 		Node:           cfg.NodeName,
 		Dataplane:      tables,
 		Names:          names,

@@ -3,12 +3,10 @@ package policy
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,7 +37,10 @@ type NameResolver interface {
 
 // Config wires a Syncer.
 type Config struct {
+	// Store takes the names the syncer fills in; Records (the datastore
+	// syncer) is what it follows.
 	Store     *datastore.Store
+	Records   datastore.Records
 	Node      string
 	Dataplane Dataplane
 	// Names, when set, fills in the Name of network records that lack one
@@ -78,17 +79,6 @@ type Syncer struct {
 	// did not cause. seenRev is the loop's running maximum.
 	passedRev atomic.Int64
 	seenRev   int64
-
-	// policies caches decoded policy records by key (strict decoding is
-	// slow and runs at every pass); only the Run loop uses it.
-	policies decodeCache[api.GlobalNetworkPolicy]
-	// endpoints caches decoded endpoint records by key: a pass decodes
-	// only the records that changed, not every endpoint of the cluster.
-	endpoints decodeCache[datastore.Endpoint]
-	// hostEndpoints and networkSets likewise (a network set may hold
-	// thousands of networks).
-	hostEndpoints decodeCache[api.HostEndpoint]
-	networkSets   decodeCache[api.GlobalNetworkSet]
 
 	// mu guards what WaitProgrammed and Health read.
 	mu sync.Mutex
@@ -204,21 +194,27 @@ type update struct {
 
 // Run syncs until ctx is done. Until the datastore has been read once the
 // kernel is left as it is: the previous run's rules keep protecting the
-// running containers.
+// running containers. It returns an error when the datastore syncer
+// stopped while ctx is live (the tables would follow no change).
 func (s *Syncer) Run(ctx context.Context) error {
+	if s.cfg.Records == nil {
+		return errors.New("policy syncer needs the datastore syncer")
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	// Returning waits for the helpers: nothing of the syncer uses the
 	// datastore or Docker after Run.
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	updates, names := s.startHelpers(ctx, &wg)
+	// One subscription: the changes of one transaction (an apply -f of a
+	// host endpoint and the policy that opens it) come in one batch.
+	sub := s.cfg.Records.Subscribe(ctx, "policy", followed...)
 	ss := &syncState{
 		records: map[string]map[string][]byte{},
 		loaded:  map[string]bool{},
 		delay:   retry.New(retry.Standard()),
 		warned:  map[string]bool{},
-		names:   names,
+		names:   s.startNames(ctx, &wg),
 	}
 	ticker := time.NewTicker(s.cfg.ResyncInterval)
 	defer ticker.Stop()
@@ -227,26 +223,48 @@ func (s *Syncer) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case u := <-updates:
-			ss.merge(s, u)
+		case <-sub.Ended():
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("network policy: %w", datastore.ErrSyncerStopped)
+		case <-sub.Ready():
+			ss.take(s, sub.Take())
 		case <-ss.retryC:
 			ss.retryTimer, ss.retryC = nil, nil
 			force = true
 		case <-ticker.C:
 			force = true
 		}
-		// Take the whole burst before computing (a docker run of many
-		// containers, a re-list).
-		for drained := false; !drained; {
-			select {
-			case u := <-updates:
-				ss.merge(s, u)
-			default:
-				drained = true
-			}
-		}
 		s.apply(ctx, ss, force)
 		s.passedRev.Store(s.seenRev)
+	}
+}
+
+// take hands the calculation a batch of the syncer's changes, each
+// decoded once by the syncer.
+func (ss *syncState) take(s *Syncer, b datastore.Batch) {
+	s.seenRev = max(s.seenRev, b.Revision)
+	ss.epRev = max(ss.epRev, b.Revision)
+	if b.InSync {
+		for _, p := range followed {
+			ss.loaded[p] = true
+		}
+	}
+	if len(b.Changes) == 0 {
+		return
+	}
+	ss.changed = true
+	calc := ss.calculator(s)
+	for _, c := range b.Changes {
+		switch {
+		case c.Deleted():
+			calc.OnUpdate(c.Key, nil)
+		case c.New.Err != nil:
+			calc.OnUpdate(c.Key, c.New.Err)
+		default:
+			calc.OnUpdate(c.Key, calcValue(c.New.Value))
+		}
 	}
 }
 
@@ -278,34 +296,19 @@ func (ss *syncState) calculator(s *Syncer) *incrementalCalc {
 	return ss.calc
 }
 
-// startHelpers starts a follower per prefix and, given a NameResolver,
-// the name resolver (names is nil otherwise); wg counts them.
-func (s *Syncer) startHelpers(ctx context.Context, wg *sync.WaitGroup) (updates chan update, names chan map[string]bool) {
-	updates = make(chan update, 256)
-	for _, p := range followed {
-		if slices.Contains(policyKinds, p) {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.follow(ctx, p, updates)
-		}()
+// startNames starts the name resolver given a NameResolver (names is nil
+// otherwise); wg counts it.
+func (s *Syncer) startNames(ctx context.Context, wg *sync.WaitGroup) (names chan map[string]bool) {
+	if s.cfg.Names == nil {
+		return nil
 	}
+	names = make(chan map[string]bool, 1)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		s.followPolicy(ctx, updates)
+		s.resolveNames(ctx, names)
 	}()
-	if s.cfg.Names != nil {
-		names = make(chan map[string]bool, 1)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.resolveNames(ctx, names)
-		}()
-	}
-	return updates, names
+	return names
 }
 
 // Resyncer is a Dataplane that remembers what it programmed (*NFT):
@@ -413,46 +416,56 @@ func (ss *syncState) merge(s *Syncer, u update) {
 
 // decodeRecord is the value a Calculator takes for a record of prefix:
 // the decoded record, the error of one that does not decode, or nil for
-// a deletion.
+// a deletion. It decodes with the syncer's decoders (RecordKinds), so a
+// record kind has one parser.
 func decodeRecord(prefix, key string, raw []byte, deleted bool) any {
 	if deleted {
 		return nil
 	}
-	var (
-		v   any
-		err error
-	)
-	switch prefix {
-	case ipam.PoolsPrefix:
-		var p ipam.Pool
-		err = json.Unmarshal(raw, &p)
-		v = p
-	case datastore.NetworksPrefix:
-		var n datastore.Network
-		err = json.Unmarshal(raw, &n)
-		if n.ID == "" {
-			n.ID = strings.TrimPrefix(key, datastore.NetworksPrefix)
+	for _, k := range RecordKinds() {
+		if k.Prefix != prefix {
+			continue
 		}
-		v = n
-	case datastore.EndpointsPrefix:
-		v, err = decodeEndpointRecord(key, raw)
-	case datastore.NodesPrefix:
-		var n datastore.Node
-		err = json.Unmarshal(raw, &n)
-		v = n
-	case api.PoliciesPrefix:
-		v, err = decodePolicyRecord(key, raw)
-	case api.HostEndpointsPrefix:
-		v, err = api.DecodeHostEndpointRecord(key, raw)
-	case api.NetworkSetsPrefix:
-		v, err = api.DecodeNetworkSetRecord(key, raw)
-	default:
-		return nil
+		v, err := k.Decode(key, raw)
+		if err != nil {
+			return err
+		}
+		return calcValue(v)
 	}
-	if err != nil {
-		return err
+	return nil
+}
+
+// RecordKinds are the kinds of record the syncer follows for policy,
+// with their owners' decoders.
+func RecordKinds() []datastore.Kind {
+	var out []datastore.Kind
+	for _, k := range slices.Concat(datastore.Kinds(), ipam.Kinds(), api.Kinds()) {
+		if slices.Contains(followed, k.Prefix) {
+			out = append(out, k)
+		}
 	}
-	return v
+	return out
+}
+
+// calcValue is the Calculator's form of a value the syncer decoded.
+func calcValue(v any) any {
+	switch v := v.(type) {
+	case *ipam.PoolInfo:
+		return v.Pool
+	case *datastore.Network:
+		return *v
+	case *datastore.WorkloadEndpoint:
+		return v.Endpoint
+	case *datastore.Node:
+		return *v
+	case *api.GlobalNetworkPolicy:
+		return *v
+	case *api.HostEndpoint:
+		return *v
+	case *api.GlobalNetworkSet:
+		return *v
+	}
+	return fmt.Errorf("unexpected record value %T", v)
 }
 
 // merge applies u to records; it returns the revision of the endpoint
@@ -498,163 +511,34 @@ func (s *Syncer) merge(records map[string]map[string][]byte, loaded map[string]b
 	}
 }
 
-// follow lists a prefix and watches it from the list's revision; when the
-// watch breaks it lists again (with backoff), so the main loop always ends
-// up with the current records.
-func (s *Syncer) follow(ctx context.Context, prefix string, out chan<- update) {
-	delay := retry.New(retry.Standard())
-	for ctx.Err() == nil {
-		kvs, rev, err := s.cfg.Store.ListWithRevision(ctx, prefix)
-		if err != nil {
-			if ctx.Err() == nil {
-				s.log.WithError(err).WithField("prefix", prefix).Warn("reading the datastore; retrying")
-			}
-			if !delay.Wait(ctx) {
-				return
-			}
-			continue
-		}
-		snap := make(map[string][]byte, len(kvs))
-		for _, kv := range kvs {
-			snap[kv.Key] = kv.Value
-		}
-		select {
-		case out <- update{prefix: prefix, snapshot: snap, rev: rev}:
-		case <-ctx.Done():
-			return
-		}
-		wctx, cancel := context.WithCancel(ctx)
-		for ev := range s.cfg.Store.Watch(wctx, prefix, rev) {
-			if ev.Err != nil {
-				if ctx.Err() == nil {
-					s.log.WithError(ev.Err).WithField("prefix", prefix).Warn("datastore watch broke; re-reading")
-				}
-				break
-			}
-			delay.Reset()
-			e := ev
-			select {
-			case out <- update{prefix: prefix, event: &e}:
-			case <-ctx.Done():
-			}
-		}
-		cancel()
-		if !delay.Wait(ctx) {
-			return
-		}
-	}
-}
-
-// followPolicy follows the policy kinds (policyKinds) as one: a list of
-// api.Prefix, then at each watch event a new list, at one revision, that
-// replaces all their records at once; the events the list already holds
-// are skipped. A broken watch or list starts over (with backoff).
-func (s *Syncer) followPolicy(ctx context.Context, out chan<- update) {
-	delay := retry.New(retry.Standard())
-	// list sends the records; cause is the revision of the event that
-	// called for it (0 for the first), which the pass is then known to
-	// have taken in (passedRev).
-	list := func(cause int64) (int64, bool) {
-		kvs, rev, err := s.cfg.Store.ListWithRevision(ctx, api.Prefix)
-		if err != nil {
-			if ctx.Err() == nil {
-				s.log.WithError(err).WithField("prefix", api.Prefix).Warn("reading the datastore; retrying")
-			}
-			return 0, false
-		}
-		snaps := make(map[string]map[string][]byte, len(policyKinds))
-		for _, p := range policyKinds {
-			snaps[p] = map[string][]byte{}
-		}
-		for _, kv := range kvs {
-			for _, p := range policyKinds {
-				if strings.HasPrefix(kv.Key, p) {
-					snaps[p][kv.Key] = kv.Value
-				}
-			}
-		}
-		select {
-		case out <- update{snapshots: snaps, rev: cause}:
-			return rev, true
-		case <-ctx.Done():
-			return 0, false
-		}
-	}
-	for ctx.Err() == nil {
-		rev, ok := list(0)
-		if ok {
-			wctx, cancel := context.WithCancel(ctx)
-			for ev := range s.cfg.Store.Watch(wctx, api.Prefix, rev) {
-				if ev.Err != nil {
-					if ctx.Err() == nil {
-						s.log.WithError(ev.Err).WithField("prefix", api.Prefix).Warn("datastore watch broke; re-reading")
-					}
-					break
-				}
-				delay.Reset()
-				if ev.ModRevision <= rev {
-					continue // in the last list already
-				}
-				if rev, ok = list(ev.ModRevision); !ok {
-					break
-				}
-			}
-			cancel()
-		}
-		if !delay.Wait(ctx) {
-			return
-		}
-	}
-}
-
 // state decodes the records; undecodable ones are skipped with a warning.
 func (s *Syncer) state(records map[string]map[string][]byte) (State, []string) {
 	st := State{Node: s.cfg.Node, IPv6: s.cfg.IPv6, Failsafe: *s.cfg.Failsafe}
 	var bad []string
-	decode := func(prefix string, fn func(key string, v []byte) error) {
+	for _, prefix := range followed {
 		m := records[prefix]
-		keys := make([]string, 0, len(m))
-		for k := range m {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
+		keys := slices.Sorted(maps.Keys(m))
 		for _, k := range keys {
-			if err := fn(k, m[k]); err != nil {
-				bad = append(bad, fmt.Sprintf("ignoring unreadable record %s: %v", k, err))
+			switch v := decodeRecord(prefix, k, m[k], false).(type) {
+			case error:
+				bad = append(bad, fmt.Sprintf("ignoring unreadable record %s: %v", k, v))
+			case ipam.Pool:
+				st.Pools = append(st.Pools, v)
+			case datastore.Network:
+				st.Networks = append(st.Networks, v)
+			case datastore.Endpoint:
+				st.Endpoints = append(st.Endpoints, v)
+			case datastore.Node:
+				st.Nodes = append(st.Nodes, v)
+			case api.GlobalNetworkPolicy:
+				st.Policies = append(st.Policies, v)
+			case api.HostEndpoint:
+				st.HostEndpoints = append(st.HostEndpoints, v)
+			case api.GlobalNetworkSet:
+				st.NetworkSets = append(st.NetworkSets, v)
 			}
 		}
 	}
-	decode(ipam.PoolsPrefix, func(_ string, v []byte) error {
-		var p ipam.Pool
-		if err := json.Unmarshal(v, &p); err != nil {
-			return err
-		}
-		st.Pools = append(st.Pools, p)
-		return nil
-	})
-	decode(datastore.NetworksPrefix, func(k string, v []byte) error {
-		var n datastore.Network
-		if err := json.Unmarshal(v, &n); err != nil {
-			return err
-		}
-		if n.ID == "" {
-			n.ID = strings.TrimPrefix(k, datastore.NetworksPrefix)
-		}
-		st.Networks = append(st.Networks, n)
-		return nil
-	})
-	st.Endpoints = cachedRecords(&s.endpoints, records[datastore.EndpointsPrefix], decodeEndpointRecord, &bad)
-	st.Policies = cachedRecords(&s.policies, records[api.PoliciesPrefix], decodePolicyRecord, &bad)
-	st.HostEndpoints = cachedRecords(&s.hostEndpoints, records[api.HostEndpointsPrefix], api.DecodeHostEndpointRecord, &bad)
-	st.NetworkSets = cachedRecords(&s.networkSets, records[api.NetworkSetsPrefix], api.DecodeNetworkSetRecord, &bad)
-	decode(datastore.NodesPrefix, func(_ string, v []byte) error {
-		var n datastore.Node
-		if err := json.Unmarshal(v, &n); err != nil {
-			return err
-		}
-		st.Nodes = append(st.Nodes, n)
-		return nil
-	})
 	return st, bad
 }
 
@@ -787,85 +671,4 @@ func (s *Syncer) resolveOne(ctx context.Context, id string) bool {
 	}
 	log.WithField("name", name).Info("recorded the Docker network's name: its endpoints on all hosts now form one network")
 	return true
-}
-
-// decodeCache keeps each record's decoding by key and decodes a record
-// again only when its bytes change: a pass then decodes what changed, not
-// every record of the cluster. Only the Run loop uses it.
-type decodeCache[T any] map[string]decoded[T]
-
-type decoded[T any] struct {
-	raw []byte
-	v   T
-	err error
-}
-
-// get is key's decoding of raw, by decode when raw is new or changed.
-func (c *decodeCache[T]) get(key string, raw []byte, decode func(key string, raw []byte) (T, error)) (T, error) {
-	if d, ok := (*c)[key]; ok && bytes.Equal(d.raw, raw) {
-		return d.v, d.err
-	}
-	v, err := decode(key, raw)
-	if *c == nil {
-		*c = decodeCache[T]{}
-	}
-	(*c)[key] = decoded[T]{raw: raw, v: v, err: err}
-	return v, err
-}
-
-// cachedRecords decodes a prefix's records through c, by key order; an
-// undecodable record is left out and noted in bad. c forgets the records
-// that are gone.
-func cachedRecords[T any](c *decodeCache[T], m map[string][]byte, decode func(key string, raw []byte) (T, error), bad *[]string) []T {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	out := make([]T, 0, len(m))
-	for _, k := range keys {
-		v, err := c.get(k, m[k], decode)
-		if err != nil {
-			*bad = append(*bad, fmt.Sprintf("ignoring unreadable record %s: %v", k, err))
-			continue
-		}
-		out = append(out, v)
-	}
-	c.keepOnly(m)
-	return out
-}
-
-// keepOnly drops the records live no longer holds (deleted ones).
-func (c decodeCache[T]) keepOnly(live map[string][]byte) {
-	maps.DeleteFunc(c, func(k string, _ decoded[T]) bool {
-		_, ok := live[k]
-		return !ok
-	})
-}
-
-// decodeEndpointRecord decodes an endpoint record. The key is the truth
-// about which node the endpoint is on.
-func decodeEndpointRecord(key string, v []byte) (datastore.Endpoint, error) {
-	var ep datastore.Endpoint
-	node, id, ok := datastore.EndpointNodeAndID(key)
-	if err := json.Unmarshal(v, &ep); err != nil {
-		return datastore.Endpoint{}, err
-	}
-	if !ok {
-		return datastore.Endpoint{}, errors.New("not an endpoints/<node>/<id> key")
-	}
-	ep.Node = node
-	if ep.ID == "" {
-		ep.ID = id
-	}
-	return ep, nil
-}
-
-// decodePolicyRecord validates a policy record.
-func decodePolicyRecord(key string, v []byte) (api.GlobalNetworkPolicy, error) {
-	ps, errs := api.DecodeRecords([]datastore.KV{{Key: key, Value: v}})
-	if len(errs) > 0 {
-		return api.GlobalNetworkPolicy{}, errs[0]
-	}
-	return ps[0], nil
 }

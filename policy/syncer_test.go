@@ -110,7 +110,7 @@ func TestSyncerFollowsDatastore(t *testing.T) {
 
 	dp := &fakeDataplane{fail: 1}
 	names := &fakeNames{names: map[string]string{}, calls: map[string]int{}}
-	s, err := NewSyncer(Config{Store: m.Client(t), Node: "h1", Dataplane: dp, Names: names, ResyncInterval: time.Hour, Log: testLog(t)})
+	s, err := NewSyncer(Config{Store: m.Client(t), Records: etcdtest.Records(t, m.Client(t), RecordKinds()...), Node: "h1", Dataplane: dp, Names: names, ResyncInterval: time.Hour, Log: testLog(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,39 +376,3 @@ func TestSyncerMergeNotesChanges(t *testing.T) {
 	}
 }
 
-// TestSyncerStateDecodesOnce: an endpoint record is decoded again only
-// when its value changes, and a deleted one leaves the cache.
-func TestSyncerStateDecodesOnce(t *testing.T) {
-	s, err := NewSyncer(Config{Store: &datastore.Store{}, Node: "h1", Dataplane: &fakeDataplane{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	k0, k1 := datastore.EndpointKey("h1", epID(0)), datastore.EndpointKey("h1", epID(1))
-	e0 := ep(0, net1ID, "h1", "192.168.0.1", true)
-	records := map[string]map[string][]byte{datastore.EndpointsPrefix: {
-		k0: datastore.MustJSON(e0),
-		k1: datastore.MustJSON(ep(1, net1ID, "h1", "192.168.0.2", true)),
-	}}
-	st, _ := s.state(records)
-	if len(st.Endpoints) != 2 || len(s.endpoints) != 2 {
-		t.Fatalf("%d endpoints, %d cached", len(st.Endpoints), len(s.endpoints))
-	}
-	// A cached decoding is used as long as the bytes are the same: mark it.
-	d := s.endpoints[k0]
-	d.v.MAC = "cached"
-	s.endpoints[k0] = d
-	st, _ = s.state(records)
-	if st.Endpoints[0].MAC != "cached" {
-		t.Error("an unchanged record was decoded again")
-	}
-	e0.IPv4 = "192.168.0.9/32"
-	records[datastore.EndpointsPrefix][k0] = datastore.MustJSON(e0)
-	delete(records[datastore.EndpointsPrefix], k1)
-	st, _ = s.state(records)
-	if len(st.Endpoints) != 1 || st.Endpoints[0].IPv4 != "192.168.0.9/32" || st.Endpoints[0].MAC == "cached" {
-		t.Errorf("after a change: %+v", st.Endpoints)
-	}
-	if _, ok := s.endpoints[k1]; ok || len(s.endpoints) != 1 {
-		t.Error("the deleted record is still cached")
-	}
-}

@@ -64,7 +64,7 @@ spec: {selector: role == 'host', types: [Ingress, Egress], ingress: [{action: Al
 	res.HostEndpoints = hostState(t).HostEndpoints[:1] // h1-eth0, role host
 	hep, pol := res.HostEndpoints[0], res.Policies[0]
 	dp := &halfDataplane{}
-	s, err := NewSyncer(Config{Store: m.Client(t), Node: "h1", Dataplane: dp, ResyncInterval: time.Hour, Log: testLog(t)})
+	s, err := NewSyncer(Config{Store: m.Client(t), Records: etcdtest.Records(t, m.Client(t), RecordKinds()...), Node: "h1", Dataplane: dp, ResyncInterval: time.Hour, Log: testLog(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -239,3 +239,25 @@ func deleteRecord(ctx context.Context, s *datastore.Store, key, noun, name strin
 	}
 	return nil
 }
+
+// Kinds are the policy resources' record kinds, for the datastore syncer:
+// each decoded (and validated) once per revision.
+func Kinds() []datastore.Kind {
+	return []datastore.Kind{
+		{Prefix: PoliciesPrefix, Decode: func(k string, v []byte) (any, error) {
+			ps, errs := DecodeRecords([]datastore.KV{{Key: k, Value: v}})
+			if len(errs) > 0 {
+				return nil, errs[0]
+			}
+			return &ps[0], nil
+		}},
+		{Prefix: HostEndpointsPrefix, Decode: func(k string, v []byte) (any, error) {
+			h, err := DecodeHostEndpointRecord(k, v)
+			return &h, err
+		}},
+		{Prefix: NetworkSetsPrefix, Decode: func(k string, v []byte) (any, error) {
+			n, err := DecodeNetworkSetRecord(k, v)
+			return &n, err
+		}},
+	}
+}
