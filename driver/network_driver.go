@@ -651,13 +651,14 @@ func (d *NetworkDriver) EndpointInfo(ctx context.Context, req *network.InfoReque
 
 // epIPs are the endpoint's addresses as /32 and /128.
 func epIPs(ep datastore.Endpoint) (v4, v6 *net.IPNet, all []net.IPNet) {
-	if ip, _, err := net.ParseCIDR(ep.IPv4); err == nil {
-		h := hostNet(ip)
+	a4, a6 := ep.Addrs()
+	if a4.IsValid() {
+		h := hostNet(a4.AsSlice())
 		v4 = &h
 		all = append(all, h)
 	}
-	if ip, _, err := net.ParseCIDR(ep.IPv6); err == nil {
-		h := hostNet(ip)
+	if a6.IsValid() {
+		h := hostNet(a6.AsSlice())
 		v6 = &h
 		all = append(all, h)
 	}

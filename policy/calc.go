@@ -277,12 +277,12 @@ func (c *incrementalCalc) takeEndpoint(key string, rec *datastore.Endpoint) {
 	if n, known := c.netByID[ep.Network]; known {
 		ce.netKey = NetworkKey(n)
 	}
-	if a, ok := endpointAddr(ep.IPv4); ok && a.Is4() {
+	if a, ok := datastore.ParseEndpointAddr(ep.IPv4); ok && a.Is4() {
 		ce.addrs[IPv4] = a
 	} else if ep.IPv4 != "" {
 		ce.warnings = append(ce.warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv4 address %q", dataplane.ShortID(ep.ID), ep.IPv4))
 	}
-	if a, ok := endpointAddr(ep.IPv6); ok && a.Is6() {
+	if a, ok := datastore.ParseEndpointAddr(ep.IPv6); ok && a.Is6() {
 		ce.addrs[IPv6] = a
 	} else if ep.IPv6 != "" {
 		ce.warnings = append(ce.warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv6 address %q", dataplane.ShortID(ep.ID), ep.IPv6))

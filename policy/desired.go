@@ -203,20 +203,6 @@ func validIfname(s string) bool {
 	return true
 }
 
-// endpointAddr parses an endpoint's CIDR field.
-func endpointAddr(s string) (netip.Addr, bool) {
-	if s == "" {
-		return netip.Addr{}, false
-	}
-	if p, err := netip.ParsePrefix(s); err == nil {
-		return p.Addr().Unmap(), true
-	}
-	if a, err := netip.ParseAddr(s); err == nil {
-		return a.Unmap(), true
-	}
-	return netip.Addr{}, false
-}
-
 // localEndpoint is a joined endpoint of this host with what its rules need.
 type localEndpoint struct {
 	ep      datastore.Endpoint
@@ -330,12 +316,12 @@ func splitEndpoints(st State, networks map[string]datastore.Network) (map[string
 // addMemberAddrs adds the endpoint's addresses to its network's members.
 func addMemberAddrs(members map[Family][]netip.Addr, ep datastore.Endpoint) []string {
 	var warnings []string
-	if a, ok := endpointAddr(ep.IPv4); ok && a.Is4() {
+	if a, ok := datastore.ParseEndpointAddr(ep.IPv4); ok && a.Is4() {
 		members[IPv4] = append(members[IPv4], a)
 	} else if ep.IPv4 != "" {
 		warnings = append(warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv4 address %q", dataplane.ShortID(ep.ID), ep.IPv4))
 	}
-	if a, ok := endpointAddr(ep.IPv6); ok && a.Is6() {
+	if a, ok := datastore.ParseEndpointAddr(ep.IPv6); ok && a.Is6() {
 		members[IPv6] = append(members[IPv6], a)
 	} else if ep.IPv6 != "" {
 		warnings = append(warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv6 address %q", dataplane.ShortID(ep.ID), ep.IPv6))
@@ -416,7 +402,7 @@ func nodeAddrs(nodes []datastore.Node, what string, field func(datastore.Node) s
 		if v == "" {
 			continue
 		}
-		a, ok := endpointAddr(v)
+		a, ok := datastore.ParseEndpointAddr(v)
 		if !ok || !a.Is4() {
 			warnings = append(warnings, fmt.Sprintf("node %s: ignoring invalid %s %q", n.Name, what, v))
 			continue

@@ -484,7 +484,7 @@ func (pt *policyTable) selectorSet(sel string, exclude bool) string {
 	}
 	var ranges []nft.AddrRange
 	addAddr := func(a string) {
-		if addr, ok := endpointAddr(a); ok && nft.FamilyOf(addr) == pt.f {
+		if addr, ok := datastore.ParseEndpointAddr(a); ok && nft.FamilyOf(addr) == pt.f {
 			ranges = append(ranges, nft.AddrRange{From: addr, To: addr})
 		}
 	}

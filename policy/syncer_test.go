@@ -375,4 +375,3 @@ func TestSyncerMergeNotesChanges(t *testing.T) {
 		}
 	}
 }
-

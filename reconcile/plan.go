@@ -190,14 +190,10 @@ func orphanCandidate(a ipam.Allocation) string {
 // skipped: nothing can hold them).
 func endpointAddrs(ep datastore.Endpoint) []netip.Addr {
 	var out []netip.Addr
-	for _, s := range []string{ep.IPv4, ep.IPv6} {
-		if s == "" {
-			continue
-		}
-		if p, err := netip.ParsePrefix(s); err == nil {
-			out = append(out, p.Addr().Unmap())
-		} else if a, err := netip.ParseAddr(s); err == nil {
-			out = append(out, a.Unmap())
+	v4, v6 := ep.Addrs()
+	for _, a := range []netip.Addr{v4, v6} {
+		if a.IsValid() {
+			out = append(out, a)
 		}
 	}
 	return out
