@@ -59,7 +59,8 @@ func ParseEndpointAddr(s string) (netip.Addr, bool) {
 }
 
 // ParseEndpoint decodes an endpoint record. The key says which node the
-// endpoint is on (whatever the record says) and fills in a missing id.
+// endpoint is on and its id, whatever the record says: it is what a
+// delete must name.
 func ParseEndpoint(key string, raw []byte) (*WorkloadEndpoint, error) {
 	var w WorkloadEndpoint
 	if err := json.Unmarshal(raw, &w.Endpoint); err != nil {
@@ -69,10 +70,7 @@ func ParseEndpoint(key string, raw []byte) (*WorkloadEndpoint, error) {
 	if !ok {
 		return nil, fmt.Errorf("endpoint record %s: not an %s<node>/<id> key", key, EndpointsPrefix)
 	}
-	w.Node = node
-	if w.ID == "" {
-		w.ID = id
-	}
+	w.Node, w.ID = node, id
 	w.Addr4, w.Addr6 = w.Endpoint.Addrs()
 	return &w, nil
 }

@@ -2,7 +2,6 @@ package driver
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -98,10 +97,11 @@ func (d *NetworkDriver) sandboxOfAll(ctx context.Context, endpointID, sandboxKey
 	found := false
 	joined := map[string]string{}
 	for _, kv := range kvs {
-		var ep datastore.Endpoint
-		if err := json.Unmarshal(kv.Value, &ep); err != nil {
+		w, err := datastore.ParseEndpoint(kv.Key, kv.Value)
+		if err != nil {
 			continue // not ours to judge here; reconcile reports it
 		}
+		ep := w.Endpoint
 		if ep.Joined && ep.Container != "" {
 			joined[ep.ID] = ep.Container
 		}

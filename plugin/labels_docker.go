@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -585,8 +584,7 @@ func (d *dockerLabels) learnFromListing(ctx context.Context, list []container.Su
 		return err
 	}
 	for _, kv := range kvs {
-		var ep datastore.Endpoint
-		if json.Unmarshal(kv.Value, &ep) == nil && ep.Joined && ep.LabelsUnknown {
+		if ep, err := datastore.ParseEndpoint(kv.Key, kv.Value); err == nil && ep.Joined && ep.LabelsUnknown {
 			d.setPending(ep.ID, ep.Network)
 		}
 	}

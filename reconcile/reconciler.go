@@ -2,7 +2,6 @@ package reconcile
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -163,20 +162,18 @@ func (r *Reconciler) readEndpoints(ctx context.Context) ([]StoredEndpoint, map[s
 	}
 	var out []StoredEndpoint
 	for _, kv := range kvs {
-		node, id, ok := datastore.EndpointNodeAndID(kv.Key)
-		if !ok {
+		if _, _, ok := datastore.EndpointNodeAndID(kv.Key); !ok {
 			continue
 		}
-		var ep datastore.Endpoint
-		if err := json.Unmarshal(kv.Value, &ep); err != nil {
+		w, err := datastore.ParseEndpoint(kv.Key, kv.Value)
+		if err != nil {
 			// Leave an unreadable record alone rather than guess.
 			r.Log.WithError(err).WithField("key", kv.Key).Warn("unreadable endpoint record: skipping it")
 			continue
 		}
-		// The key is authoritative: it is what a delete must name.
-		ep.Node, ep.ID = node, id
+		ep := w.Endpoint
 		if ep.HostIfName == "" {
-			ep.HostIfName = dataplane.HostIfName(id)
+			ep.HostIfName = dataplane.HostIfName(ep.ID)
 		}
 		out = append(out, StoredEndpoint{Endpoint: ep, Rev: kv.ModRevision})
 	}
