@@ -188,7 +188,10 @@ func (s *Syncer) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
-		if err != nil {
+		switch {
+		case errors.Is(err, errResyncDue):
+			s.log.Debug("resync: listing the datastore again")
+		case err != nil:
 			s.log.WithError(err).Info("datastore watch ended; listing again")
 		}
 		if !errors.Is(err, errResyncDue) && !backoff.Wait(ctx) {
