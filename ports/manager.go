@@ -33,12 +33,12 @@ type Manager struct {
 	// what it reads.
 	store   *datastore.Store
 	records datastore.Records
-	node  string
-	nft   *nft.Tables
-	dp    Dataplane
-	ipv6  bool
-	log   logrus.FieldLogger
-	mu    sync.Mutex
+	node    string
+	nft     *nft.Tables
+	dp      Dataplane
+	ipv6    bool
+	log     logrus.FieldLogger
+	mu      sync.Mutex
 	// engineID gives this host's Docker engine ID ("" while unknown; nil:
 	// never known): records of another engine sharing the node name are
 	// neither published nor counted as taken.
@@ -89,7 +89,6 @@ func (m *Manager) load(ctx context.Context) ([]record, error) {
 	}
 	return out, nil
 }
-
 
 // internalState is what the guard of --internal networks needs: the pools
 // and the host interfaces of joined endpoints of internal networks.

@@ -36,4 +36,3 @@ func NewClient(host string) (*client.Client, error) {
 // CallTimeout bounds one Docker call: a hung dockerd must not hang the
 // loop that asked.
 const CallTimeout = 15 * time.Second
-
