@@ -318,8 +318,9 @@ func (m *Manager) Run(ctx context.Context) {
 // shaping: any network change does; an endpoint change not when it
 // resolves to the limits already applied to that veth (a Join's own
 // write, its shaping done by the Join; a Leave's), nor for a record of
-// another engine. In doubt (a network no Sync has read yet, labels
-// unknown, a bad value) it does, and a Sync decides.
+// another engine, nor for labels unknown on a veth not shaped (a Sync
+// keeps it as it is). In doubt (a network no Sync has read yet, labels
+// unknown on a shaped veth, a bad value) it does, and a Sync decides.
 func (m *Manager) affects(c datastore.Change) bool {
 	if strings.HasPrefix(c.Key, datastore.NetworksPrefix) {
 		return true
@@ -343,8 +344,15 @@ func (m *Manager) affects(c datastore.Change) bool {
 		return shaped
 	}
 	opts, known := m.netOpts[ep.Network]
-	if !known || ep.LabelsUnknown {
+	if !known {
 		return true
+	}
+	if ep.LabelsUnknown {
+		// A Sync leaves such an endpoint's veth as it is (desired keeps
+		// it): it can only matter when the endpoint was shaped. A host
+		// full of containers Docker cannot name otherwise paid a dump
+		// of every link and qdisc per Join.
+		return shaped
 	}
 	l, err := Resolve(ep.BandwidthOptions, ep.Labels, opts)
 	if err != nil {

@@ -245,6 +245,7 @@ func TestManagerAffects(t *testing.T) {
 		{"another engine's", ev(other, &datastore.Endpoint{Joined: true, EngineID: "engine-b", BandwidthOptions: map[string]string{LabelPrefix + Ingress: "1mbit"}}), false},
 		{"created, not joined", ev(other, &datastore.Endpoint{}), false},
 		{"joined, not yet shaped", ev(other, &datastore.Endpoint{Joined: true}), true},
+		{"joined, labels unknown, not shaped", ev(other, &datastore.Endpoint{Joined: true, LabelsUnknown: true}), false},
 		{"deleted, never shaped", ev(other, nil), false},
 	}
 	for _, tt := range tests {

@@ -385,6 +385,7 @@ func (c *incrementalCalc) takeIfname(ifname string) {
 	}
 	ce := c.computed[keys[0]]
 	l, _, warning := newLocalEndpoint(ce.ep, ce.netKey, c.netByID, map[string]bool{})
+	l.jumps = map[Family][]Rule{} // l lives until its record or network changes
 	if warning != "" {
 		c.localWarning[ifname] = warning
 	}

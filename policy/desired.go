@@ -213,6 +213,11 @@ type localEndpoint struct {
 	// endpoints by it at every change, and a kept localEndpoint (calc.go)
 	// need not compute it again.
 	labels string
+	// jumps, when set, keeps the endpoint's memoJumps by family: the
+	// incremental calculation keeps its localEndpoints from one change
+	// to the next, and looking them up in jumpMemo hashed four IDs per
+	// endpoint at every change. nil in Desired.
+	jumps map[Family][]Rule
 }
 
 // Desired computes the tables from the datastore state. It is pure: the
@@ -540,11 +545,17 @@ func memoJumps(f Family, pt *policyTable, l localEndpoint, network string) []Rul
 	if len(pt.plan.failClosed[l.ep.ID]) > 0 || len(pt.plan.byEndpoint[l.ep.ID]) > 0 {
 		return endpointJumps(pt, l, network)
 	}
+	if rs, ok := l.jumps[f]; ok {
+		return rs
+	}
 	key := jumpKey{f: f, id: l.ep.ID, ifname: l.ep.HostIfName, network: l.network.ID, name: network, isolated: l.policy.Isolated}
 	jumpMu.Lock()
 	rs, ok := jumpMemo[key]
 	jumpMu.Unlock()
 	if ok {
+		if l.jumps != nil {
+			l.jumps[f] = rs
+		}
 		return rs
 	}
 	rs = endpointJumps(pt, l, network)
@@ -557,6 +568,9 @@ func memoJumps(f Family, pt *policyTable, l localEndpoint, network string) []Rul
 	}
 	jumpMemo[key] = rs
 	jumpMu.Unlock()
+	if l.jumps != nil {
+		l.jumps[f] = rs
+	}
 	return rs
 }
 
