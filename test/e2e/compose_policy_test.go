@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -78,8 +79,13 @@ func togetherCompose(proj, dir string) string {
 	var b strings.Builder
 	b.WriteString("version: \"2.4\"\nservices:\n")
 	for k := 0; k < togetherRoles; k++ {
+		// Each role starts its mesh at its own service: the servers answer
+		// one connection at a time (busybox nc), and twelve clients all
+		// starting at s0 queued up past the clients' 1 s timeout on a
+		// loaded machine.
+		mine := append(slices.Clone(targets[k*togetherReplicas:]), targets[:k*togetherReplicas]...)
 		fmt.Fprintf(&b, "  s%d:\n    image: %s\n    scale: %d\n    labels:\n      %srole: %s\n    environment:\n      ROLE: %s\n      PEERS: \"%d\"\n      TARGETS: %s\n    volumes: [\"%s:/sync\"]\n    command: [\"sh\", \"/sync/run.sh\"]\n",
-			k, harness.Image, togetherReplicas, policy.LabelPrefix, togetherRole(k), togetherRole(k), togetherRoles*togetherReplicas, strings.Join(targets, " "), dir)
+			k, harness.Image, togetherReplicas, policy.LabelPrefix, togetherRole(k), togetherRole(k), togetherRoles*togetherReplicas, strings.Join(mine, " "), dir)
 	}
 	fmt.Fprintf(&b, "networks:\n  default:\n    external:\n      name: %s\n", mhNetwork)
 	return b.String()
