@@ -274,7 +274,7 @@ func (m *Manager) Sync(ctx context.Context) error {
 	if err := m.register(ctx, nodes, port, ifAddr); err != nil {
 		return err
 	}
-	owners, endpoints, pools := follow.BlockOwners(m.d.Records), follow.Endpoints(m.d.Records), m.poolCIDRs()
+	owners, endpoints, pools := follow.BlockOwners(m.d.Records), follow.Endpoints(m.d.Records), follow.PoolPrefixes(m.d.Records)
 	want := Compute(Input{Self: m.d.NodeName, SelfKey: m.key.PublicKey(), Mode: mode, Nodes: nodes, Owners: owners, Endpoints: endpoints, Pools: pools})
 	m.noteUnencrypted(want, mode)
 	m.learnPeers(want)
@@ -290,19 +290,6 @@ func (m *Manager) Sync(ctx context.Context) error {
 	m.peerStatesLocked()
 	m.mu.Unlock()
 	return err
-}
-
-// poolCIDRs lists every pool, disabled ones too (their addresses may
-// still be in use).
-func (m *Manager) poolCIDRs() []netip.Prefix {
-	recs, _ := m.d.Records.List(ipam.PoolsPrefix)
-	pools := datastore.Values[ipam.PoolInfo](recs)
-	slices.SortFunc(pools, ipam.ComparePools)
-	out := make([]netip.Prefix, 0, len(pools))
-	for _, p := range pools {
-		out = append(out, p.Prefix)
-	}
-	return out
 }
 
 // prepare finds the node address and the key and makes the device.

@@ -61,16 +61,32 @@ func Endpoints(records datastore.Records) []datastore.Endpoint {
 	return out
 }
 
-// Pools are the IP pools, as the syncer holds them.
+// Pools are the IP pools, as the syncer holds them, in ListPools' order.
 func Pools(records datastore.Records) []ipam.Pool {
-	recs, _ := records.List(ipam.PoolsPrefix)
-	ps := datastore.Values[ipam.PoolInfo](recs)
-	slices.SortFunc(ps, ipam.ComparePools)
+	ps := sortedPools(records)
 	out := make([]ipam.Pool, len(ps))
 	for i, p := range ps {
 		out[i] = p.Pool
 	}
 	return out
+}
+
+// PoolPrefixes are the prefixes of every pool, disabled ones too, in
+// ListPools' order.
+func PoolPrefixes(records datastore.Records) []netip.Prefix {
+	ps := sortedPools(records)
+	out := make([]netip.Prefix, len(ps))
+	for i, p := range ps {
+		out[i] = p.Prefix
+	}
+	return out
+}
+
+func sortedPools(records datastore.Records) []*ipam.PoolInfo {
+	recs, _ := records.List(ipam.PoolsPrefix)
+	ps := datastore.Values[ipam.PoolInfo](recs)
+	slices.SortFunc(ps, ipam.ComparePools)
+	return ps
 }
 
 // BlockOwners maps every block confirmed affine to a host to that host.
