@@ -73,11 +73,13 @@ type incrementalCalc struct {
 	// smallest key wins, as Desired takes the records in key order.
 	claimants map[string]map[string]bool
 	dirtyIf   map[string]bool
-	// locals: the winners by interface name; ifnames sorted.
-	locals       map[string]localEndpoint
+	// ifnames are the interface names with a winner, sorted, and locals
+	// the winners, in the same order: changed in place, as desiredFrom
+	// keeps neither.
+	ifnames      []string
+	locals       []localEndpoint
 	localWarning map[string]string // interface name -> its winner's network warning
 	conflicts    map[string][]string
-	ifnames      []string
 
 	// joined is the cluster's joined endpoints in key order (the policy
 	// plan's input); nil when it must be rebuilt.
@@ -142,7 +144,6 @@ func newIncrementalCalc(node string, ipv6 bool, fs Failsafe) *incrementalCalc {
 		members:      map[string]map[Family]*memberSet{},
 		claimants:    map[string]map[string]bool{},
 		dirtyIf:      map[string]bool{},
-		locals:       map[string]localEndpoint{},
 		localWarning: map[string]string{},
 		conflicts:    map[string][]string{},
 		joinedDirty:  true,
@@ -215,10 +216,7 @@ func (c *incrementalCalc) CompleteDeferredWork() (Ruleset, []string) {
 	if len(st.Policies) > 0 {
 		st.Endpoints = c.joinedEndpoints()
 	}
-	locals := make([]localEndpoint, len(c.ifnames))
-	for i, n := range c.ifnames {
-		locals[i] = c.locals[n]
-	}
+	locals := c.locals
 	// The memo forgets the endpoints gone (and their old targets) once it
 	// holds far more than the endpoints' rules.
 	if len(c.rules) > 4*len(locals)+64 {
@@ -370,13 +368,12 @@ func (c *incrementalCalc) takeIfname(ifname string) {
 	keys := sortedKeys(c.claimants[ifname])
 	delete(c.conflicts, ifname)
 	delete(c.localWarning, ifname)
-	_, had := c.locals[ifname]
+	i, had := slices.BinarySearch(c.ifnames, ifname)
 	if len(keys) == 0 {
 		delete(c.claimants, ifname)
 		if had {
-			delete(c.locals, ifname)
-			i, _ := slices.BinarySearch(c.ifnames, ifname)
-			c.ifnames = slices.Delete(slices.Clone(c.ifnames), i, i+1)
+			c.ifnames = slices.Delete(c.ifnames, i, i+1)
+			c.locals = slices.Delete(c.locals, i, i+1)
 		}
 		return
 	}
@@ -385,15 +382,15 @@ func (c *incrementalCalc) takeIfname(ifname string) {
 	}
 	ce := c.computed[keys[0]]
 	l, _, warning := newLocalEndpoint(ce.ep, ce.netKey, c.netByID, map[string]bool{})
-	l.jumps = map[Family][]Rule{} // l lives until its record or network changes
 	if warning != "" {
 		c.localWarning[ifname] = warning
 	}
-	c.locals[ifname] = l
-	if !had {
-		i, _ := slices.BinarySearch(c.ifnames, ifname)
-		c.ifnames = slices.Insert(slices.Clone(c.ifnames), i, ifname)
+	if had {
+		c.locals[i] = l
+		return
 	}
+	c.ifnames = slices.Insert(c.ifnames, i, ifname)
+	c.locals = slices.Insert(c.locals, i, l)
 }
 
 // joinedEndpoints is the cluster's joined endpoints in key order.

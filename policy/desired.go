@@ -54,6 +54,7 @@ const (
 	chainNAT     = "postrouting"
 
 	netSetPrefix     = "net-"
+	ifSetPrefix      = "ifs-"
 	ingressPrefix    = "in-"
 	egressPrefix     = "out-"
 	workloadIfPrefix = dataplane.HostIfPrefix
@@ -182,6 +183,13 @@ const maxHashMemo = 4096
 // NetworkSetName is the address set of a logical network.
 func NetworkSetName(key string) string { return netSetPrefix + hashName(key) }
 
+// InterfaceSetName is the set of the workload interfaces, on this host, of
+// a Docker network's endpoints that no policy selects: the network's
+// chains are reached through it, so that a Join adds an element to a set
+// instead of rules to the forward chain (the kernel re-validates every
+// jump of a table when a jump is added).
+func InterfaceSetName(networkID string) string { return ifSetPrefix + hashName(networkID) }
+
 // IngressChainName is the chain checking traffic to the containers of a
 // Docker network (by its id); EgressChainName the one checking theirs.
 func IngressChainName(networkID string) string { return ingressPrefix + hashName(networkID) }
@@ -213,11 +221,6 @@ type localEndpoint struct {
 	// endpoints by it at every change, and a kept localEndpoint (calc.go)
 	// need not compute it again.
 	labels string
-	// jumps, when set, keeps the endpoint's memoJumps by family: the
-	// incremental calculation keeps its localEndpoints from one change
-	// to the next, and looking them up in jumpMemo hashed four IDs per
-	// endpoint at every change. nil in Desired.
-	jumps map[Family][]Rule
 }
 
 // Desired computes the tables from the datastore state. It is pure: the
@@ -424,13 +427,21 @@ func desiredTable(f Family, locals []localEndpoint, memberElems func(key string,
 	netSets := map[string]bool{}
 	netChains := map[string]bool{}
 	setOf := map[string]string{} // network key -> its set's name
-	forward.Unordered = make([]Rule, 0, 2*len(locals))
+	// byNetwork: the interfaces of each network's endpoints no policy
+	// selects, in the locals' (interface name) order; nets: those
+	// networks in their first endpoint's order.
+	byNetwork := map[string][]string{}
+	var nets []localEndpoint
 	for _, l := range locals {
-		name := l.network.Name
-		if name == "" {
-			name = dataplane.ShortID(l.network.ID)
+		name := networkDisplayName(l.network)
+		if selected(pt, l) {
+			forward.Unordered = append(forward.Unordered, endpointJumps(pt, l, name)...)
+		} else {
+			if _, seen := byNetwork[l.network.ID]; !seen {
+				nets = append(nets, l)
+			}
+			byNetwork[l.network.ID] = append(byNetwork[l.network.ID], l.ep.HostIfName)
 		}
-		forward.Unordered = append(forward.Unordered, memoJumps(f, pt, l, name)...)
 		set, ok := setOf[l.key]
 		if !ok {
 			set = NetworkSetName(l.key)
@@ -450,6 +461,12 @@ func desiredTable(f Family, locals []localEndpoint, memberElems func(key string,
 			t.Chains = append(t.Chains, egressChain(EgressChainName(l.network.ID), set, name))
 		}
 	}
+	for _, l := range nets {
+		set := InterfaceSetName(l.network.ID)
+		name := networkDisplayName(l.network)
+		t.Sets = append(t.Sets, Set{Name: set, Type: SetIfname, Elements: byNetwork[l.network.ID], Comment: "interfaces of network " + name + " no policy selects"})
+		forward.Unordered = append(forward.Unordered, networkJumps(f, l, set, name)...)
+	}
 	pt.hostChains(&t, &forward, heps, fs, cl)
 	t.Chains = append(t.Chains, forward)
 	pt.finish(&t)
@@ -458,17 +475,31 @@ func desiredTable(f Family, locals []localEndpoint, memberElems func(key string,
 
 // fixedSets are the sets every table has.
 func fixedSets(locals []localEndpoint, pools, natPools []netip.Prefix, hosts, vteps []netip.Addr) []Set {
-	var ifnames []string
-	for _, l := range locals {
-		ifnames = append(ifnames, l.ep.HostIfName)
+	ifnames := make([]string, len(locals))
+	for i, l := range locals {
+		ifnames[i] = l.ep.HostIfName
+	}
+	// The locals come sorted by interface name, each name once: sorting
+	// again would cost a Join in proportion to the host's endpoints.
+	if !strictlyIncreasing(ifnames) {
+		ifnames = nft.SortedUnique(ifnames)
 	}
 	return []Set{
 		{Name: setPools, Type: SetAddr, Interval: true, Elements: nft.IntervalElements(pools), Comment: "every calico pool"},
 		{Name: setNATPools, Type: SetAddr, Interval: true, Elements: nft.IntervalElements(natPools), Comment: "pools with natOutgoing"},
 		{Name: setHosts, Type: SetAddr, Elements: nft.AddrElements(hosts), Comment: "the cluster's hosts (node records)"},
 		{Name: setVTEPs, Type: SetAddr, Elements: nft.AddrElements(vteps), Comment: "the cluster's hosts' VXLAN tunnel addresses"},
-		{Name: setWorkloads, Type: SetIfname, Elements: nft.SortedUnique(ifnames), Comment: "this host's joined workload interfaces"},
+		{Name: setWorkloads, Type: SetIfname, Elements: ifnames, Comment: "this host's joined workload interfaces"},
 	}
+}
+
+func strictlyIncreasing(s []string) bool {
+	for i := 1; i < len(s); i++ {
+		if s[i-1] >= s[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // natChain masquerades what leaves a natOutgoing pool for outside the
@@ -537,57 +568,40 @@ func endpointJumps(pt *policyTable, l localEndpoint, network string) []Rule {
 	return jumps
 }
 
-// memoJumps is endpointJumps, rendered, from a memo while the endpoint
-// is selected by no policy (the jumps then depend on nothing else than
-// what the memo key holds, and building them has no side effect on pt):
-// Desired runs at every change, for every local endpoint.
-func memoJumps(f Family, pt *policyTable, l localEndpoint, network string) []Rule {
-	if len(pt.plan.failClosed[l.ep.ID]) > 0 || len(pt.plan.byEndpoint[l.ep.ID]) > 0 {
-		return endpointJumps(pt, l, network)
-	}
-	if rs, ok := l.jumps[f]; ok {
-		return rs
-	}
-	key := jumpKey{f: f, id: l.ep.ID, ifname: l.ep.HostIfName, network: l.network.ID, name: network, isolated: l.policy.Isolated}
-	jumpMu.Lock()
-	rs, ok := jumpMemo[key]
-	jumpMu.Unlock()
-	if ok {
-		if l.jumps != nil {
-			l.jumps[f] = rs
-		}
-		return rs
-	}
-	rs = endpointJumps(pt, l, network)
-	for i := range rs {
-		rs[i] = rs[i].WithText(f)
-	}
-	jumpMu.Lock()
-	if len(jumpMemo) >= maxJumpMemo {
-		clear(jumpMemo)
-	}
-	jumpMemo[key] = rs
-	jumpMu.Unlock()
-	if l.jumps != nil {
-		l.jumps[f] = rs
-	}
-	return rs
+// selected tells whether a policy selects the endpoint (or would, were
+// its labels known): its traffic then goes through its own dispatch
+// chains, not through its network's interface set.
+func selected(pt *policyTable, l localEndpoint) bool {
+	return len(pt.plan.failClosed[l.ep.ID]) > 0 || len(pt.plan.byEndpoint[l.ep.ID]) > 0
 }
 
-// jumpKey is what an endpoint's jumps are built from when no policy
-// selects it.
-type jumpKey struct {
-	f                         Family
-	id, ifname, network, name string
-	isolated                  bool
+// networkJumps send the traffic of a network's endpoints that no policy
+// selects (from them, then to them) to the network's chains: what
+// endpointJumps gives each such endpoint, for all of them at once.
+func networkJumps(f Family, l localEndpoint, ifSet, network string) []Rule {
+	var jumps []Rule
+	if l.policy.Isolated {
+		jumps = append(jumps, Rule{
+			Matches: []Match{{Kind: MatchIfnameSet, In: true, Value: ifSet}},
+			Verdict: Jump, Target: EgressChainName(l.network.ID),
+			Comment: "from the endpoints of network " + network,
+		}.WithText(f))
+	}
+	return append(jumps, Rule{
+		Matches: []Match{{Kind: MatchIfnameSet, Value: ifSet}},
+		Verdict: Jump, Target: IngressChainName(l.network.ID),
+		Comment: "to the endpoints of network " + network,
+	}.WithText(f))
 }
 
-var (
-	jumpMu   sync.Mutex
-	jumpMemo = map[jumpKey][]Rule{}
-)
-
-const maxJumpMemo = 1 << 15
+// networkDisplayName is how comments name a network: its name, or its
+// short id when it has none.
+func networkDisplayName(n datastore.Network) string {
+	if n.Name != "" {
+		return n.Name
+	}
+	return dataplane.ShortID(n.ID)
+}
 
 // publishedPortRule opens a published port (docker run -p) to whoever
 // reaches the host's port, whatever the network's isolation and ingress

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"github.com/calico-cnm/calico-cnm/nft"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -88,13 +89,22 @@ func rulesOf(t *testing.T, tb Table, chain string) []string {
 	return out
 }
 
-// rulesMentioning lists the table's rules containing s.
+// rulesMentioning lists the table's rules containing s, and the rules
+// matching an interface set that holds s, written as if they named s (the
+// rules the traffic of interface s meets).
 func rulesMentioning(tb Table, s string) []string {
 	var out []string
 	for _, c := range tb.Chains {
 		for _, r := range nft.ChainRules(c) {
-			if txt := r.Render(tb.Family); strings.Contains(txt, s) {
+			txt := r.Render(tb.Family)
+			if strings.Contains(txt, s) {
 				out = append(out, c.Name+": "+txt)
+				continue
+			}
+			for _, m := range r.Matches {
+				if set, ok := tb.Set(m.Value); ok && m.Kind == MatchIfnameSet && !m.Negate && slices.Contains(set.Elements, s) {
+					out = append(out, c.Name+": "+strings.Replace(txt, "@"+m.Value, strconv.Quote(s), 1))
+				}
 			}
 		}
 	}
@@ -195,15 +205,16 @@ func TestDesiredIsolation(t *testing.T) {
 	if len(out) != 3 || !strings.HasPrefix(out[0], "ct status dnat counter return") || !strings.HasPrefix(out[1], "ip daddr @"+net1Set+" counter return") || !strings.HasPrefix(out[2], "ip daddr @pools counter drop") {
 		t.Errorf("egress chain of net1 = %q", out)
 	}
-	// Linear growth: 20 more endpoints on net1 add 40 rules, no chain
-	// and no set (their addresses go into net1's set).
+	// 20 more endpoints on net1 add no rule, no chain and no set: their
+	// addresses go into net1's member set, their interfaces into net1's
+	// interface set.
 	st := baseState()
 	for i := 5; i < 25; i++ {
 		st.Endpoints = append(st.Endpoints, ep(i, net1ID, "h1", fmt.Sprintf("192.168.2.%d", i), true))
 	}
 	more, _ := Desired(st)
 	v4more := mustTable(t, more, IPv4)
-	if got, want := v4more.RuleCount()-v4.RuleCount(), 40; got != want {
+	if got, want := v4more.RuleCount()-v4.RuleCount(), 0; got != want {
 		t.Errorf("20 more local endpoints added %d rules, want %d", got, want)
 	}
 	if len(v4more.Sets) != len(v4.Sets) || len(v4more.Chains) != len(v4.Chains) {
@@ -211,6 +222,9 @@ func TestDesiredIsolation(t *testing.T) {
 	}
 	if got := len(setElems(t, v4more, net1Set)); got != 23 {
 		t.Errorf("net1 set has %d members, want 23", got)
+	}
+	if got := len(setElems(t, v4more, InterfaceSetName(net1ID))); got != 22 {
+		t.Errorf("net1's interface set has %d interfaces, want 22 (h1's)", got)
 	}
 }
 

@@ -91,23 +91,23 @@ func TestDiffFromNothingWritesEverything(t *testing.T) {
 	}
 }
 
-// TestDiffJoinAndLeave: an endpoint joining changes exactly its two rules
-// and its set elements; leaving undoes exactly that.
+// TestDiffJoinAndLeave: an endpoint joining adds exactly its set elements
+// (its network's interface set, its network's members, the workloads) and
+// no rule; leaving undoes exactly that.
 func TestDiffJoinAndLeave(t *testing.T) {
 	before := baseState()
 	after := baseState()
 	joined := ep(7, net1ID, "h1", "192.168.0.7", true)
 	after.Endpoints = append(after.Endpoints, joined)
-	in, out := IngressChainName(net1ID), EgressChainName(net1ID)
 	ifn := joined.HostIfName
 	net1Set := NetworkSetName("name:net1")
+	ifSet := InterfaceSetName(net1ID)
 
 	join := opStrings(Diff(asDumped(desired(t, before)), desired(t, after)))
 	wantJoin := []string{
+		"add element ip calico-cnm " + ifSet + " { " + ifn + " }",
 		"add element ip calico-cnm " + net1Set + " { 192.168.0.7 }",
 		"add element ip calico-cnm workloads { " + ifn + " }",
-		`add rule ip calico-cnm forward iifname "` + ifn + `" counter jump ` + out + ` comment "from endpoint hhhhhhhhhhhh of network net1"`,
-		`add rule ip calico-cnm forward oifname "` + ifn + `" counter jump ` + in + ` comment "to endpoint hhhhhhhhhhhh of network net1"`,
 	}
 	if !slices.Equal(join, wantJoin) {
 		t.Errorf("join plan:\n%s\nwant:\n%s", strings.Join(join, "\n"), strings.Join(wantJoin, "\n"))
@@ -118,11 +118,6 @@ func TestDiffJoinAndLeave(t *testing.T) {
 	var got []string
 	for _, o := range leave {
 		switch o.Kind {
-		case OpDelRule:
-			if !strings.Contains(o.Rule.Render(IPv4), ifn) || o.Rule.Handle == 0 {
-				t.Errorf("leave deletes a rule that is not the endpoint's: %s", o)
-			}
-			got = append(got, "delete rule")
 		case OpDelElements:
 			got = append(got, o.String())
 		default:
@@ -130,9 +125,9 @@ func TestDiffJoinAndLeave(t *testing.T) {
 		}
 	}
 	wantLeave := []string{
+		"delete element ip calico-cnm " + ifSet + " { " + ifn + " }",
 		"delete element ip calico-cnm " + net1Set + " { 192.168.0.7 }",
 		"delete element ip calico-cnm workloads { " + ifn + " }",
-		"delete rule", "delete rule",
 	}
 	if !slices.Equal(got, wantLeave) {
 		t.Errorf("leave plan %q, want %q", opStrings(leave), wantLeave)

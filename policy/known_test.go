@@ -106,7 +106,9 @@ func TestAfterOpsFollowsDiff(t *testing.T) {
 func TestAfterOpsKeepsHandles(t *testing.T) {
 	before := baseState()
 	after := baseState()
-	joined := ep(7, net1ID, "h1", "192.168.0.7", true)
+	// The first endpoint of a network on this host: its network's jumps
+	// are the new rules.
+	joined := ep(7, net3ID, "h1", "192.168.0.7", true)
 	after.Endpoints = append(after.Endpoints, joined)
 
 	cur := programmed(t, desired(t, before))
@@ -131,8 +133,8 @@ func TestAfterOpsKeepsHandles(t *testing.T) {
 	for _, r := range fwd(joinedRS).Rules {
 		if !old[r.Handle] {
 			added = append(added, r.Handle)
-			if !strings.Contains(r.Render(IPv4), joined.HostIfName) {
-				t.Errorf("new rule %d is not the joined endpoint's: %s", r.Handle, r.Render(IPv4))
+			if !strings.Contains(r.Render(IPv4), "@"+InterfaceSetName(net3ID)) {
+				t.Errorf("new rule %d is not the joined endpoint's network's: %s", r.Handle, r.Render(IPv4))
 			}
 		}
 	}
@@ -289,39 +291,6 @@ func TestRenderMatchesFmt(t *testing.T) {
 		for i, r := range rules {
 			if got, want := r.Render(f), renderFmt(r, f); got != want {
 				t.Errorf("%s rule %d:\n got %s\nwant %s", f, i, got, want)
-			}
-		}
-	}
-}
-
-// TestMemoJumpsEqualsEndpointJumps: the memoised jumps of an endpoint no
-// policy selects are the ones endpointJumps builds, for every option that
-// changes them, and are never reused for another endpoint or network.
-func TestMemoJumpsEqualsEndpointJumps(t *testing.T) {
-	e0, e1 := ep(0, net1ID, "h1", "192.168.0.1", true), ep(1, net1ID, "h1", "192.168.0.2", true)
-	isolated, open := NetworkPolicy{Isolated: true, Ingress: IngressCluster}, NetworkPolicy{Ingress: IngressAny}
-	n1, n2 := datastore.Network{ID: net1ID, Name: "net1"}, datastore.Network{ID: net2ID, Name: "net2"}
-	locals := []localEndpoint{
-		{ep: e0, network: n1, policy: isolated, key: "name:net1"},
-		{ep: e0, network: n1, policy: open, key: "name:net1"},
-		{ep: e0, network: n2, policy: isolated, key: "name:net2"},
-		{ep: e1, network: n1, policy: isolated, key: "name:net1"},
-	}
-	for round := 0; round < 2; round++ { // the second round comes from the memo
-		for _, f := range []Family{IPv4, IPv6} {
-			for i, l := range locals {
-				pt := newPolicyTable(f, policyPlan{}, nil)
-				got, want := memoJumps(f, pt, l, l.network.Name), endpointJumps(pt, l, l.network.Name)
-				var g, w []string
-				for _, r := range got {
-					g = append(g, r.Text(f))
-				}
-				for _, r := range want {
-					w = append(w, r.Render(f))
-				}
-				if !slices.Equal(g, w) {
-					t.Errorf("round %d, %s, endpoint %d: memoised %q, want %q", round, f, i, g, w)
-				}
 			}
 		}
 	}

@@ -20,7 +20,7 @@ import (
 )
 
 // requireNetns skips, loudly, where throw-away namespaces cannot be made.
-func requireNetns(t *testing.T) {
+func requireNetns(t testing.TB) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("!!!!!! SKIPPED under -short (make unit): this nftables integration test creates a network namespace; run `go test ./policy/` as root. The kernel side is NOT verified !!!!!!")
@@ -44,7 +44,7 @@ func randHex(n int) string {
 }
 
 // newNetns makes a namespace that the test deletes when it ends.
-func newNetns(t *testing.T, prefix string) string {
+func newNetns(t testing.TB, prefix string) string {
 	t.Helper()
 	name := prefix + randHex(4)
 	mustRun(t, "ip", "netns", "add", name)
@@ -57,7 +57,7 @@ func newNetns(t *testing.T, prefix string) string {
 	return name
 }
 
-func mustRun(t *testing.T, argv ...string) string {
+func mustRun(t testing.TB, argv ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -196,8 +196,9 @@ func TestNFTApplyIntegration(t *testing.T) {
 	// An independent reader sees the rules and elements.
 	listing := nftIn(t, ns, "list", "table", "ip", TableName)
 	for _, s := range []string{
-		`oifname "` + ifOf(epID(0)) + `" counter packets 0 bytes 0 jump ` + IngressChainName(net1ID),
-		`iifname "` + ifOf(epID(0)) + `" counter packets 0 bytes 0 jump ` + EgressChainName(net1ID),
+		`oifname @` + InterfaceSetName(net1ID) + ` counter packets 0 bytes 0 jump ` + IngressChainName(net1ID),
+		`iifname @` + InterfaceSetName(net1ID) + ` counter packets 0 bytes 0 jump ` + EgressChainName(net1ID),
+		ifOf(epID(0)),
 		`ip saddr @nat-pools ip daddr != @pools counter packets 0 bytes 0 masquerade`,
 		`type nat hook postrouting priority srcnat; policy accept;`,
 		`type filter hook forward priority filter; policy accept;`,
@@ -225,8 +226,9 @@ func TestNFTApplyIntegration(t *testing.T) {
 	st2.Endpoints = append(slices.Clone(st.Endpoints), joined)
 	want2 := desired(t, st2)
 	handlesBefore := ruleHandles(t, n)
-	// Per family: 2 rules + workloads element (+ net1 element in ip).
-	applyChanges(t, n, want2, "join", 7)
+	// Per family: net1's interface set and workloads elements (+ the net1
+	// member element in ip); no rule.
+	applyChanges(t, n, want2, "join", 5)
 	handlesAfter := ruleHandles(t, n)
 	for h, r := range handlesBefore {
 		if handlesAfter[h] != r {
@@ -235,7 +237,7 @@ func TestNFTApplyIntegration(t *testing.T) {
 	}
 
 	// Leave: nothing of the endpoint is left, the rest untouched.
-	applyChanges(t, n, want, "leave", 7)
+	applyChanges(t, n, want, "leave", 5)
 	all := nftIn(t, ns, "list", "ruleset")
 	for _, s := range []string{joined.HostIfName, "192.168.0.7"} {
 		if strings.Contains(all, s) {
@@ -249,7 +251,7 @@ func TestNFTApplyIntegration(t *testing.T) {
 	// Somebody deletes one of our rules and adds one. Apply trusts what
 	// it programmed last (it does not read the kernel at every change);
 	// the periodic resync (Resync, then Apply) repairs it.
-	h := findHandle(t, ns, "ip", "forward", ifOf(epID(1)))
+	h := findHandle(t, ns, "ip", "forward", "oifname @"+InterfaceSetName(net1ID))
 	nftIn(t, ns, "delete", "rule", "ip", TableName, "forward", "handle", h)
 	nftIn(t, ns, "add", "rule", "ip", TableName, "forward", "ip", "saddr", "1.2.3.4", "accept")
 	if changes, err := n.Apply(ctx, want); err != nil || changes != 0 {
