@@ -183,12 +183,14 @@ const maxHashMemo = 4096
 // NetworkSetName is the address set of a logical network.
 func NetworkSetName(key string) string { return netSetPrefix + hashName(key) }
 
-// InterfaceSetName is the set of the workload interfaces, on this host, of
-// a Docker network's endpoints that no policy selects: the network's
-// chains are reached through it, so that a Join adds an element to a set
-// instead of rules to the forward chain (the kernel re-validates every
-// jump of a table when a jump is added).
-func InterfaceSetName(networkID string) string { return ifSetPrefix + hashName(networkID) }
+// JumpSetName is the set of the workload interfaces whose traffic in a
+// direction (from them: egress; to them: ingress) goes to the chain
+// target: the forward chain jumps once per set, so that a Join adds an
+// element to a set instead of a rule to the forward chain (adding a jump
+// makes the kernel validate every jump of the table).
+func JumpSetName(dir api.PolicyType, target string) string {
+	return ifSetPrefix + hashName(string(dir)+"|"+target)
+}
 
 // IngressChainName is the chain checking traffic to the containers of a
 // Docker network (by its id); EgressChainName the one checking theirs.
@@ -427,20 +429,11 @@ func desiredTable(f Family, locals []localEndpoint, memberElems func(key string,
 	netSets := map[string]bool{}
 	netChains := map[string]bool{}
 	setOf := map[string]string{} // network key -> its set's name
-	// byNetwork: the interfaces of each network's endpoints no policy
-	// selects, in the locals' (interface name) order; nets: those
-	// networks in their first endpoint's order.
-	byNetwork := map[string][]string{}
-	var nets []localEndpoint
+	var jumps jumpGroups
 	for _, l := range locals {
 		name := networkDisplayName(l.network)
-		if selected(pt, l) {
-			forward.Unordered = append(forward.Unordered, endpointJumps(pt, l, name)...)
-		} else {
-			if _, seen := byNetwork[l.network.ID]; !seen {
-				nets = append(nets, l)
-			}
-			byNetwork[l.network.ID] = append(byNetwork[l.network.ID], l.ep.HostIfName)
+		for _, j := range endpointJumps(pt, l, name) {
+			jumps.add(j, l.ep.HostIfName)
 		}
 		set, ok := setOf[l.key]
 		if !ok {
@@ -461,12 +454,7 @@ func desiredTable(f Family, locals []localEndpoint, memberElems func(key string,
 			t.Chains = append(t.Chains, egressChain(EgressChainName(l.network.ID), set, name))
 		}
 	}
-	for _, l := range nets {
-		set := InterfaceSetName(l.network.ID)
-		name := networkDisplayName(l.network)
-		t.Sets = append(t.Sets, Set{Name: set, Type: SetIfname, Elements: byNetwork[l.network.ID], Comment: "interfaces of network " + name + " no policy selects"})
-		forward.Unordered = append(forward.Unordered, networkJumps(f, l, set, name)...)
-	}
+	jumps.addTo(f, &t, &forward)
 	pt.hostChains(&t, &forward, heps, fs, cl)
 	t.Chains = append(t.Chains, forward)
 	pt.finish(&t)
@@ -536,62 +524,77 @@ func forwardChain() Chain {
 	}
 }
 
-// endpointJumps send an endpoint's traffic (from it, then to it) to its
-// network's chains. A policy selecting the endpoint for a direction
-// replaces the network's jump; the network's chain is then its profile
-// (Pass).
-func endpointJumps(pt *policyTable, l localEndpoint, network string) []Rule {
+// endpointJump is where a local endpoint's traffic in one direction
+// goes from the forward chain: its network's chain or, when policies
+// select it, their dispatch chain.
+type endpointJump struct {
+	dir     api.PolicyType
+	target  string
+	comment string // of the forward rule of every endpoint with this jump
+}
+
+// endpointJumps are where an endpoint's traffic (from it, then to it)
+// goes: its network's chains, unless a policy selects the endpoint for a
+// direction: that policy's dispatch chain replaces the network's chain,
+// which is then its profile (Pass).
+func endpointJumps(pt *policyTable, l localEndpoint, network string) []endpointJump {
 	in, out := IngressChainName(l.network.ID), EgressChainName(l.network.ID)
-	var jumps []Rule
+	var jumps []endpointJump
 	outProfile := ""
 	if l.policy.Isolated {
 		outProfile = out
 	}
-	if r, ok := pt.endpointJump(l, api.Egress, outProfile); ok {
-		jumps = append(jumps, r)
+	if target, comment, ok := pt.endpointJump(l, api.Egress, outProfile); ok {
+		jumps = append(jumps, endpointJump{dir: api.Egress, target: target, comment: comment})
 	} else if l.policy.Isolated {
-		jumps = append(jumps, Rule{
-			Matches: []Match{{Kind: MatchIfname, In: true, Value: l.ep.HostIfName}},
-			Verdict: Jump, Target: out,
-			Comment: "from endpoint " + dataplane.ShortID(l.ep.ID) + " of network " + network,
-		})
+		jumps = append(jumps, endpointJump{dir: api.Egress, target: out, comment: "from the endpoints of network " + network})
 	}
-	if r, ok := pt.endpointJump(l, api.Ingress, in); ok {
-		jumps = append(jumps, r)
-	} else {
-		jumps = append(jumps, Rule{
-			Matches: []Match{{Kind: MatchIfname, Value: l.ep.HostIfName}},
-			Verdict: Jump, Target: in,
-			Comment: "to endpoint " + dataplane.ShortID(l.ep.ID) + " of network " + network,
-		})
+	if target, comment, ok := pt.endpointJump(l, api.Ingress, in); ok {
+		return append(jumps, endpointJump{dir: api.Ingress, target: target, comment: comment})
 	}
-	return jumps
+	return append(jumps, endpointJump{dir: api.Ingress, target: in, comment: "to the endpoints of network " + network})
 }
 
-// selected tells whether a policy selects the endpoint (or would, were
-// its labels known): its traffic then goes through its own dispatch
-// chains, not through its network's interface set.
-func selected(pt *policyTable, l localEndpoint) bool {
-	return len(pt.plan.failClosed[l.ep.ID]) > 0 || len(pt.plan.byEndpoint[l.ep.ID]) > 0
+// jumpGroups gathers the interfaces of the endpoints by jump, in the
+// order the jumps were first seen.
+type jumpGroups struct {
+	index  map[endpointJump]int
+	groups []jumpGroup
 }
 
-// networkJumps send the traffic of a network's endpoints that no policy
-// selects (from them, then to them) to the network's chains: what
-// endpointJumps gives each such endpoint, for all of them at once.
-func networkJumps(f Family, l localEndpoint, ifSet, network string) []Rule {
-	var jumps []Rule
-	if l.policy.Isolated {
-		jumps = append(jumps, Rule{
-			Matches: []Match{{Kind: MatchIfnameSet, In: true, Value: ifSet}},
-			Verdict: Jump, Target: EgressChainName(l.network.ID),
-			Comment: "from the endpoints of network " + network,
+type jumpGroup struct {
+	endpointJump
+	ifnames []string
+}
+
+// add puts ifname in j's group; the interfaces come sorted (locals are).
+func (g *jumpGroups) add(j endpointJump, ifname string) {
+	if g.index == nil {
+		g.index = map[endpointJump]int{}
+	}
+	i, ok := g.index[j]
+	if !ok {
+		i = len(g.groups)
+		g.index[j] = i
+		g.groups = append(g.groups, jumpGroup{endpointJump: j})
+	}
+	g.groups[i].ifnames = append(g.groups[i].ifnames, ifname)
+}
+
+// addTo adds each group's interface set to t and its jump to forward.
+func (g *jumpGroups) addTo(f Family, t *Table, forward *Chain) {
+	for _, j := range g.groups {
+		set := JumpSetName(j.dir, j.target)
+		what := "to"
+		if j.dir == api.Egress {
+			what = "from"
+		}
+		t.Sets = append(t.Sets, Set{Name: set, Type: SetIfname, Elements: j.ifnames, Comment: nft.ClipComment("interfaces whose traffic " + what + " them goes to " + j.target)})
+		forward.Unordered = append(forward.Unordered, Rule{
+			Matches: []Match{{Kind: MatchIfnameSet, In: j.dir == api.Egress, Value: set}},
+			Verdict: Jump, Target: j.target, Comment: j.comment,
 		}.WithText(f))
 	}
-	return append(jumps, Rule{
-		Matches: []Match{{Kind: MatchIfnameSet, Value: ifSet}},
-		Verdict: Jump, Target: IngressChainName(l.network.ID),
-		Comment: "to the endpoints of network " + network,
-	}.WithText(f))
 }
 
 // networkDisplayName is how comments name a network: its name, or its

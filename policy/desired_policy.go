@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/nft"
 	"github.com/calico-cnm/calico-cnm/policy/api"
@@ -234,23 +233,23 @@ func newPolicyTable(f Family, plan policyPlan, memo ruleMemo) *policyTable {
 	return &policyTable{f: f, plan: plan, sets: map[string]Set{}, chains: map[string]Chain{}, dispatch: map[string]string{}, rulesMemo: memo}
 }
 
-// endpointJump is the forward rule for a local endpoint and direction, or
+// endpointJump is the chain a local endpoint's traffic in direction dir
+// goes to, with the comment of the forward rule that sends it there, or
 // false when the network's own chains apply. profile is the network's
 // chain for the direction ("" when it has none: everything returns).
-func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile string) (Rule, bool) {
-	match, what := Match{Kind: MatchIfname, Value: l.ep.HostIfName}, "to"
+func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile string) (target, comment string, ok bool) {
+	what := "to"
 	if dir == api.Egress {
-		match, what = Match{Kind: MatchIfname, In: true, Value: l.ep.HostIfName}, "from"
+		what = "from"
 	}
 	if pt.plan.failClosed[l.ep.ID][dir] {
-		jump := Rule{Matches: []Match{match}, Verdict: Jump, Comment: what + " endpoint " + dataplane.ShortID(l.ep.ID) + ": policies"}
-		jump.Target = dispatchChainName(dir, "fail-closed")
-		pt.chains[jump.Target] = Chain{Name: jump.Target, Rules: []Rule{{Verdict: Drop, Comment: "endpoint labels unknown: fail closed while policies exist"}}}
-		return jump, true
+		target = dispatchChainName(dir, "fail-closed")
+		pt.chains[target] = Chain{Name: target, Rules: []Rule{{Verdict: Drop, Comment: "endpoint labels unknown: fail closed while policies exist"}}}
+		return target, what + " the endpoints whose labels are unknown: fail closed", true
 	}
 	idx := pt.plan.byEndpoint[l.ep.ID][dir]
 	if len(idx) == 0 {
-		return Rule{}, false
+		return "", "", false
 	}
 	memoKey := dispatchMemoKey(dir, profile, idx)
 	target, done := pt.dispatch[memoKey]
@@ -258,12 +257,12 @@ func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile
 		target = pt.dispatchChain(memoKey, dir, profile, idx)
 	}
 	// The dispatch chain ends with one drop per endpoint using it (see
-	// markDeny), after its ordered rules.
-	jump, denied := pt.rulesMemo.selectedRules(pt.f, l, dir, target, match, what)
+	// markDeny), after its ordered rules: a drop is no jump, so adding it
+	// does not make the kernel validate the table's jumps.
 	c := pt.chains[target]
-	c.Unordered = append(c.Unordered, denied)
+	c.Unordered = append(c.Unordered, pt.rulesMemo.deniedRule(pt.f, l, dir))
 	pt.chains[target] = c
-	return jump, true
+	return target, what + " the endpoints policies select", true
 }
 
 // dispatchChain builds the dispatch chain of a (direction, profile,
@@ -296,36 +295,33 @@ func (pt *policyTable) dispatchChain(memoKey string, dir api.PolicyType, profile
 	return target
 }
 
-// selectedKey is what a policy-selected endpoint's jump and drop are
-// built from.
-type selectedKey struct {
-	f                  Family
-	dir                api.PolicyType
-	id, ifname, target string
+// deniedKey is what a policy-selected endpoint's drop is built from.
+type deniedKey struct {
+	f          Family
+	dir        api.PolicyType
+	id, ifname string
 }
 
-type selectedRules struct{ jump, denied Rule }
-
-// ruleMemo keeps the rendered jump and drop of policy-selected endpoints
-// from one computation to the next (the Calculator's): they are most of
+// ruleMemo keeps the rendered drops of policy-selected endpoints from one
+// computation to the next (the Calculator's): building them was most of
 // a change's work with policies selecting a thousand endpoints. A nil
 // ruleMemo (Desired) builds them each time.
-type ruleMemo map[selectedKey]selectedRules
+type ruleMemo map[deniedKey]Rule
 
-// selectedRules are the endpoint's jump to its dispatch chain target and
-// its drop at the chain's end.
-func (m ruleMemo) selectedRules(f Family, l localEndpoint, dir api.PolicyType, target string, match Match, what string) (jump, denied Rule) {
-	key := selectedKey{f: f, dir: dir, id: l.ep.ID, ifname: l.ep.HostIfName, target: target}
+// deniedRule is the endpoint's drop at the end of its dispatch chain:
+// what no policy allowed, counted per endpoint (Counters).
+func (m ruleMemo) deniedRule(f Family, l localEndpoint, dir api.PolicyType) Rule {
+	key := deniedKey{f: f, dir: dir, id: l.ep.ID, ifname: l.ep.HostIfName}
 	if r, ok := m[key]; ok {
-		return r.jump, r.denied
+		return r
 	}
-	jump = Rule{Matches: []Match{match}, Verdict: Jump, Target: target, Comment: what + " endpoint " + dataplane.ShortID(l.ep.ID) + ": policies"}
-	denied = Rule{Matches: []Match{match}, Verdict: Drop, Comment: DeniedComment(dir, l.ep.ID)}
+	match := Match{Kind: MatchIfname, In: dir == api.Egress, Value: l.ep.HostIfName}
+	denied := Rule{Matches: []Match{match}, Verdict: Drop, Comment: DeniedComment(dir, l.ep.ID)}
 	if m != nil {
-		jump, denied = jump.WithText(f), denied.WithText(f)
-		m[key] = selectedRules{jump: jump, denied: denied}
+		denied = denied.WithText(f)
+		m[key] = denied
 	}
-	return jump, denied
+	return denied
 }
 
 // dispatchMemoKey identifies a dispatch chain by what it is built from.

@@ -228,8 +228,18 @@ func mustDesired(t *testing.T, st State) Ruleset {
 func jumpTarget(tb Table, id string, in bool) string {
 	c, _ := tb.Chain(chainForward)
 	for _, r := range nft.ChainRules(c) {
-		if len(r.Matches) == 1 && r.Matches[0].Kind == MatchIfname && r.Matches[0].In == in && r.Matches[0].Value == ifOf(id) && r.Verdict == Jump {
-			return r.Target
+		if len(r.Matches) != 1 || r.Matches[0].In != in || r.Verdict != Jump {
+			continue
+		}
+		switch m := r.Matches[0]; m.Kind {
+		case MatchIfname:
+			if m.Value == ifOf(id) {
+				return r.Target
+			}
+		case MatchIfnameSet:
+			if set, ok := tb.Set(m.Value); ok && slices.Contains(set.Elements, ifOf(id)) {
+				return r.Target
+			}
 		}
 	}
 	return ""

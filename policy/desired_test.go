@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"github.com/calico-cnm/calico-cnm/nft"
+	"github.com/calico-cnm/calico-cnm/policy/api"
 	"slices"
 	"strconv"
 	"strings"
@@ -223,7 +224,7 @@ func TestDesiredIsolation(t *testing.T) {
 	if got := len(setElems(t, v4more, net1Set)); got != 23 {
 		t.Errorf("net1 set has %d members, want 23", got)
 	}
-	if got := len(setElems(t, v4more, InterfaceSetName(net1ID))); got != 22 {
+	if got := len(setElems(t, v4more, JumpSetName(api.Ingress, IngressChainName(net1ID)))); got != 22 {
 		t.Errorf("net1's interface set has %d interfaces, want 22 (h1's)", got)
 	}
 }

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"github.com/calico-cnm/calico-cnm/nft"
+	"github.com/calico-cnm/calico-cnm/policy/api"
 	"slices"
 	"strings"
 	"testing"
@@ -101,14 +102,16 @@ func TestDiffJoinAndLeave(t *testing.T) {
 	after.Endpoints = append(after.Endpoints, joined)
 	ifn := joined.HostIfName
 	net1Set := NetworkSetName("name:net1")
-	ifSet := InterfaceSetName(net1ID)
+	inSet, outSet := JumpSetName(api.Ingress, IngressChainName(net1ID)), JumpSetName(api.Egress, EgressChainName(net1ID))
 
 	join := opStrings(Diff(asDumped(desired(t, before)), desired(t, after)))
 	wantJoin := []string{
-		"add element ip calico-cnm " + ifSet + " { " + ifn + " }",
+		"add element ip calico-cnm " + inSet + " { " + ifn + " }",
+		"add element ip calico-cnm " + outSet + " { " + ifn + " }",
 		"add element ip calico-cnm " + net1Set + " { 192.168.0.7 }",
 		"add element ip calico-cnm workloads { " + ifn + " }",
 	}
+	slices.Sort(wantJoin) // the sets' names are hashes: the plan adds in name order
 	if !slices.Equal(join, wantJoin) {
 		t.Errorf("join plan:\n%s\nwant:\n%s", strings.Join(join, "\n"), strings.Join(wantJoin, "\n"))
 	}
@@ -125,10 +128,12 @@ func TestDiffJoinAndLeave(t *testing.T) {
 		}
 	}
 	wantLeave := []string{
-		"delete element ip calico-cnm " + ifSet + " { " + ifn + " }",
+		"delete element ip calico-cnm " + inSet + " { " + ifn + " }",
+		"delete element ip calico-cnm " + outSet + " { " + ifn + " }",
 		"delete element ip calico-cnm " + net1Set + " { 192.168.0.7 }",
 		"delete element ip calico-cnm workloads { " + ifn + " }",
 	}
+	slices.Sort(wantLeave)
 	if !slices.Equal(got, wantLeave) {
 		t.Errorf("leave plan %q, want %q", opStrings(leave), wantLeave)
 	}

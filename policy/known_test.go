@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"github.com/calico-cnm/calico-cnm/nft"
+	"github.com/calico-cnm/calico-cnm/policy/api"
 	"slices"
 	"strings"
 	"testing"
@@ -133,7 +134,7 @@ func TestAfterOpsKeepsHandles(t *testing.T) {
 	for _, r := range fwd(joinedRS).Rules {
 		if !old[r.Handle] {
 			added = append(added, r.Handle)
-			if !strings.Contains(r.Render(IPv4), "@"+InterfaceSetName(net3ID)) {
+			if txt := r.Render(IPv4); !strings.Contains(txt, "@"+JumpSetName(api.Ingress, IngressChainName(net3ID))) && !strings.Contains(txt, "@"+JumpSetName(api.Egress, EgressChainName(net3ID))) {
 				t.Errorf("new rule %d is not the joined endpoint's network's: %s", r.Handle, r.Render(IPv4))
 			}
 		}

@@ -196,8 +196,8 @@ func TestNFTApplyIntegration(t *testing.T) {
 	// An independent reader sees the rules and elements.
 	listing := nftIn(t, ns, "list", "table", "ip", TableName)
 	for _, s := range []string{
-		`oifname @` + InterfaceSetName(net1ID) + ` counter packets 0 bytes 0 jump ` + IngressChainName(net1ID),
-		`iifname @` + InterfaceSetName(net1ID) + ` counter packets 0 bytes 0 jump ` + EgressChainName(net1ID),
+		`oifname @` + JumpSetName(api.Ingress, IngressChainName(net1ID)) + ` counter packets 0 bytes 0 jump ` + IngressChainName(net1ID),
+		`iifname @` + JumpSetName(api.Egress, EgressChainName(net1ID)) + ` counter packets 0 bytes 0 jump ` + EgressChainName(net1ID),
 		ifOf(epID(0)),
 		`ip saddr @nat-pools ip daddr != @pools counter packets 0 bytes 0 masquerade`,
 		`type nat hook postrouting priority srcnat; policy accept;`,
@@ -226,9 +226,9 @@ func TestNFTApplyIntegration(t *testing.T) {
 	st2.Endpoints = append(slices.Clone(st.Endpoints), joined)
 	want2 := desired(t, st2)
 	handlesBefore := ruleHandles(t, n)
-	// Per family: net1's interface set and workloads elements (+ the net1
-	// member element in ip); no rule.
-	applyChanges(t, n, want2, "join", 5)
+	// Per family: the elements of net1's two interface sets and of
+	// workloads (+ the net1 member element in ip); no rule.
+	applyChanges(t, n, want2, "join", 7)
 	handlesAfter := ruleHandles(t, n)
 	for h, r := range handlesBefore {
 		if handlesAfter[h] != r {
@@ -237,7 +237,7 @@ func TestNFTApplyIntegration(t *testing.T) {
 	}
 
 	// Leave: nothing of the endpoint is left, the rest untouched.
-	applyChanges(t, n, want, "leave", 5)
+	applyChanges(t, n, want, "leave", 7)
 	all := nftIn(t, ns, "list", "ruleset")
 	for _, s := range []string{joined.HostIfName, "192.168.0.7"} {
 		if strings.Contains(all, s) {
@@ -251,7 +251,7 @@ func TestNFTApplyIntegration(t *testing.T) {
 	// Somebody deletes one of our rules and adds one. Apply trusts what
 	// it programmed last (it does not read the kernel at every change);
 	// the periodic resync (Resync, then Apply) repairs it.
-	h := findHandle(t, ns, "ip", "forward", "oifname @"+InterfaceSetName(net1ID))
+	h := findHandle(t, ns, "ip", "forward", "oifname @"+JumpSetName(api.Ingress, IngressChainName(net1ID)))
 	nftIn(t, ns, "delete", "rule", "ip", TableName, "forward", "handle", h)
 	nftIn(t, ns, "add", "rule", "ip", TableName, "forward", "ip", "saddr", "1.2.3.4", "accept")
 	if changes, err := n.Apply(ctx, want); err != nil || changes != 0 {
