@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -152,17 +154,46 @@ func requireOutput(t *testing.T, text string, wants ...string) {
 	}
 }
 
+// lockCheckout keeps the README tests' builds into bin/ in the checkout
+// apart (make run and make plugin build there, as a user's would), so that
+// the README tests can run beside every other test: it blocks until it
+// holds an exclusive flock on the module root, which the returned func
+// (also run at cleanup) releases. `make run` builds before it serves, so a
+// test that runs the daemon from bin/ releases the lock once the plugin
+// socket answers: the next holder's build of the same source finds
+// bin/calico-cnm up to date and rewrites nothing. A flock, not a mutex:
+// the lock lives in the kernel, not in package state.
+func lockCheckout(t *testing.T) (unlock func()) {
+	t.Helper()
+	root := harness.ModuleRoot(t)
+	f, err := os.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		t.Fatalf("flock %s: %v", root, err)
+	}
+	if waited := time.Since(began); waited > time.Second {
+		t.Logf("waited %s for the checkout lock (another README test builds bin/)", waited.Round(time.Millisecond))
+	}
+	var once sync.Once
+	unlock = func() { once.Do(func() { f.Close() }) }
+	t.Cleanup(unlock)
+	return unlock
+}
+
 // TestReadmeQuickStart runs the README's two promises together: `make run`
 // as written (it starts dockerd, since none answers, and the daemon on its
 // embedded etcd with the default socket dir), then the quick start pasted
 // into a shell.
-//
-// The README tests are not parallel: both build bin/calico-cnm in the
-// checkout (make run, make plugin), as a user would. They run before the
-// parallel tests start.
 func TestReadmeQuickStart(t *testing.T) {
+	t.Parallel()
+	unlock := lockCheckout(t)
 	sb := newUserSandbox(t, "readme", "make run")
 	sb.waitFor(t, "/run/docker/plugins/calico-ipam.sock", 4*time.Minute)
+	unlock()
 	text := sb.shell(t, readmeBlock(t, "quickstart"), 3*time.Minute)
 	requireOutput(t, text,
 		"default via 169.254.1.1 dev eth0",
@@ -189,9 +220,41 @@ func TestReadmeQuickStart(t *testing.T) {
 	}
 }
 
+// TestReadmeVXLAN pastes the README's VXLAN block on a host running `make
+// run`: a VXLAN pool gives the host vxlan.calico and its VTEP, containers
+// the reduced MTU; deleting the pool removes the device again.
+func TestReadmeVXLAN(t *testing.T) {
+	t.Parallel()
+	unlock := lockCheckout(t)
+	sb := newUserSandbox(t, "readme-vxlan", "make run")
+	sb.waitFor(t, "/run/docker/plugins/calico-ipam.sock", 4*time.Minute)
+	unlock()
+	text := sb.shell(t, readmeBlock(t, "vxlan"), 3*time.Minute)
+	requireOutput(t, text,
+		"pool 10.44.0.0/16 added (block size /26, vxlanMode CrossSubnet)",
+		"\n1450\n",
+		"VXLAN: device vxlan.calico, VTEP 10.44.",
+		"vxlan id 4096",
+		"dstport 4789",
+		"nolearning",
+		"pool 10.44.0.0/16: vxlanMode Always",
+		"pool 10.44.0.0/16 deleted",
+	)
+	harness.Eventually(t, 30*time.Second, 200*time.Millisecond, "vxlan.calico removed with the last VXLAN pool", func() error {
+		if out, err := sb.host.Exec(t, "ip", "link", "show", "vxlan.calico"); err == nil {
+			return fmt.Errorf("still there: %s", out)
+		}
+		return nil
+	})
+}
+
 // TestReadmeManagedQuickStart pastes the README's managed-plugin quick start
 // on a host whose dockerd runs with its defaults, as on a fresh install.
 func TestReadmeManagedQuickStart(t *testing.T) {
+	t.Parallel()
+	// The pasted block builds bin/ (make plugin) and runs from it until
+	// its end: the lock is held throughout.
+	lockCheckout(t)
 	sb := newUserSandbox(t, "readme-managed", "dockerd")
 	sb.waitFor(t, "/run/docker.sock", 2*time.Minute)
 	t.Cleanup(func() {
@@ -216,29 +279,4 @@ func TestReadmeManagedQuickStart(t *testing.T) {
 	if links, _ := sb.host.Exec(t, "ip", "-o", "link", "show"); strings.Contains(links, "cali") {
 		t.Errorf("cali veths left after the quick start removed its containers:\n%s", links)
 	}
-}
-
-// TestReadmeVXLAN pastes the README's VXLAN block on a host running `make
-// run`: a VXLAN pool gives the host vxlan.calico and its VTEP, containers
-// the reduced MTU; deleting the pool removes the device again.
-func TestReadmeVXLAN(t *testing.T) {
-	sb := newUserSandbox(t, "readme-vxlan", "make run")
-	sb.waitFor(t, "/run/docker/plugins/calico-ipam.sock", 4*time.Minute)
-	text := sb.shell(t, readmeBlock(t, "vxlan"), 3*time.Minute)
-	requireOutput(t, text,
-		"pool 10.44.0.0/16 added (block size /26, vxlanMode CrossSubnet)",
-		"\n1450\n",
-		"VXLAN: device vxlan.calico, VTEP 10.44.",
-		"vxlan id 4096",
-		"dstport 4789",
-		"nolearning",
-		"pool 10.44.0.0/16: vxlanMode Always",
-		"pool 10.44.0.0/16 deleted",
-	)
-	harness.Eventually(t, 30*time.Second, 200*time.Millisecond, "vxlan.calico removed with the last VXLAN pool", func() error {
-		if out, err := sb.host.Exec(t, "ip", "link", "show", "vxlan.calico"); err == nil {
-			return fmt.Errorf("still there: %s", out)
-		}
-		return nil
-	})
 }

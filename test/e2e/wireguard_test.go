@@ -526,8 +526,11 @@ func TestWireGuardWrongKey(t *testing.T) {
 // rule, containers get the encrypted MTU, the key rotates, and off removes
 // the device again.
 func TestReadmeWireGuard(t *testing.T) {
+	t.Parallel()
+	unlock := lockCheckout(t)
 	sb := newUserSandbox(t, "readme-wireguard", "make run")
 	sb.waitFor(t, "/run/docker/plugins/calico-ipam.sock", 4*time.Minute)
+	unlock()
 	text := sb.shell(t, readmeBlock(t, "wireguard"), 3*time.Minute)
 	requireOutput(t, text,
 		"cluster configuration updated",
