@@ -1,13 +1,13 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -77,16 +77,16 @@ func newUserSandbox(t *testing.T, name, command string) *userSandbox {
 		mounts = append(mounts, fmt.Sprintf("mkdir -p %s && mount --bind %s %s", d, src, d))
 	}
 	wrapper := "set -e; mount -t tmpfs tmpfs /run; " + strings.Join(mounts, "; ") + "; cd " + sb.root + " && exec " + command
-	env := append(sb.goEnv(t, goBin), "DOCKER_HOST=") // the default socket, as in a user's shell
+	env := append(userGoEnv(t, goBin), "DOCKER_HOST=") // the default socket, as in a user's shell
 	sb.main = sb.host.StartProcess(t, name+"-main", env, nil, "unshare", "-m", "--propagation", "private", "sh", "-c", wrapper)
 	sb.mountNS = fmt.Sprintf("/proc/%d/ns/mnt", sb.main.Pid())
 	return sb
 }
 
-// goEnv is a root shell's environment, with Go's caches where this test
+// userGoEnv is a root shell's environment, with Go's caches where this test
 // process has them and the module proxy off: the sandbox has no route to
 // it, so a build must come from the cache (CI fills it with `make deps`).
-func (sb *userSandbox) goEnv(t *testing.T, goBin string) []string {
+func userGoEnv(t *testing.T, goBin string) []string {
 	t.Helper()
 	env := []string{
 		"PATH=" + filepath.Dir(goBin) + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -126,7 +126,7 @@ func (sb *userSandbox) shell(t *testing.T, script string, timeout time.Duration)
 	t.Helper()
 	goBin, _ := exec.LookPath("go")
 	cmd := exec.Command("nsenter", "--net="+sb.host.NetnsPath, "--mount="+sb.mountNS, "--wd="+sb.root, "--", "sh", "-ex", "-c", script)
-	cmd.Env = append(sb.goEnv(t, goBin), "DOCKER_CONFIG="+t.TempDir())
+	cmd.Env = append(userGoEnv(t, goBin), "DOCKER_CONFIG="+t.TempDir())
 	done := make(chan struct{})
 	var out []byte
 	var err error
@@ -154,34 +154,41 @@ func requireOutput(t *testing.T, text string, wants ...string) {
 	}
 }
 
-// lockCheckout keeps the README tests' builds into bin/ in the checkout
-// apart (make run and make plugin build there, as a user's would), so that
-// the README tests can run beside every other test: it blocks until it
-// holds an exclusive flock on the module root, which the returned func
-// (also run at cleanup) releases. `make run` builds before it serves, so a
-// test that runs the daemon from bin/ releases the lock once the plugin
-// socket answers: the next holder's build of the same source finds
-// bin/calico-cnm up to date and rewrites nothing. A flock, not a mutex:
-// the lock lives in the kernel, not in package state.
-func lockCheckout(t *testing.T) (unlock func()) {
+// buildCheckout runs `make build` in the checkout, the build the README's
+// `make run` and `make plugin` start with, while it holds an exclusive
+// flock on the module root. The README tests run in parallel with each
+// other: two builds into bin/ at once could hand one of them a binary
+// still being written. Once bin/calico-cnm is current, the `make run` or
+// `make plugin` a test then pastes finds it up to date (same source, same
+// flags) and rewrites nothing, so the lock is released on return. A flock,
+// not a mutex: the lock lives in the kernel, not in package state.
+func buildCheckout(t *testing.T) {
 	t.Helper()
 	root := harness.ModuleRoot(t)
 	f, err := os.Open(root)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer f.Close() // releases the lock
 	began := time.Now()
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
 		t.Fatalf("flock %s: %v", root, err)
 	}
-	if waited := time.Since(began); waited > time.Second {
-		t.Logf("waited %s for the checkout lock (another README test builds bin/)", waited.Round(time.Millisecond))
+	locked := time.Now()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("go not on PATH: %v", err)
 	}
-	var once sync.Once
-	unlock = func() { once.Do(func() { f.Close() }) }
-	t.Cleanup(unlock)
-	return unlock
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "make", "build")
+	cmd.Dir = root
+	cmd.Env = userGoEnv(t, goBin)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make build in %s: %v\n%s", root, err, out)
+	}
+	t.Logf("make build in the checkout: waited %s for the lock, built in %s",
+		locked.Sub(began).Round(time.Millisecond), time.Since(locked).Round(time.Millisecond))
 }
 
 // TestReadmeQuickStart runs the README's two promises together: `make run`
@@ -190,10 +197,9 @@ func lockCheckout(t *testing.T) (unlock func()) {
 // into a shell.
 func TestReadmeQuickStart(t *testing.T) {
 	t.Parallel()
-	unlock := lockCheckout(t)
+	buildCheckout(t)
 	sb := newUserSandbox(t, "readme", "make run")
 	sb.waitFor(t, "/run/docker/plugins/calico-ipam.sock", 4*time.Minute)
-	unlock()
 	text := sb.shell(t, readmeBlock(t, "quickstart"), 3*time.Minute)
 	requireOutput(t, text,
 		"default via 169.254.1.1 dev eth0",
@@ -225,10 +231,9 @@ func TestReadmeQuickStart(t *testing.T) {
 // the reduced MTU; deleting the pool removes the device again.
 func TestReadmeVXLAN(t *testing.T) {
 	t.Parallel()
-	unlock := lockCheckout(t)
+	buildCheckout(t)
 	sb := newUserSandbox(t, "readme-vxlan", "make run")
 	sb.waitFor(t, "/run/docker/plugins/calico-ipam.sock", 4*time.Minute)
-	unlock()
 	text := sb.shell(t, readmeBlock(t, "vxlan"), 3*time.Minute)
 	requireOutput(t, text,
 		"pool 10.44.0.0/16 added (block size /26, vxlanMode CrossSubnet)",
@@ -252,9 +257,7 @@ func TestReadmeVXLAN(t *testing.T) {
 // on a host whose dockerd runs with its defaults, as on a fresh install.
 func TestReadmeManagedQuickStart(t *testing.T) {
 	t.Parallel()
-	// The pasted block builds bin/ (make plugin) and runs from it until
-	// its end: the lock is held throughout.
-	lockCheckout(t)
+	buildCheckout(t)
 	sb := newUserSandbox(t, "readme-managed", "dockerd")
 	sb.waitFor(t, "/run/docker.sock", 2*time.Minute)
 	t.Cleanup(func() {

@@ -527,10 +527,9 @@ func TestWireGuardWrongKey(t *testing.T) {
 // the device again.
 func TestReadmeWireGuard(t *testing.T) {
 	t.Parallel()
-	unlock := lockCheckout(t)
+	buildCheckout(t)
 	sb := newUserSandbox(t, "readme-wireguard", "make run")
 	sb.waitFor(t, "/run/docker/plugins/calico-ipam.sock", 4*time.Minute)
-	unlock()
 	text := sb.shell(t, readmeBlock(t, "wireguard"), 3*time.Minute)
 	requireOutput(t, text,
 		"cluster configuration updated",
