@@ -114,8 +114,8 @@ func TestKill9DaemonDuringChurn(t *testing.T) {
 			h.plugin.Start(t)
 			restart = time.Since(restarted)
 		}
-		// Where a run's minutes go: Docker's retries of a dead socket
-		// (1, 2, 4, 8, 16 s apart) against the daemon's restart time.
+		// Where a run's minutes go: Docker's own work and its backed-off
+		// retries of a dead socket, against the daemon's restart time.
 		t.Logf("iteration %d: run+rm %s, daemon restart %s (late %v)", i, pair.Round(10*time.Millisecond), restart.Round(10*time.Millisecond), late)
 		if runErr != nil {
 			runFails++
