@@ -80,6 +80,7 @@ func TestKill9DaemonDuringChurn(t *testing.T) {
 		// restarted right after the kill, as systemd would: Docker's
 		// plugin client retries a dead socket for up to 30 s.
 		var runErr, rmErr error
+		began := time.Now()
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -87,6 +88,7 @@ func TestKill9DaemonDuringChurn(t *testing.T) {
 			_, rmErr = h.DockerCtx(context.Background(), "rm", "-f", name)
 		}()
 		late := false
+		var restart time.Duration
 		if rng.IntN(2) == 0 {
 			kills++
 			// A random point of the run/rm pair, mostly where docker run
@@ -100,13 +102,21 @@ func TestKill9DaemonDuringChurn(t *testing.T) {
 			if late {
 				lateRestarts++
 			} else {
+				restarted := time.Now()
 				h.plugin.Start(t)
+				restart = time.Since(restarted)
 			}
 		}
 		<-done
+		pair := time.Since(began)
 		if late {
+			restarted := time.Now()
 			h.plugin.Start(t)
+			restart = time.Since(restarted)
 		}
+		// Where a run's minutes go: Docker's own work and its backed-off
+		// retries of a dead socket, against the daemon's restart time.
+		t.Logf("iteration %d: run+rm %s, daemon restart %s (late %v)", i, pair.Round(10*time.Millisecond), restart.Round(10*time.Millisecond), late)
 		if runErr != nil {
 			runFails++
 			t.Logf("iteration %d: docker run failed: %v", i, runErr)

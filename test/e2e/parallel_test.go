@@ -12,11 +12,7 @@ import (
 // notParallel are the top-level tests that must not run beside others,
 // and why (see README.md, "Parallel tests").
 var notParallel = map[string]string{
-	"TestSmoke":                   "checks that the process has nothing left over",
-	"TestReadmeQuickStart":        "builds bin/ in the checkout",
-	"TestReadmeManagedQuickStart": "builds bin/ in the checkout",
-	"TestReadmeVXLAN":             "builds bin/ in the checkout",
-	"TestReadmeWireGuard":         "builds bin/ in the checkout",
+	"TestSmoke": "checks that the process has nothing left over",
 }
 
 // TestTopLevelTestsAreParallel keeps make test's time in bounds as tests

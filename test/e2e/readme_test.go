@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,16 +77,16 @@ func newUserSandbox(t *testing.T, name, command string) *userSandbox {
 		mounts = append(mounts, fmt.Sprintf("mkdir -p %s && mount --bind %s %s", d, src, d))
 	}
 	wrapper := "set -e; mount -t tmpfs tmpfs /run; " + strings.Join(mounts, "; ") + "; cd " + sb.root + " && exec " + command
-	env := append(sb.goEnv(t, goBin), "DOCKER_HOST=") // the default socket, as in a user's shell
+	env := append(userGoEnv(t, goBin), "DOCKER_HOST=") // the default socket, as in a user's shell
 	sb.main = sb.host.StartProcess(t, name+"-main", env, nil, "unshare", "-m", "--propagation", "private", "sh", "-c", wrapper)
 	sb.mountNS = fmt.Sprintf("/proc/%d/ns/mnt", sb.main.Pid())
 	return sb
 }
 
-// goEnv is a root shell's environment, with Go's caches where this test
+// userGoEnv is a root shell's environment, with Go's caches where this test
 // process has them and the module proxy off: the sandbox has no route to
 // it, so a build must come from the cache (CI fills it with `make deps`).
-func (sb *userSandbox) goEnv(t *testing.T, goBin string) []string {
+func userGoEnv(t *testing.T, goBin string) []string {
 	t.Helper()
 	env := []string{
 		"PATH=" + filepath.Dir(goBin) + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -124,7 +126,7 @@ func (sb *userSandbox) shell(t *testing.T, script string, timeout time.Duration)
 	t.Helper()
 	goBin, _ := exec.LookPath("go")
 	cmd := exec.Command("nsenter", "--net="+sb.host.NetnsPath, "--mount="+sb.mountNS, "--wd="+sb.root, "--", "sh", "-ex", "-c", script)
-	cmd.Env = append(sb.goEnv(t, goBin), "DOCKER_CONFIG="+t.TempDir())
+	cmd.Env = append(userGoEnv(t, goBin), "DOCKER_CONFIG="+t.TempDir())
 	done := make(chan struct{})
 	var out []byte
 	var err error
@@ -152,15 +154,50 @@ func requireOutput(t *testing.T, text string, wants ...string) {
 	}
 }
 
+// buildCheckout runs `make build` in the checkout, the build the README's
+// `make run` and `make plugin` start with, while it holds an exclusive
+// flock on the module root. The README tests run in parallel with each
+// other: two builds into bin/ at once could hand one of them a binary
+// still being written. Once bin/calico-cnm is current, the `make run` or
+// `make plugin` a test then pastes finds it up to date (same source, same
+// flags) and rewrites nothing, so the lock is released on return. A flock,
+// not a mutex: the lock lives in the kernel, not in package state.
+func buildCheckout(t *testing.T) {
+	t.Helper()
+	root := harness.ModuleRoot(t)
+	f, err := os.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close() // releases the lock
+	began := time.Now()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatalf("flock %s: %v", root, err)
+	}
+	locked := time.Now()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("go not on PATH: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "make", "build")
+	cmd.Dir = root
+	cmd.Env = userGoEnv(t, goBin)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make build in %s: %v\n%s", root, err, out)
+	}
+	t.Logf("make build in the checkout: waited %s for the lock, built in %s",
+		locked.Sub(began).Round(time.Millisecond), time.Since(locked).Round(time.Millisecond))
+}
+
 // TestReadmeQuickStart runs the README's two promises together: `make run`
 // as written (it starts dockerd, since none answers, and the daemon on its
 // embedded etcd with the default socket dir), then the quick start pasted
 // into a shell.
-//
-// The README tests are not parallel: both build bin/calico-cnm in the
-// checkout (make run, make plugin), as a user would. They run before the
-// parallel tests start.
 func TestReadmeQuickStart(t *testing.T) {
+	t.Parallel()
+	buildCheckout(t)
 	sb := newUserSandbox(t, "readme", "make run")
 	sb.waitFor(t, "/run/docker/plugins/calico-ipam.sock", 4*time.Minute)
 	text := sb.shell(t, readmeBlock(t, "quickstart"), 3*time.Minute)
@@ -189,9 +226,38 @@ func TestReadmeQuickStart(t *testing.T) {
 	}
 }
 
+// TestReadmeVXLAN pastes the README's VXLAN block on a host running `make
+// run`: a VXLAN pool gives the host vxlan.calico and its VTEP, containers
+// the reduced MTU; deleting the pool removes the device again.
+func TestReadmeVXLAN(t *testing.T) {
+	t.Parallel()
+	buildCheckout(t)
+	sb := newUserSandbox(t, "readme-vxlan", "make run")
+	sb.waitFor(t, "/run/docker/plugins/calico-ipam.sock", 4*time.Minute)
+	text := sb.shell(t, readmeBlock(t, "vxlan"), 3*time.Minute)
+	requireOutput(t, text,
+		"pool 10.44.0.0/16 added (block size /26, vxlanMode CrossSubnet)",
+		"\n1450\n",
+		"VXLAN: device vxlan.calico, VTEP 10.44.",
+		"vxlan id 4096",
+		"dstport 4789",
+		"nolearning",
+		"pool 10.44.0.0/16: vxlanMode Always",
+		"pool 10.44.0.0/16 deleted",
+	)
+	harness.Eventually(t, 30*time.Second, 200*time.Millisecond, "vxlan.calico removed with the last VXLAN pool", func() error {
+		if out, err := sb.host.Exec(t, "ip", "link", "show", "vxlan.calico"); err == nil {
+			return fmt.Errorf("still there: %s", out)
+		}
+		return nil
+	})
+}
+
 // TestReadmeManagedQuickStart pastes the README's managed-plugin quick start
 // on a host whose dockerd runs with its defaults, as on a fresh install.
 func TestReadmeManagedQuickStart(t *testing.T) {
+	t.Parallel()
+	buildCheckout(t)
 	sb := newUserSandbox(t, "readme-managed", "dockerd")
 	sb.waitFor(t, "/run/docker.sock", 2*time.Minute)
 	t.Cleanup(func() {
@@ -216,29 +282,4 @@ func TestReadmeManagedQuickStart(t *testing.T) {
 	if links, _ := sb.host.Exec(t, "ip", "-o", "link", "show"); strings.Contains(links, "cali") {
 		t.Errorf("cali veths left after the quick start removed its containers:\n%s", links)
 	}
-}
-
-// TestReadmeVXLAN pastes the README's VXLAN block on a host running `make
-// run`: a VXLAN pool gives the host vxlan.calico and its VTEP, containers
-// the reduced MTU; deleting the pool removes the device again.
-func TestReadmeVXLAN(t *testing.T) {
-	sb := newUserSandbox(t, "readme-vxlan", "make run")
-	sb.waitFor(t, "/run/docker/plugins/calico-ipam.sock", 4*time.Minute)
-	text := sb.shell(t, readmeBlock(t, "vxlan"), 3*time.Minute)
-	requireOutput(t, text,
-		"pool 10.44.0.0/16 added (block size /26, vxlanMode CrossSubnet)",
-		"\n1450\n",
-		"VXLAN: device vxlan.calico, VTEP 10.44.",
-		"vxlan id 4096",
-		"dstport 4789",
-		"nolearning",
-		"pool 10.44.0.0/16: vxlanMode Always",
-		"pool 10.44.0.0/16 deleted",
-	)
-	harness.Eventually(t, 30*time.Second, 200*time.Millisecond, "vxlan.calico removed with the last VXLAN pool", func() error {
-		if out, err := sb.host.Exec(t, "ip", "link", "show", "vxlan.calico"); err == nil {
-			return fmt.Errorf("still there: %s", out)
-		}
-		return nil
-	})
 }

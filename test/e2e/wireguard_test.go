@@ -526,6 +526,8 @@ func TestWireGuardWrongKey(t *testing.T) {
 // rule, containers get the encrypted MTU, the key rotates, and off removes
 // the device again.
 func TestReadmeWireGuard(t *testing.T) {
+	t.Parallel()
+	buildCheckout(t)
 	sb := newUserSandbox(t, "readme-wireguard", "make run")
 	sb.waitFor(t, "/run/docker/plugins/calico-ipam.sock", 4*time.Minute)
 	text := sb.shell(t, readmeBlock(t, "wireguard"), 3*time.Minute)

@@ -25,8 +25,10 @@ const IdleNetwork = "idlenet"
 // where they arrive, whichever part of the daemon sent them.
 const IdleMetricsURL = "http://127.0.0.1:2379/metrics"
 
-// idleRunBatch is how many `docker run` the scenario starts at once.
-const idleRunBatch = 10
+// idleRunners is how many `docker run` the scenario keeps in flight: each
+// runner takes the next container as soon as its last one is up, so one
+// slow start does not hold back the nine others as lockstep batches did.
+const idleRunners = 10
 
 // IdleRole is the role label of container i among policies policies: the
 // containers are spread evenly over the policies' selectors.
@@ -39,7 +41,7 @@ func IdlePolicyName(k int) string { return fmt.Sprintf("idle-%d", k) }
 // serves with its embedded etcd: a calico network, `policies`
 // GlobalNetworkPolicies applied with the CLI (policy k selects role idlek
 // and allows TCP 80 from any role), and `containers` busybox containers
-// started idleRunBatch at a time, each labelled with its role. It returns
+// started idleRunners at a time, each labelled with its role. It returns
 // once every container runs and every policy's chain is in the kernel.
 func (h *Host) StartIdleLoad(t testing.TB, bin string, containers, policies int) {
 	t.Helper()
@@ -55,25 +57,30 @@ func (h *Host) StartIdleLoad(t testing.TB, bin string, containers, policies int)
 	h.MustExec(t, bin, "apply", "-f", file)
 
 	began := time.Now()
-	for first := 0; first < containers; first += idleRunBatch {
-		var wg sync.WaitGroup
-		errs := make(chan error, idleRunBatch)
-		for i := first; i < min(first+idleRunBatch, containers); i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+	next := make(chan int)
+	errs := make(chan error, containers)
+	var wg sync.WaitGroup
+	for range min(idleRunners, containers) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
 				_, err := h.DockerCtx(context.Background(), "run", "-d", "--name", fmt.Sprintf("idle%03d", i), "--net", IdleNetwork,
 					"--label", policy.LabelPrefix+"role="+IdleRole(i, policies), Image, "sleep", "1000000")
 				if err != nil {
 					errs <- fmt.Errorf("container %d: %w", i, err)
 				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatalf("%s: %v", h.Name, err)
-		}
+			}
+		}()
+	}
+	for i := range containers {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("%s: %v", h.Name, err)
 	}
 	t.Logf("%s: %d containers started in %s", h.Name, containers, time.Since(began).Round(time.Second))
 	Eventually(t, 60*time.Second, 500*time.Millisecond, "every container running and every policy in the kernel", func() error {
