@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
@@ -81,10 +80,9 @@ type incrementalCalc struct {
 	localWarning map[string]string // interface name -> its winner's network warning
 	conflicts    map[string][]string
 
-	// joined is the cluster's joined endpoints in key order (the policy
-	// plan's input); nil when it must be rebuilt.
-	joined      []datastore.Endpoint
-	joinedDirty bool
+	// selectors answers the policies' rule selectors from the cluster's
+	// joined endpoints, following them change by change.
+	selectors *selectorIndex
 
 	// rules keeps policy-selected endpoints' rules between computations.
 	rules ruleMemo
@@ -146,7 +144,7 @@ func newIncrementalCalc(node string, ipv6 bool, fs Failsafe) *incrementalCalc {
 		dirtyIf:      map[string]bool{},
 		localWarning: map[string]string{},
 		conflicts:    map[string][]string{},
-		joinedDirty:  true,
+		selectors:    newSelectorIndex(),
 		rules:        ruleMemo{},
 	}
 }
@@ -213,16 +211,14 @@ func (c *incrementalCalc) CompleteDeferredWork() (Ruleset, []string) {
 	st := State{Node: c.node, IPv6: c.ipv6, Failsafe: c.failsafe,
 		Pools: c.pools.list(), Networks: c.networks.list(), Nodes: c.nodes.list(),
 		Policies: c.policies.list(), HostEndpoints: c.heps.list(), NetworkSets: c.networkSets.list()}
-	if len(st.Policies) > 0 {
-		st.Endpoints = c.joinedEndpoints()
-	}
 	locals := c.locals
 	// The memo forgets the endpoints gone (and their old targets) once it
 	// holds far more than the endpoints' rules.
 	if len(c.rules) > 4*len(locals)+64 {
 		clear(c.rules)
 	}
-	rs, more := desiredFrom(st, locals, c.memberElements, c.rules)
+	rs, more := desiredFrom(st, locals, c.memberElements, c.rules, c.selectors)
+	c.selectors.sweep()
 	return rs, append(c.warnings(), more...)
 }
 
@@ -251,8 +247,8 @@ func (c *incrementalCalc) takeNetworks() {
 // takeEndpoint replaces what the indexes hold of the endpoint at key by
 // what its current record (nil: none) gives.
 func (c *incrementalCalc) takeEndpoint(key string, rec *datastore.Endpoint) {
+	c.selectors.update(key, rec)
 	if old := c.computed[key]; old != nil {
-		c.joinedDirty = c.joinedDirty || old.ep.Joined
 		c.addMembers(old, -1)
 		if old.claims {
 			delete(c.claimants[old.ep.HostIfName], key)
@@ -302,7 +298,6 @@ func (c *incrementalCalc) takeEndpoint(key string, rec *datastore.Endpoint) {
 		c.byNetwork[ep.Network] = map[string]bool{}
 	}
 	c.byNetwork[ep.Network][key] = true
-	c.joinedDirty = c.joinedDirty || ep.Joined
 	c.computed[key] = ce
 	if len(ce.warnings) > 0 {
 		c.warned[key] = true
@@ -391,25 +386,6 @@ func (c *incrementalCalc) takeIfname(ifname string) {
 	}
 	c.ifnames = slices.Insert(c.ifnames, i, ifname)
 	c.locals = slices.Insert(c.locals, i, l)
-}
-
-// joinedEndpoints is the cluster's joined endpoints in key order.
-func (c *incrementalCalc) joinedEndpoints() []datastore.Endpoint {
-	if c.joinedDirty || c.joined == nil {
-		keys := make([]string, 0, len(c.computed))
-		for k, ce := range c.computed {
-			if ce.ep.Joined {
-				keys = append(keys, k)
-			}
-		}
-		sort.Strings(keys)
-		c.joined = make([]datastore.Endpoint, len(keys))
-		for i, k := range keys {
-			c.joined[i] = c.computed[k].ep
-		}
-		c.joinedDirty = false
-	}
-	return c.joined
 }
 
 // warnings are the unreadable records' and the endpoints' warnings.

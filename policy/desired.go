@@ -232,7 +232,7 @@ type localEndpoint struct {
 func Desired(st State) (Ruleset, []string) {
 	networks := networksByID(st.Networks)
 	members, locals, warnings := splitEndpoints(st, networks)
-	rs, more := desiredFrom(st, locals, func(key string, f Family) []string { return nft.AddrElements(members[key][f]) }, nil)
+	rs, more := desiredFrom(st, locals, func(key string, f Family) []string { return nft.AddrElements(members[key][f]) }, nil, nil)
 	return rs, append(warnings, more...)
 }
 
@@ -249,10 +249,11 @@ func networksByID(ns []datastore.Network) map[string]datastore.Network {
 // this host's endpoints that get rules (sorted by interface name),
 // memberElems gives a logical network's member set elements and memo
 // (nil: none) keeps rules from one computation to the next. Only the
-// policy plan reads st.Endpoints, for the joined ones: the incremental
-// calculation (calc.go) hands it those alone, and the rest from its own
-// indexes.
-func desiredFrom(st State, locals []localEndpoint, memberElems func(key string, f Family) []string, memo ruleMemo) (Ruleset, []string) {
+// policy plan reads st.Endpoints, for the joined ones' addresses that rule
+// selectors pick; index (nil: none), the incremental calculation's
+// (calc.go), answers the selectors instead, and the calculation hands it
+// no endpoints.
+func desiredFrom(st State, locals []localEndpoint, memberElems func(key string, f Family) []string, memo ruleMemo, index *selectorIndex) (Ruleset, []string) {
 	pools, natPools, warnings := poolPrefixes(st.Pools)
 	hosts, hostWarnings := hostAddrs(st.Nodes)
 	warnings = append(warnings, hostWarnings...)
@@ -260,6 +261,7 @@ func desiredFrom(st State, locals []localEndpoint, memberElems func(key string, 
 	warnings = append(warnings, vtepWarnings...)
 
 	plan, pw := planPolicies(st, locals)
+	plan.index = index
 	warnings = append(warnings, pw...)
 	heps, hw := localHostEndpoints(st)
 	warnings = append(warnings, hw...)
@@ -427,13 +429,20 @@ func desiredTable(f Family, locals []localEndpoint, memberElems func(key string,
 	t := Table{Family: f, Sets: fixedSets(locals, pools, natPools, hosts, vteps), Chains: []Chain{natChain()}}
 	forward := forwardChain()
 	netSets := map[string]bool{}
-	netChains := map[string]bool{}
 	setOf := map[string]string{} // network key -> its set's name
 	var jumps jumpGroups
+	type chainNames struct{ in, out, network string }
+	names := map[string]chainNames{} // network id -> its chains' names, once per network
 	for _, l := range locals {
-		name := networkDisplayName(l.network)
-		for _, j := range endpointJumps(pt, l, name) {
-			jumps.add(j, l.ep.HostIfName)
+		cn, seen := names[l.network.ID]
+		if !seen {
+			cn = chainNames{in: IngressChainName(l.network.ID), out: EgressChainName(l.network.ID), network: networkDisplayName(l.network)}
+			names[l.network.ID] = cn
+		}
+		name := cn.network
+		js, n := endpointJumps(pt, l, cn.in, cn.out)
+		for _, j := range js[:n] {
+			jumps.add(j, l.ep.HostIfName, name)
 		}
 		set, ok := setOf[l.key]
 		if !ok {
@@ -444,14 +453,12 @@ func desiredTable(f Family, locals []localEndpoint, memberElems func(key string,
 			netSets[set] = true
 			t.Sets = append(t.Sets, Set{Name: set, Type: SetAddr, Elements: memberElems(l.key, f), Comment: "members of " + l.key})
 		}
-		if netChains[l.network.ID] {
-			continue
+		if seen {
+			continue // its network's chains are there
 		}
-		netChains[l.network.ID] = true
-		in := IngressChainName(l.network.ID)
-		t.Chains = append(t.Chains, ingressChain(in, set, name, l.policy, len(vteps) > 0))
+		t.Chains = append(t.Chains, ingressChain(cn.in, set, name, l.policy, len(vteps) > 0))
 		if l.policy.Isolated {
-			t.Chains = append(t.Chains, egressChain(EgressChainName(l.network.ID), set, name))
+			t.Chains = append(t.Chains, egressChain(cn.out, set, name))
 		}
 	}
 	jumps.addTo(f, &t, &forward)
@@ -528,31 +535,40 @@ func forwardChain() Chain {
 // goes from the forward chain: its network's chain or, when policies
 // select it, their dispatch chain.
 type endpointJump struct {
-	dir     api.PolicyType
-	target  string
-	comment string // of the forward rule of every endpoint with this jump
+	dir    api.PolicyType
+	target string
+	via    jumpKind
 }
 
+type jumpKind int
+
+const (
+	viaNetwork    jumpKind = iota // the network's chain
+	viaPolicies                   // the dispatch chain of the policies selecting it
+	viaFailClosed                 // its labels are unknown while policies exist
+)
+
 // endpointJumps are where an endpoint's traffic (from it, then to it)
-// goes: its network's chains, unless a policy selects the endpoint for a
-// direction: that policy's dispatch chain replaces the network's chain,
-// which is then its profile (Pass).
-func endpointJumps(pt *policyTable, l localEndpoint, network string) []endpointJump {
-	in, out := IngressChainName(l.network.ID), EgressChainName(l.network.ID)
-	var jumps []endpointJump
+// goes: its network's chains in and out, unless a policy selects the
+// endpoint for a direction: that policy's dispatch chain replaces the
+// network's chain, which is then its profile (Pass). It returns them in
+// an array (n of them): it runs for every local endpoint at every change.
+func endpointJumps(pt *policyTable, l localEndpoint, in, out string) (jumps [2]endpointJump, n int) {
 	outProfile := ""
 	if l.policy.Isolated {
 		outProfile = out
 	}
-	if target, comment, ok := pt.endpointJump(l, api.Egress, outProfile); ok {
-		jumps = append(jumps, endpointJump{dir: api.Egress, target: target, comment: comment})
+	if j, ok := pt.endpointJump(l, api.Egress, outProfile); ok {
+		jumps[n], n = j, n+1
 	} else if l.policy.Isolated {
-		jumps = append(jumps, endpointJump{dir: api.Egress, target: out, comment: "from the endpoints of network " + network})
+		jumps[n], n = endpointJump{dir: api.Egress, target: out}, n+1
 	}
-	if target, comment, ok := pt.endpointJump(l, api.Ingress, in); ok {
-		return append(jumps, endpointJump{dir: api.Ingress, target: target, comment: comment})
+	if j, ok := pt.endpointJump(l, api.Ingress, in); ok {
+		jumps[n] = j
+	} else {
+		jumps[n] = endpointJump{dir: api.Ingress, target: in}
 	}
-	return append(jumps, endpointJump{dir: api.Ingress, target: in, comment: "to the endpoints of network " + network})
+	return jumps, n + 1
 }
 
 // jumpGroups gathers the interfaces of the endpoints by jump, in the
@@ -564,11 +580,13 @@ type jumpGroups struct {
 
 type jumpGroup struct {
 	endpointJump
+	network string // the first endpoint's network, for viaNetwork's comment
 	ifnames []string
 }
 
-// add puts ifname in j's group; the interfaces come sorted (locals are).
-func (g *jumpGroups) add(j endpointJump, ifname string) {
+// add puts ifname, of network, in j's group; the interfaces come sorted
+// (locals are).
+func (g *jumpGroups) add(j endpointJump, ifname, network string) {
 	if g.index == nil {
 		g.index = map[endpointJump]int{}
 	}
@@ -576,7 +594,7 @@ func (g *jumpGroups) add(j endpointJump, ifname string) {
 	if !ok {
 		i = len(g.groups)
 		g.index[j] = i
-		g.groups = append(g.groups, jumpGroup{endpointJump: j})
+		g.groups = append(g.groups, jumpGroup{endpointJump: j, network: network})
 	}
 	g.groups[i].ifnames = append(g.groups[i].ifnames, ifname)
 }
@@ -589,10 +607,17 @@ func (g *jumpGroups) addTo(f Family, t *Table, forward *Chain) {
 		if j.dir == api.Egress {
 			what = "from"
 		}
+		comment := what + " the endpoints of network " + j.network
+		switch j.via {
+		case viaPolicies:
+			comment = what + " the endpoints policies select"
+		case viaFailClosed:
+			comment = what + " the endpoints whose labels are unknown: fail closed"
+		}
 		t.Sets = append(t.Sets, Set{Name: set, Type: SetIfname, Elements: j.ifnames, Comment: nft.ClipComment("interfaces whose traffic " + what + " them goes to " + j.target)})
 		forward.Unordered = append(forward.Unordered, Rule{
 			Matches: []Match{{Kind: MatchIfnameSet, In: j.dir == api.Egress, Value: set}},
-			Verdict: Jump, Target: j.target, Comment: j.comment,
+			Verdict: Jump, Target: j.target, Comment: comment,
 		}.WithText(f))
 	}
 }

@@ -144,7 +144,10 @@ type policyPlan struct {
 	// networkSets (nets).
 	// (Pointers into State.Endpoints: a copy of each record at every
 	// change was most of the plan's cost at 1000 endpoints.)
-	joined        []*datastore.Endpoint
+	joined []*datastore.Endpoint
+	// index, when set, answers the rule selectors instead of joined (the
+	// Calculator's, which then leaves joined empty).
+	index         *selectorIndex
 	hostEndpoints []api.HostEndpoint
 	networkSets   []api.GlobalNetworkSet
 }
@@ -233,23 +236,19 @@ func newPolicyTable(f Family, plan policyPlan, memo ruleMemo) *policyTable {
 	return &policyTable{f: f, plan: plan, sets: map[string]Set{}, chains: map[string]Chain{}, dispatch: map[string]string{}, rulesMemo: memo}
 }
 
-// endpointJump is the chain a local endpoint's traffic in direction dir
-// goes to, with the comment of the forward rule that sends it there, or
-// false when the network's own chains apply. profile is the network's
-// chain for the direction ("" when it has none: everything returns).
-func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile string) (target, comment string, ok bool) {
-	what := "to"
-	if dir == api.Egress {
-		what = "from"
-	}
+// endpointJump is where a local endpoint's traffic in direction dir goes
+// when policies select it, or false when the network's own chains apply.
+// profile is the network's chain for the direction ("" when it has none:
+// everything returns).
+func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile string) (endpointJump, bool) {
 	if pt.plan.failClosed[l.ep.ID][dir] {
-		target = dispatchChainName(dir, "fail-closed")
+		target := dispatchChainName(dir, "fail-closed")
 		pt.chains[target] = Chain{Name: target, Rules: []Rule{{Verdict: Drop, Comment: "endpoint labels unknown: fail closed while policies exist"}}}
-		return target, what + " the endpoints whose labels are unknown: fail closed", true
+		return endpointJump{dir: dir, target: target, via: viaFailClosed}, true
 	}
 	idx := pt.plan.byEndpoint[l.ep.ID][dir]
 	if len(idx) == 0 {
-		return "", "", false
+		return endpointJump{}, false
 	}
 	memoKey := dispatchMemoKey(dir, profile, idx)
 	target, done := pt.dispatch[memoKey]
@@ -262,7 +261,7 @@ func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile
 	c := pt.chains[target]
 	c.Unordered = append(c.Unordered, pt.rulesMemo.deniedRule(pt.f, l, dir))
 	pt.chains[target] = c
-	return target, what + " the endpoints policies select", true
+	return endpointJump{dir: dir, target: target, via: viaPolicies}, true
 }
 
 // dispatchChain builds the dispatch chain of a (direction, profile,
@@ -504,10 +503,18 @@ func (pt *policyTable) selectorSet(sel string, exclude bool) string {
 			sets = append(sets, networkSetRanges(ns.Spec.Nets, pt.f))
 		}
 	}
+	var indexed mergedAddrs
+	if pt.plan.index != nil {
+		indexed = pt.plan.index.addrs(s, exclude, pt.f)
+	}
 	var elems []string
-	if len(ranges) == 0 && len(sets) == 1 {
+	switch {
+	case len(ranges) == 0 && len(sets) == 0:
+		elems = indexed.elements // the endpoints' addresses only (nil without an index)
+	case len(ranges) == 0 && len(indexed.ranges) == 0 && len(sets) == 1:
 		elems = sets[0].elements // the usual deny or allow list: as it is
-	} else {
+	default:
+		ranges = append(ranges, indexed.ranges...)
 		for _, m := range sets {
 			ranges = append(ranges, m.ranges...)
 		}
