@@ -217,7 +217,7 @@ func writeScaleReport(b *testing.B, rows []scaleRow) {
 // run's time from the claims to every route in every kernel (target 2 s)
 // and, for the mesh, its ratio to gobgpd's (target 2x). The file is
 // written even with no such row, so that a stale one is never read.
-func writeScaleTargets(b *testing.B, rows []scaleRow) {
+func writeScaleTargets(tb testing.TB, rows []scaleRow) {
 	path := os.Getenv("CNM_BGP_SCALE_TARGETS")
 	if path == "" {
 		return
@@ -235,7 +235,7 @@ func writeScaleTargets(b *testing.B, rows []scaleRow) {
 		sb.WriteString("\n")
 	}
 	if err := os.WriteFile(path, []byte(sb.String()), 0o644); err != nil {
-		b.Errorf("writing %s: %v", path, err)
+		tb.Errorf("writing %s: %v", path, err)
 	}
 }
 
