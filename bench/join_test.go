@@ -115,7 +115,26 @@ func newJoinNet(ctx context.Context, t *testing.T, h *harness.Host) *joinNet {
 		_, _ = h.Docker(t, "rm", "-f", joinLabels)
 		_, _ = h.Docker(t, "network", "rm", joinNetwork)
 	})
+	jn.awaitLabels(t)
 	return jn
+}
+
+// awaitLabels joins and removes a probe endpoint until it is joined with
+// known labels: the daemon learns of the labels container from Docker's
+// create event, after `docker create` returned.
+func (jn *joinNet) awaitLabels(t *testing.T) {
+	t.Helper()
+	harness.Eventually(t, 30*time.Second, 200*time.Millisecond, "an endpoint joined with the labels of "+joinLabels, func() error {
+		var addr struct{ Address string }
+		jn.call(t, jn.isock, "/IpamDriver.RequestAddress", map[string]any{"PoolID": jn.poolID}, &addr)
+		e := joinEndpoint{id: randomID(t), addr: addr.Address}
+		jn.eps = append(jn.eps, e)
+		jn.call(t, jn.nsock, "/NetworkDriver.CreateEndpoint", map[string]any{"NetworkID": jn.netID, "EndpointID": e.id, "Options": map[string]any{policy.LabelPrefix + "role": "probe"}, "Interface": map[string]any{"Address": e.addr}}, nil)
+		jn.call(t, jn.nsock, "/NetworkDriver.Join", map[string]any{"NetworkID": jn.netID, "EndpointID": e.id, "SandboxKey": "/var/run/docker/netns/benchprobe", "Options": map[string]any{}}, nil)
+		err := jn.labelsKnown(e.id)
+		jn.empty(t)
+		return err
+	})
 }
 
 func (jn *joinNet) call(t *testing.T, sock, method string, req, resp any) {
@@ -161,13 +180,20 @@ func (jn *joinNet) fill(t *testing.T, n int) []time.Duration {
 // a policy selects only such endpoints (unknown ones fail closed).
 func (jn *joinNet) requireLabels(t *testing.T, id string) {
 	t.Helper()
+	if err := jn.labelsKnown(id); err != nil {
+		t.Fatalf("the first endpoint: %v", err)
+	}
+}
+
+func (jn *joinNet) labelsKnown(id string) error {
 	var ep datastore.Endpoint
 	if _, err := jn.store.GetJSON(jn.ctx, datastore.EndpointKey(jn.h.Name, id), &ep); err != nil {
-		t.Fatalf("the first endpoint's record: %v", err)
+		return fmt.Errorf("endpoint record: %w", err)
 	}
 	if ep.LabelsUnknown || ep.Labels["role"] == "" || ep.Labels["bench"] != "join" {
-		t.Fatalf("the first endpoint was joined without the labels policies select on: labels %v, unknown %v", ep.Labels, ep.LabelsUnknown)
+		return fmt.Errorf("joined without the labels policies select on: labels %v, unknown %v", ep.Labels, ep.LabelsUnknown)
 	}
+	return nil
 }
 
 // empty removes every endpoint (Leave, DeleteEndpoint, ReleaseAddress)
