@@ -137,7 +137,7 @@ func TestIssue20Rows(t *testing.T) {
 		lat = append(lat, time.Duration(20+i)*time.Millisecond) // p50 29 ms, p99 39 ms
 	}
 	addPolicyUpdate(&r, lat)
-	addStart(&r, 2500*time.Millisecond)
+	addStart(&r, startTimes{answering: 2 * time.Second, serving: 2500 * time.Millisecond})
 	scale := "BenchmarkBGPScale32HostsMesh\t1\t356000000 ns/op\t0.3560 routes-s\t2 routes-target-s\t0.1110 claims-s\t1.2400 vs-gobgpd-x\t2 vs-gobgpd-target-x\n" +
 		"BenchmarkBGPScale64Hosts2Reflectors\t1\t2647000000 ns/op\t2.6470 routes-s\t2 routes-target-s\t0.7480 claims-s\n"
 	if err := r.AddBenchOutput(strings.NewReader(scale), "scale.txt"); err != nil {
