@@ -175,4 +175,12 @@ func TestIssue20Rows(t *testing.T) {
 	if n := countColor(renderPNG(t, r), goalMissed); n < 4*200 {
 		t.Errorf("only %d pixels of missed (red) bars for four missed rows", n)
 	}
+	// A figure 100 times its target does not squeeze the other bars.
+	gp, err := goalsPlot(append(r.Goals(), Goal{Name: "far off", Value: 100, Target: 1, Unit: "x"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gp.X.Max > goalShareMax*1.1 {
+		t.Errorf("the panel's axis runs to %.1f, past the longest bar %.1f", gp.X.Max, goalShareMax)
+	}
 }

@@ -571,9 +571,15 @@ var (
 	goalMissed = color.RGBA{R: 0xd6, G: 0x3b, B: 0x2f, A: 0xff}
 )
 
+// goalShareMax is the longest bar of the targets panel: a figure many
+// times its target would squeeze every other bar to a sliver; its label
+// still carries its value.
+const goalShareMax = 4.0
+
 // goalsPlot draws one horizontal bar per goal, its value as a share of its
-// target (so every target is the line at 1), green when met, red when
-// missed; each row's label carries the value and the target.
+// target (so every target is the line at 1, and a bar ends at
+// goalShareMax), green when met, red when missed; each row's label carries
+// the value and the target.
 func goalsPlot(goals []Goal) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = "every figure against its target (bar: value / target; the line at 1 is the target)"
@@ -584,7 +590,7 @@ func goalsPlot(goals []Goal) (*plot.Plot, error) {
 		// The first goal at the top.
 		row := len(goals) - 1 - i
 		labels[row] = fmt.Sprintf("%s: %s (target %s %s)", g.Name, goalFigure(g.Value, g.Unit), g.bound(), goalFigure(g.Target, g.Unit))
-		share := g.share()
+		share := min(g.share(), goalShareMax)
 		b, err := plotter.NewBarChart(plotter.Values{share}, goalRowH*0.6)
 		if err != nil {
 			return nil, err
