@@ -5,10 +5,12 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -45,9 +47,6 @@ const (
 	// benchMetricsAddr is the daemon's /healthz (and /metrics) inside the
 	// bench host's namespace.
 	benchMetricsAddr = "127.0.0.1:9091"
-	// embeddedEtcd is the daemon's embedded member inside the host's
-	// namespace (harness.ServeArgs).
-	embeddedEtcd = "127.0.0.1:2379"
 	// policyUpdates is how many policy changes are timed to the kernel.
 	policyUpdates = 20
 )
@@ -103,7 +102,7 @@ func newJoinNet(ctx context.Context, t *testing.T, h *harness.Host) *joinNet {
 	}
 	quiet := logrus.New()
 	quiet.SetLevel(logrus.WarnLevel)
-	store, err := datastore.Open(ctx, datastore.Config{Endpoints: []string{"http://" + h.Forward(t, embeddedEtcd)}}, quiet)
+	store, err := datastore.Open(ctx, datastore.Config{Endpoints: []string{"http://" + h.Forward(t, embeddedClientAddr(t, h))}}, quiet)
 	if err != nil {
 		t.Fatalf("datastore client of the bench host: %v", err)
 	}
@@ -135,6 +134,22 @@ func (jn *joinNet) awaitLabels(t *testing.T) {
 		jn.empty(t)
 		return err
 	})
+}
+
+// embeddedClientAddr is where the daemon's embedded etcd member listens
+// inside the host's namespace, as harness.ServeArgs configures it.
+func embeddedClientAddr(t *testing.T, h *harness.Host) string {
+	t.Helper()
+	args := h.ServeArgs(nil)
+	i := slices.Index(args, "--etcd-listen-client")
+	if i < 0 || i+1 >= len(args) {
+		t.Fatalf("the daemon's arguments name no embedded etcd client URL: %v", args)
+	}
+	u, err := url.Parse(args[i+1])
+	if err != nil || u.Host == "" {
+		t.Fatalf("embedded etcd client URL %q: %v", args[i+1], err)
+	}
+	return u.Host
 }
 
 func (jn *joinNet) call(t *testing.T, sock, method string, req, resp any) {
