@@ -36,29 +36,38 @@ const (
 //     (interleaved, 30 each);
 //   - the IPAM engine's assignments/s and etcd round trips per assignment;
 //   - Join latency as the host goes from 1 to 1000 endpoints (CreateEndpoint
-//     and Join through the plugin socket, real veths);
+//     and Join through the plugin socket, real veths), without policies and
+//     again with 50 policies selecting every endpoint (joinBench);
 //   - the daemon's RSS idle and with 1000 endpoints;
+//   - with 1000 endpoints and 50 policies: a policy update until it is in
+//     the kernel (p50, p99), and the daemon's restart until it serves;
 //   - a daemon with 100 containers and 10 policies left idle for 60 s:
 //     etcd requests per minute by kind, CPU, warning lines;
 //
-// and writes report.md and report.png in this directory. Opt-in
-// (CALICO_CNM_BENCH=1) because it takes minutes.
+// adds the figures `make bench` measured before it (the multi-host
+// benchmarks, the BGP scale rows with a target), and writes report.md and
+// report.png in this directory. Opt-in (CALICO_CNM_BENCH=1) because it
+// takes minutes.
 //
-// CALICO_CNM_BENCH=join measures only the Join latency (and RSS): it logs
-// the medians at each checkpoint and writes no report.
+// Partial runs log their figures and write no report:
+// CALICO_CNM_BENCH=join measures only the first Join pass (and RSS);
+// CALICO_CNM_BENCH=rows the Join passes and what is measured with the host
+// full (the issue-20 rows). CALICO_CNM_BENCH_ENDPOINTS sets the endpoints
+// per pass (default 1000), to try the code quickly.
 func TestBenchReport(t *testing.T) {
 	mode := os.Getenv("CALICO_CNM_BENCH")
 	if mode == "" {
 		t.Skip("the benchmark report runs with CALICO_CNM_BENCH=1 (make bench); it takes several minutes")
 	}
-	joinOnly := mode == "join"
+	joinOnly, rowsOnly := mode == "join", mode == "rows"
+	partial := joinOnly || rowsOnly
 	harness.RequirePrereqs(t)
 	began := time.Now()
 	bin := harness.BuildBinary(t)
 	res := Results{When: time.Now(), Host: hostDesc()}
 
 	// The IPAM micro-benchmark first, before dockerd competes for the CPU.
-	if !joinOnly {
+	if !partial {
 		ipamBench(t, &res)
 		ipamOwnedBlocksBench(t, &res)
 	}
@@ -69,24 +78,33 @@ func TestBenchReport(t *testing.T) {
 	// Info logging: debug lines for 1000 endpoints would be measured too.
 	// Reconcile must not remove the socket-driven endpoints Docker does
 	// not know about while they are measured.
-	p := h.StartPlugin(t, bin, nil, append(h.ServeArgs(nil), "--log-level", "info", "--reconcile-grace", "1h")...)
+	p := h.StartPlugin(t, bin, nil, append(h.ServeArgs(nil), "--log-level", "info", "--reconcile-grace", "1h", "--metrics-listen", benchMetricsAddr)...)
 	res.Dockerd = h.MustDocker(t, "version", "--format", "{{.Server.Version}}")
 	time.Sleep(2 * time.Second) // let start-up work (reconcile pass, etcd) settle
 	res.RSSIdleKiB = rssKiB(t, p.Pid())
 
-	if joinOnly {
-		joinBench(t, h, &res)
-		for _, n := range JoinCheckpoints {
-			t.Logf("Join median of endpoints %d-%d: %s", n-9, n, res.JoinWindow(n-9, n))
+	if partial {
+		joinBench(t, h, p, &res, rowsOnly)
+		n := len(res.Joins)
+		for _, c := range JoinCheckpoints {
+			switch {
+			case c > n:
+			case len(res.JoinsWithPolicies) >= c:
+				t.Logf("Join median of endpoints %d-%d: %s; with %d policies: %s", c-9, c, res.JoinWindow(c-9, c), JoinPolicies, joinWindow(res.JoinsWithPolicies, c-9, c))
+			default:
+				t.Logf("Join median of endpoints %d-%d: %s", c-9, c, res.JoinWindow(c-9, c))
+			}
 		}
-		first, last := res.JoinWindow(1, 10), res.JoinWindow(joinEndpoints-9, joinEndpoints)
-		t.Logf("endpoint 1000 vs 10 (medians of 10): %.2fx; medians of 50: first %s, last %s; RSS idle %d KiB, loaded %d KiB",
-			float64(last)/float64(first), res.JoinWindow(1, 50), res.JoinWindow(joinEndpoints-49, joinEndpoints), res.RSSIdleKiB, res.RSSLoadedKiB)
+		t.Logf("endpoint %d vs 10 (medians of 10): %.2fx; medians of 50: first %s, last %s; RSS idle %d KiB, loaded %d KiB",
+			n, lastToTenth(res.Joins), res.JoinWindow(1, 50), res.JoinWindow(n-49, n), res.RSSIdleKiB, res.RSSLoadedKiB)
+		var goals strings.Builder
+		res.markdownGoals(func(format string, a ...any) { fmt.Fprintf(&goals, format+"\n", a...) })
+		t.Logf("the targets of this run:\n%s", goals.String())
 		return
 	}
 	dockerRunBench(t, h, &res)
-	joinBench(t, h, &res)
-	multiHostBench(t, &res)
+	joinBench(t, h, p, &res, true)
+	benchOutputs(t, &res)
 	idleBench(t, fab, bin, &res)
 
 	var md, img bytes.Buffer
@@ -106,18 +124,29 @@ func TestBenchReport(t *testing.T) {
 	t.Logf("wrote %s and %s after %s\n%s", filepath.Join(wd, "report.md"), filepath.Join(wd, "report.png"), time.Since(began).Round(time.Second), md.String())
 }
 
-// multiHostBench adds the multi-host benchmarks' figures (BGP block
-// convergence, iperf3 throughput) that `make bench` ran first and saved in
-// the file CALICO_CNM_BENCH_MULTIHOST names.
-func multiHostBench(t *testing.T, res *Results) {
-	path := os.Getenv("CALICO_CNM_BENCH_MULTIHOST")
-	if path == "" {
-		t.Log("CALICO_CNM_BENCH_MULTIHOST not set: the report has no BGP convergence or throughput figures")
-		return
+// benchOutputs adds the figures of the benchmarks `make bench` ran before
+// and saved in files: the multi-host benchmarks (BGP block convergence,
+// iperf3 throughput; CALICO_CNM_BENCH_MULTIHOST) and the BGP scale rows
+// with a target (CALICO_CNM_BENCH_SCALE, which BenchmarkBGPScale writes
+// for CNM_BGP_SCALE_TARGETS).
+func benchOutputs(t *testing.T, res *Results) {
+	for _, f := range []struct{ env, what string }{
+		{"CALICO_CNM_BENCH_MULTIHOST", "BGP convergence or throughput figures"},
+		{"CALICO_CNM_BENCH_SCALE", "BGP scale targets"},
+	} {
+		path := os.Getenv(f.env)
+		if path == "" {
+			t.Logf("%s not set: the report has no %s", f.env, f.what)
+			continue
+		}
+		addBenchFile(t, res, path)
 	}
+}
+
+func addBenchFile(t *testing.T, res *Results, path string) {
 	f, err := os.Open(path)
 	if err != nil {
-		t.Fatalf("the multi-host benchmark output: %v", err)
+		t.Fatalf("benchmark output for the report: %v", err)
 	}
 	defer f.Close()
 	if err := res.AddBenchOutput(f, path); err != nil {
@@ -246,74 +275,6 @@ func randomID(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return hex.EncodeToString(b)
-}
-
-// joinBench fills the host with endpoints through the plugin sockets, as
-// dockerd would for containers (RequestAddress, CreateEndpoint, Join), and
-// times each Join; then removes them all again (Leave, DeleteEndpoint,
-// ReleaseAddress) and checks nothing is left.
-func joinBench(t *testing.T, h *harness.Host, res *Results) {
-	t.Helper()
-	nsock := filepath.Join(h.PluginDir, harness.NetworkSocket)
-	isock := filepath.Join(h.PluginDir, harness.IpamSocket)
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	call := func(sock, method string, req, resp any) {
-		t.Helper()
-		if err := harness.PluginCall(ctx, sock, method, req, resp); err != nil {
-			t.Fatalf("%v", err)
-		}
-	}
-	var pool struct{ PoolID string }
-	call(isock, "/IpamDriver.RequestPool", map[string]any{"AddressSpace": "CalicoLocalAddressSpace", "Pool": "10.128.0.0/16", "Options": map[string]string{"calico.create-pool": "true"}}, &pool)
-	netID := randomID(t)
-	call(nsock, "/NetworkDriver.CreateNetwork", map[string]any{
-		"NetworkID": netID,
-		"Options":   map[string]any{},
-		"IPv4Data":  []map[string]any{{"AddressSpace": "CalicoLocalAddressSpace", "Pool": pool.PoolID, "Gateway": "0.0.0.0/0"}},
-	}, nil)
-
-	type ep struct{ id, addr string }
-	eps := make([]ep, 0, joinEndpoints)
-	defer func() {
-		// Cleanup also when the measurement failed half-way.
-		for _, e := range eps {
-			_ = harness.PluginCall(ctx, nsock, "/NetworkDriver.Leave", map[string]any{"NetworkID": netID, "EndpointID": e.id}, nil)
-			_ = harness.PluginCall(ctx, nsock, "/NetworkDriver.DeleteEndpoint", map[string]any{"NetworkID": netID, "EndpointID": e.id}, nil)
-			_ = harness.PluginCall(ctx, isock, "/IpamDriver.ReleaseAddress", map[string]any{"PoolID": pool.PoolID, "Address": e.addr}, nil)
-		}
-		_ = harness.PluginCall(ctx, nsock, "/NetworkDriver.DeleteNetwork", map[string]any{"NetworkID": netID}, nil)
-	}()
-	start := time.Now()
-	for i := 0; i < joinEndpoints; i++ {
-		var addr struct{ Address string }
-		call(isock, "/IpamDriver.RequestAddress", map[string]any{"PoolID": pool.PoolID}, &addr)
-		e := ep{id: randomID(t), addr: addr.Address}
-		eps = append(eps, e)
-		call(nsock, "/NetworkDriver.CreateEndpoint", map[string]any{"NetworkID": netID, "EndpointID": e.id, "Options": map[string]any{}, "Interface": map[string]any{"Address": e.addr}}, nil)
-		t0 := time.Now()
-		var join struct{ InterfaceName struct{ SrcName string } }
-		call(nsock, "/NetworkDriver.Join", map[string]any{"NetworkID": netID, "EndpointID": e.id, "SandboxKey": "/var/run/docker/netns/bench" + strconv.Itoa(i), "Options": map[string]any{}}, &join)
-		res.Joins = append(res.Joins, time.Since(t0))
-		if join.InterfaceName.SrcName == "" {
-			t.Fatalf("Join of endpoint %d answered no interface", i)
-		}
-	}
-	t.Logf("%d endpoints joined in %s; Join median of first 10 %s, of last 10 %s", joinEndpoints, time.Since(start).Round(time.Millisecond), res.JoinWindow(1, 10), res.JoinWindow(joinEndpoints-9, joinEndpoints))
-	if n := countCali(t, h); n != joinEndpoints {
-		t.Errorf("%d cali veths on the host with %d endpoints joined", n, joinEndpoints)
-	}
-	res.RSSLoadedKiB = rssKiB(t, pluginPid(t, h))
-
-	for _, e := range eps {
-		call(nsock, "/NetworkDriver.Leave", map[string]any{"NetworkID": netID, "EndpointID": e.id}, nil)
-		call(nsock, "/NetworkDriver.DeleteEndpoint", map[string]any{"NetworkID": netID, "EndpointID": e.id}, nil)
-		call(isock, "/IpamDriver.ReleaseAddress", map[string]any{"PoolID": pool.PoolID, "Address": e.addr}, nil)
-	}
-	eps = nil
-	if n := countCali(t, h); n != 0 {
-		t.Errorf("%d cali veths left after removing every endpoint", n)
-	}
 }
 
 func pluginPid(t *testing.T, h *harness.Host) int {

@@ -117,3 +117,70 @@ func TestIdleRows(t *testing.T) {
 		"| "+PlotIdle+" | LeaseKeepAlive requests | 1 | 20 /min |",
 	)
 }
+
+// TestIssue20Rows: the rows of issue 20 each become a row of the targets
+// panel, judged in their direction: the Join ratio without and with
+// policies (against 1.2x and 1.3x), the RSS with the host full (64 MiB),
+// the policy update's p50 (50 ms; its p99 has no target), the start to
+// serving (2 s) and the BGP scale rows of the file BenchmarkBGPScale
+// writes (2 s, and 2x gobgpd for the mesh).
+func TestIssue20Rows(t *testing.T) {
+	r := Results{RSSIdleKiB: 40 * 1024, RSSLoadedKiB: 90 * 1024}
+	for i := range 1000 {
+		// 10 ms, then 11 ms from endpoint 500 on: 1.1x.
+		r.Joins = append(r.Joins, time.Duration(10+i/500)*time.Millisecond)
+		// 10 ms, then 15 ms: 1.5x.
+		r.JoinsWithPolicies = append(r.JoinsWithPolicies, time.Duration(10+5*(i/500))*time.Millisecond)
+	}
+	var lat []time.Duration
+	for i := range 20 {
+		lat = append(lat, time.Duration(20+i)*time.Millisecond) // p50 29 ms, p99 39 ms
+	}
+	addPolicyUpdate(&r, lat)
+	addStart(&r, startTimes{answering: 2 * time.Second, serving: 2500 * time.Millisecond})
+	scale := "BenchmarkBGPScale32HostsMesh\t1\t356000000 ns/op\t0.3560 routes-s\t2 routes-target-s\t0.1110 claims-s\t1.2400 vs-gobgpd-x\t2 vs-gobgpd-target-x\n" +
+		"BenchmarkBGPScale64Hosts2Reflectors\t1\t2647000000 ns/op\t2.6470 routes-s\t2 routes-target-s\t0.7480 claims-s\n"
+	if err := r.AddBenchOutput(strings.NewReader(scale), "scale.txt"); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, g := range r.Goals() {
+		got = append(got, fmt.Sprintf("%s %s %.3g", g.Name, map[bool]string{true: "met", false: "missed"}[g.Met()], g.Value))
+	}
+	want := []string{
+		"Join: endpoint 1000 / endpoint 10 met 1.1",
+		"Join with 50 policies: endpoint 1000 / endpoint 10 missed 1.5",
+		"daemon memory (VmRSS): 1000 endpoints missed 90",
+		PlotPolicyUpdate + ": p50 met 29",
+		PlotStart + ": exec to /healthz ok missed 2.5",
+		"BGPScale32HostsMesh (s): routes met 0.356",
+		"BGPScale32HostsMesh (x): vs-gobgpd met 1.24",
+		"BGPScale64Hosts2Reflectors (s): routes missed 2.65",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("goals:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	requireMarkdown(t, r,
+		"| Join with 50 policies: endpoint 1000 / endpoint 10 | 1.50x | <= 1.30x | **misses** |",
+		"| Join: endpoint 1000 / endpoint 10 | 1.10x | <= 1.20x | meets |",
+		"| daemon memory (VmRSS): 1000 endpoints | 90 MiB | <= 64 MiB | **misses** |",
+		"| "+PlotPolicyUpdate+": p50 | 29 ms | <= 50 ms | meets |",
+		"| "+PlotStart+": exec to /healthz ok | 2.5 s | <= 2 s | **misses** |",
+		"| BGPScale32HostsMesh (s): routes | 0.356 s | <= 2 s | meets |",
+		"| 1000 | 11.0 ms | 15.0 ms |",
+		"With 50 policies selecting every endpoint (the host filled again from empty), endpoint 1000 vs endpoint 10: 1.50x: **misses the target** (<= 1.30x).",
+		"| "+PlotPolicyUpdate+" | p99 | 1 | 39 ms |",
+	)
+	// Every row is drawn: the panel grows with the rows.
+	if n := countColor(renderPNG(t, r), goalMissed); n < 4*200 {
+		t.Errorf("only %d pixels of missed (red) bars for four missed rows", n)
+	}
+	// A figure 100 times its target does not squeeze the other bars.
+	gp, err := goalsPlot(append(r.Goals(), Goal{Name: "far off", Value: 100, Target: 1, Unit: "x"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gp.X.Max > goalShareMax*1.1 {
+		t.Errorf("the panel's axis runs to %.1f, past the longest bar %.1f", gp.X.Max, goalShareMax)
+	}
+}

@@ -44,7 +44,9 @@ import (
 // CNM_BGP_SCALE_TOPOS the topologies (default "mesh,rr2");
 // CNM_BGP_SCALE_DAEMONS the implementations (default "calico-cnm,gobgpd";
 // a table row needs both); CNM_BGP_SCALE_REPORT names a markdown file for
-// the table (make bench: bench/scale.md); CNM_BGP_SCALE_RUNS how many runs
+// the table (make bench: bench/scale.md); CNM_BGP_SCALE_TARGETS a file for
+// the rows with a target as benchmark lines, which the report's targets
+// panel reads (see writeScaleTargets); CNM_BGP_SCALE_RUNS how many runs
 // per row (default: 3 for the rows with a target, see scaleRuns);
 // CNM_BGP_SCALE_DEBUG=DIR writes
 // what a slow run looked like into DIR (see scaleDebugDump).
@@ -64,7 +66,10 @@ func BenchmarkBGPScale(b *testing.B) {
 	}
 	bin := harness.BuildBinary(b)
 	var rows []scaleRow
-	defer func() { writeScaleReport(b, rows) }()
+	defer func() {
+		writeScaleReport(b, rows)
+		writeScaleTargets(b, rows)
+	}()
 	for _, n := range sizes {
 		for _, topo := range []scaleTopology{{"mesh", 0}, {"rr2", 2}} {
 			if !scaleSelected("CNM_BGP_SCALE_TOPOS", topo.name) {
@@ -189,9 +194,9 @@ func writeScaleReport(b *testing.B, rows []scaleRow) {
 		switch {
 		case target == "":
 		case r.topo.reflectors == 0:
-			target = verdictScale(ratio <= 2 && cnm.routes < 2*time.Second, target)
+			target = verdictScale(ratio <= scaleGobgpdTarget && cnm.routes < scaleRoutesTarget, target)
 		default:
-			target = verdictScale(cnm.routes < 2*time.Second, target)
+			target = verdictScale(cnm.routes < scaleRoutesTarget, target)
 		}
 		ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
 		fmt.Fprintf(&sb, "| %d | %s | %s / %s | %s | %s / %s | %.2fx | %.0f / %.0f MiB | %.1f / %.1f | %s |\n",
@@ -204,6 +209,53 @@ func writeScaleReport(b *testing.B, rows []scaleRow) {
 			b.Errorf("writing %s: %v", path, err)
 		}
 	}
+}
+
+// writeScaleTargets writes, to the file CNM_BGP_SCALE_TARGETS names, each
+// row with a target as a line of `go test -bench` output whose metrics
+// carry their targets ("routes-s" next to "routes-target-s"): the median
+// run's time from the claims to every route in every kernel (target 2 s)
+// and, for the mesh, its ratio to gobgpd's (target 2x). The file is
+// written even with no such row, so that a stale one is never read.
+func writeScaleTargets(tb testing.TB, rows []scaleRow) {
+	path := os.Getenv("CNM_BGP_SCALE_TARGETS")
+	if path == "" {
+		return
+	}
+	var sb strings.Builder
+	for _, r := range rows {
+		if scaleTarget(r.nodes, r.topo) == "" {
+			continue
+		}
+		cnm, base := medianRun(r.cnm), medianRun(r.base)
+		fmt.Fprintf(&sb, "%s\t1\t%d ns/op\t%.4f routes-s\t%d routes-target-s\t%.4f claims-s", scaleTargetBench(r.nodes, r.topo), cnm.routes.Nanoseconds(), cnm.routes.Seconds(), int(scaleRoutesTarget/time.Second), cnm.claimed.Seconds())
+		if r.topo.reflectors == 0 {
+			fmt.Fprintf(&sb, "\t%.4f vs-gobgpd-x\t%d vs-gobgpd-target-x", cnm.routes.Seconds()/base.routes.Seconds(), scaleGobgpdTarget)
+		}
+		sb.WriteString("\n")
+	}
+	if err := os.WriteFile(path, []byte(sb.String()), 0o644); err != nil {
+		tb.Errorf("writing %s: %v", path, err)
+	}
+}
+
+// The scale rows' targets: every route in every kernel within
+// scaleRoutesTarget of the claims, and for the mesh within
+// scaleGobgpdTarget times gobgpd's time.
+const (
+	scaleRoutesTarget = 2 * time.Second
+	scaleGobgpdTarget = 2
+)
+
+// scaleTargetBench names a row in the targets file, e.g.
+// BenchmarkBGPScale32HostsMesh (one name per row: the report groups a
+// benchmark's figures by name, sub-benchmarks included).
+func scaleTargetBench(n int, topo scaleTopology) string {
+	name := "Mesh"
+	if topo.reflectors > 0 {
+		name = fmt.Sprintf("%dReflectors", topo.reflectors)
+	}
+	return fmt.Sprintf("BenchmarkBGPScale%dHosts%s", n, name)
 }
 
 func verdictScale(ok bool, target string) string {
