@@ -60,6 +60,7 @@ func TestBenchReport(t *testing.T) {
 	// The IPAM micro-benchmark first, before dockerd competes for the CPU.
 	if !joinOnly {
 		ipamBench(t, &res)
+		ipamCompareBench(t, &res)
 		ipamOwnedBlocksBench(t, &res)
 	}
 
