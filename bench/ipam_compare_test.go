@@ -6,8 +6,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,8 +35,10 @@ const ipamCompareRounds = 3
 const TargetIPAMRatio = 1.0
 
 // autoAssignRate is one run of BenchmarkAutoAssign: assignments per second
-// with one host and with three hosts assigning at once.
-type autoAssignRate struct{ oneHost, threeHosts float64 }
+// with one host and with three hosts assigning at once, and what the whole
+// run (etcd member included) cost: CPU seconds and MiB written to disk,
+// figures the shared machine's load moves less than the rates.
+type autoAssignRate struct{ oneHost, threeHosts, cpuSec, writtenMiB float64 }
 
 // TestIPAMCompare runs only the comparison with IPAMBaseline and logs it,
 // without root or dockerd (CALICO_CNM_BENCH_IPAM=1); TestBenchReport runs
@@ -78,7 +82,7 @@ func ipamCompareBench(t *testing.T, res *Results) {
 			if err != nil {
 				t.Fatalf("%s, round %d: %v", name, round, err)
 			}
-			t.Logf("IPAM round %d, %s: %.0f assign/s (1 host), %.0f assign/s (3 hosts)", round, name, r.oneHost, r.threeHosts)
+			t.Logf("IPAM round %d, %s: %.0f assign/s (1 host), %.0f assign/s (3 hosts); the run used %.2f s of CPU and wrote %.1f MiB", round, name, r.oneHost, r.threeHosts, r.cpuSec, r.writtenMiB)
 			if name == IPAMBaseline {
 				olds = append(olds, r)
 			} else {
@@ -129,6 +133,10 @@ func runAutoAssign(ctx context.Context, bin, dir string) (autoAssignRate, error)
 	r, err := parseAutoAssign(string(out))
 	if err != nil {
 		return autoAssignRate{}, fmt.Errorf("%w\n%s", err, out)
+	}
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		r.cpuSec = time.Duration(syscall.TimevalToNsec(ru.Utime) + syscall.TimevalToNsec(ru.Stime)).Seconds()
+		r.writtenMiB = float64(ru.Oublock) * 512 / (1 << 20) // blocks of 512 bytes
 	}
 	return r, nil
 }
@@ -192,6 +200,17 @@ func addIPAMCompare(res *Results, olds, news []autoAssignRate) {
 				XLabel: "round", YLabel: "assignments/s", X: x, Y: y, Kind: Points})
 		}
 	}
+	for _, c := range []struct {
+		name string
+		rs   []autoAssignRate
+	}{{IPAMBaseline, olds}, {"new", news}} {
+		x, cpu := rounds(c.rs, func(r autoAssignRate) float64 { return r.cpuSec })
+		_, disk := rounds(c.rs, func(r autoAssignRate) float64 { return r.writtenMiB })
+		if slices.Max(cpu) > 0 {
+			res.Add(Series{Plot: PlotIPAMRounds + " (CPU of each run)", Name: c.name, XLabel: "round", YLabel: "s", X: x, Y: cpu, Kind: Points})
+			res.Add(Series{Plot: PlotIPAMRounds + " (disk writes of each run)", Name: c.name, XLabel: "round", YLabel: "MiB", X: x, Y: disk, Kind: Points})
+		}
+	}
 	ratio := func(pick func(autoAssignRate) float64) float64 {
 		_, o := rounds(olds, pick)
 		_, n := rounds(news, pick)
@@ -211,8 +230,8 @@ func joinFigures(ys []float64) string {
 }
 
 // TestIPAMCompareRows: the rounds' BenchmarkAutoAssign output becomes the
-// per-round figures in report.md and two targets rows, the ratio of the
-// medians judged against 1.0 from below.
+// per-round figures in report.md (rates, CPU, disk writes) and two targets
+// rows, the ratio of the medians judged against 1.0 from below.
 func TestIPAMCompareRows(t *testing.T) {
 	run := func(one, three float64) string {
 		return fmt.Sprintf(`goos: linux
@@ -231,6 +250,8 @@ PASS
 		if err != nil {
 			t.Fatal(err)
 		}
+		o.cpuSec, o.writtenMiB = 10, 50
+		n.cpuSec, n.writtenMiB = 9, 80
 		olds, news = append(olds, o), append(news, n)
 	}
 	var r Results
@@ -248,6 +269,8 @@ PASS
 		"| "+PlotIPAMRatio+": 1 host | 1.12x | >= 1.00x | meets |",
 		"| "+PlotIPAMRounds+" | "+IPAMBaseline+", 1 host (by round: 500, 520, 480) | 3 | 500 assignments/s |",
 		"| "+PlotIPAMRounds+" | new, 3 hosts (by round: 700, 650, 900) | 3 | 700 assignments/s |",
+		"| "+PlotIPAMRounds+" (CPU of each run) | new | 3 | 9 s |",
+		"| "+PlotIPAMRounds+" (disk writes of each run) | "+IPAMBaseline+" | 3 | 50 MiB |",
 	)
 
 	var slower Results
