@@ -69,6 +69,7 @@ func TestBenchReport(t *testing.T) {
 	// The IPAM micro-benchmark first, before dockerd competes for the CPU.
 	if !partial {
 		ipamBench(t, &res)
+		ipamCompareBench(t, &res)
 		ipamOwnedBlocksBench(t, &res)
 	}
 

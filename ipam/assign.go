@@ -1,6 +1,7 @@
 package ipam
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -568,15 +569,7 @@ func (e *Engine) reloadHost(ctx context.Context, host string) (map[netip.Prefix]
 	if err != nil {
 		return nil, err
 	}
-	all := make(map[netip.Prefix]cachedBlock, len(kvs))
-	for _, kv := range kvs {
-		b, err := decodeBlock(kv.Key, kv.Value)
-		if err != nil {
-			e.log.WithError(err).Warn("ignoring unreadable block")
-			continue
-		}
-		all[b.prefix] = cachedBlock{b: b, rev: kv.ModRevision}
-	}
+	all := e.decodeListed(kvs)
 	aff := affinityOf(host)
 	e.mu.Lock()
 	for _, p := range slices.Clone(e.affine[aff]) {
@@ -634,6 +627,38 @@ func (e *Engine) reloadHost(ctx context.Context, host string) (map[netip.Prefix]
 		}
 	}
 	return all, nil
+}
+
+// decodeListed decodes listed block records. A cached block whose record
+// is byte for byte the listed one is taken as it is: a cold claim lists
+// every block, and decoding each (a map per stamped address) cost more
+// than the claim's transaction once blocks carried assignment stamps. The
+// cached copy is only read here and by the callers of reloadHost.
+func (e *Engine) decodeListed(kvs []datastore.KV) map[netip.Prefix]cachedBlock {
+	e.mu.Lock()
+	cached := make(map[string]*block, len(e.blocks))
+	for p, c := range e.blocks {
+		cached[blockKey(p)] = c.b
+	}
+	e.mu.Unlock()
+	all := make(map[netip.Prefix]cachedBlock, len(kvs))
+	var buf []byte
+	for _, kv := range kvs {
+		if c, ok := cached[kv.Key]; ok {
+			var err error
+			if buf, err = c.appendJSON(buf[:0]); err == nil && bytes.Equal(buf, kv.Value) {
+				all[c.prefix] = cachedBlock{b: c, rev: kv.ModRevision}
+				continue
+			}
+		}
+		b, err := decodeBlock(kv.Key, kv.Value)
+		if err != nil {
+			e.log.WithError(err).Warn("ignoring unreadable block")
+			continue
+		}
+		all[b.prefix] = cachedBlock{b: b, rev: kv.ModRevision}
+	}
+	return all
 }
 
 // listHostAndBlocks lists the host's affinities and all blocks at once: a

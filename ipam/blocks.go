@@ -172,7 +172,9 @@ func (b *block) clone() *block {
 			c.Allocations[i] = &idx[i]
 		}
 	}
-	c.Unallocated = append([]int(nil), b.Unallocated...)
+	// slices.Clone keeps an empty list empty rather than nil, so the copy
+	// encodes to the same record ("[]", not "null").
+	c.Unallocated = slices.Clone(b.Unallocated)
 	c.Attributes = slices.Clone(b.Attributes)
 	if c.Attributes == nil {
 		c.Attributes = []attribute{}
