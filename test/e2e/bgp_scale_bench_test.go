@@ -68,7 +68,7 @@ func BenchmarkBGPScale(b *testing.B) {
 	var rows []scaleRow
 	defer func() {
 		writeScaleReport(b, rows)
-		writeScaleTargets(b, rows)
+		writeScaleTargets(b, os.Getenv("CNM_BGP_SCALE_TARGETS"), rows)
 	}()
 	for _, n := range sizes {
 		for _, topo := range []scaleTopology{{"mesh", 0}, {"rr2", 2}} {
@@ -211,14 +211,13 @@ func writeScaleReport(b *testing.B, rows []scaleRow) {
 	}
 }
 
-// writeScaleTargets writes, to the file CNM_BGP_SCALE_TARGETS names, each
+// writeScaleTargets writes, to path (CNM_BGP_SCALE_TARGETS; none: nothing), each
 // row with a target as a line of `go test -bench` output whose metrics
 // carry their targets ("routes-s" next to "routes-target-s"): the median
 // run's time from the claims to every route in every kernel (target 2 s)
 // and, for the mesh, its ratio to gobgpd's (target 2x). The file is
 // written even with no such row, so that a stale one is never read.
-func writeScaleTargets(tb testing.TB, rows []scaleRow) {
-	path := os.Getenv("CNM_BGP_SCALE_TARGETS")
+func writeScaleTargets(tb testing.TB, path string, rows []scaleRow) {
 	if path == "" {
 		return
 	}

@@ -95,18 +95,54 @@ func (l *policyLab) networkID(t *testing.T, name string) string {
 
 // waitRules waits until the forward chain has the rules of every given
 // interface: before that, fail-closed drops would make any "cannot reach"
-// check pass for the wrong reason.
+// check pass for the wrong reason. The forward chain reaches an
+// interface's rules through a jump on an interface-name set
+// (oifname @ifs-...), so the interface has rules once it is an element of
+// a set that such a jump names.
 func (l *policyLab) waitRules(t *testing.T, ifnames ...string) {
 	t.Helper()
 	harness.Eventually(t, 10*time.Second, 100*time.Millisecond, "rules of "+strings.Join(ifnames, ", "), func() error {
-		fwd := l.nft(t, "list", "chain", "ip", policy.TableName, "forward")
+		table := l.nft(t, "list", "table", "ip", policy.TableName)
 		for _, i := range ifnames {
-			if !strings.Contains(fwd, `oifname "`+i+`"`) {
-				return fmt.Errorf("no rule for %s yet:\n%s", i, fwd)
+			if to, _ := forwardRulesFor(table, i); to == 0 {
+				return fmt.Errorf("no rule for %s yet:\n%s", i, table)
 			}
 		}
 		return nil
 	})
+}
+
+var (
+	forwardChainListing = regexp.MustCompile(`(?s)\tchain forward \{\n(.*?)\n\t\}`)
+	ruleOnIfname        = regexp.MustCompile(`(iifname|oifname) (?:"([^"]+)"|@(\S+))`)
+)
+
+// forwardRulesFor counts the rules of the forward chain, in the listing of
+// the project's table, that apply to the traffic to ifname and from it: a
+// rule names the interface (oifname "x") or matches on an interface-name
+// set that holds it (oifname @ifs-...). Negated matches (!= @workloads)
+// and wildcards do not count.
+func forwardRulesFor(table, ifname string) (to, from int) {
+	fwd := forwardChainListing.FindStringSubmatch(table)
+	if fwd == nil {
+		return 0, 0
+	}
+	for _, rule := range strings.Split(fwd[1], "\n") {
+		for _, m := range ruleOnIfname.FindAllStringSubmatch(rule, -1) {
+			applies := m[2] == ifname
+			if m[3] != "" {
+				set := regexp.MustCompile(`(?s)\tset ` + regexp.QuoteMeta(m[3]) + ` \{\n(.*?)\n\t\}`).FindStringSubmatch(table)
+				applies = set != nil && strings.Contains(set[1], `"`+ifname+`"`)
+			}
+			switch {
+			case applies && m[1] == "oifname":
+				to++
+			case applies:
+				from++
+			}
+		}
+	}
+	return to, from
 }
 
 // counter reads the packet counter of the rule with the given comment.
@@ -373,14 +409,14 @@ func TestNetworkIsolation(t *testing.T) {
 		})
 		// Exactly two rules per remaining local endpoint, one for the
 		// endpoints of isolation-off networks.
-		fwd := l.nft(t, "list", "chain", "ip", policy.TableName, "forward")
+		all := l.nft(t, "list", "table", "ip", policy.TableName)
 		for c, i := range map[string]string{"a1": ifnames[0], "b1": ifnames[2], "b2": ifnames[3], "o1": ifnames[4], "o2": ifnames[5]} {
 			want := 2
 			if strings.HasPrefix(c, "o") {
 				want = 1
 			}
-			if got := strings.Count(fwd, `"`+i+`"`); got != want {
-				t.Errorf("%s (%s) has %d rules, want %d:\n%s", c, i, got, want, fwd)
+			if to, from := forwardRulesFor(all, i); to+from != want {
+				t.Errorf("%s (%s) has %d rules (%d to it, %d from it), want %d:\n%s", c, i, to+from, to, from, want, all)
 			}
 		}
 		l.mustReach(t, "a1", l.IP, "a1 still works")

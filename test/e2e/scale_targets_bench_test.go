@@ -17,6 +17,7 @@ import (
 // for the mesh, its ratio to gobgpd (2x), each judged; a row without a
 // target adds nothing. No network: the rows are made up.
 func TestScaleTargetsReachTheReport(t *testing.T) {
+	t.Parallel()
 	runs := func(routes ...time.Duration) []scaleResult {
 		var out []scaleResult
 		for _, r := range routes {
@@ -30,8 +31,7 @@ func TestScaleTargetsReachTheReport(t *testing.T) {
 		{nodes: 64, topo: scaleTopology{"rr2", 2}, cnm: runs(2500 * time.Millisecond), base: runs(2 * time.Second)},
 	}
 	path := filepath.Join(t.TempDir(), "scale-bench.txt")
-	t.Setenv("CNM_BGP_SCALE_TARGETS", path)
-	writeScaleTargets(t, rows)
+	writeScaleTargets(t, path, rows)
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
