@@ -84,8 +84,16 @@ type incrementalCalc struct {
 	// joined endpoints, following them change by change.
 	selectors *selectorIndex
 
-	// rules keeps policy-selected endpoints' rules between computations.
+	// memo keeps policy-selected endpoints' rules and the policy plan
+	// between computations.
+	memo passMemo
+}
+
+// passMemo is what the Calculator keeps from one computation to the next
+// (none in Desired: everything is built for the one computation).
+type passMemo struct {
 	rules ruleMemo
+	plan  planMemo
 }
 
 // records is one small kind's decoded records by key, and their list in
@@ -145,7 +153,7 @@ func newIncrementalCalc(node string, ipv6 bool, fs Failsafe) *incrementalCalc {
 		localWarning: map[string]string{},
 		conflicts:    map[string][]string{},
 		selectors:    newSelectorIndex(),
-		rules:        ruleMemo{},
+		memo:         passMemo{rules: ruleMemo{}},
 	}
 }
 
@@ -214,10 +222,10 @@ func (c *incrementalCalc) CompleteDeferredWork() (Ruleset, []string) {
 	locals := c.locals
 	// The memo forgets the endpoints gone (and their old targets) once it
 	// holds far more than the endpoints' rules.
-	if len(c.rules) > 4*len(locals)+64 {
-		clear(c.rules)
+	if len(c.memo.rules) > 4*len(locals)+64 {
+		clear(c.memo.rules)
 	}
-	rs, more := desiredFrom(st, locals, c.memberElements, c.rules, c.selectors)
+	rs, more := desiredFrom(st, locals, c.memberElements, &c.memo, c.selectors)
 	c.selectors.sweep()
 	return rs, append(c.warnings(), more...)
 }

@@ -248,19 +248,25 @@ func networksByID(ns []datastore.Network) map[string]datastore.Network {
 // desiredFrom is Desired once the endpoint records are read: locals are
 // this host's endpoints that get rules (sorted by interface name),
 // memberElems gives a logical network's member set elements and memo
-// (nil: none) keeps rules from one computation to the next. Only the
+// (nil: none) keeps rules and the policy plan from one computation to the
+// next. Only the
 // policy plan reads st.Endpoints, for the joined ones' addresses that rule
 // selectors pick; index (nil: none), the incremental calculation's
 // (calc.go), answers the selectors instead, and the calculation hands it
 // no endpoints.
-func desiredFrom(st State, locals []localEndpoint, memberElems func(key string, f Family) []string, memo ruleMemo, index *selectorIndex) (Ruleset, []string) {
+func desiredFrom(st State, locals []localEndpoint, memberElems func(key string, f Family) []string, memo *passMemo, index *selectorIndex) (Ruleset, []string) {
 	pools, natPools, warnings := poolPrefixes(st.Pools)
 	hosts, hostWarnings := hostAddrs(st.Nodes)
 	warnings = append(warnings, hostWarnings...)
 	vteps, vtepWarnings := vtepAddrs(st.Nodes)
 	warnings = append(warnings, vtepWarnings...)
 
-	plan, pw := planPolicies(st, locals)
+	var rules ruleMemo
+	var pm *planMemo
+	if memo != nil {
+		rules, pm = memo.rules, &memo.plan
+	}
+	plan, pw := planPolicies(st, locals, pm)
 	plan.index = index
 	warnings = append(warnings, pw...)
 	heps, hw := localHostEndpoints(st)
@@ -271,7 +277,7 @@ func desiredFrom(st State, locals []localEndpoint, memberElems func(key string, 
 	}
 	var rs Ruleset
 	for _, f := range families {
-		t := desiredTable(f, locals, memberElems, memo, pools[f], natPools[f], hosts[f], vteps[f], plan, heps, st.Failsafe, clusterOf(st))
+		t := desiredTable(f, locals, memberElems, rules, pools[f], natPools[f], hosts[f], vteps[f], plan, heps, st.Failsafe, clusterOf(st))
 		rs.Tables = append(rs.Tables, t)
 	}
 	rs.Tables[0].Chains = append(rs.Tables[0].Chains, vxlanChains(st.Pools)...) // IPv4 only, as VXLAN

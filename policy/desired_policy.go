@@ -132,13 +132,10 @@ func SelectingPolicies(ps []api.GlobalNetworkPolicy, labels map[string]string, d
 // policyPlan is the family-independent part of the policy program.
 type policyPlan struct {
 	policies []compiledPolicy
-	// byEndpoint: local endpoint id -> direction -> indexes of the
-	// selecting policies, in order. Absent: no policy selects it
-	// (the network's own rules apply).
-	byEndpoint map[string]map[api.PolicyType][]int
-	// failClosed: local endpoints whose labels are unknown while policies
-	// exist for a direction: that direction drops everything.
-	failClosed map[string]map[api.PolicyType]bool
+	// selections says which policies select a local endpoint (see
+	// selectionOf); the Calculator's is kept from one computation to the
+	// next.
+	selections *planMemo
 	// joined are the cluster's joined endpoints: rule selectors pick
 	// their addresses, and those of hostEndpoints (expectedIPs) and
 	// networkSets (nets).
@@ -152,51 +149,146 @@ type policyPlan struct {
 	networkSets   []api.GlobalNetworkSet
 }
 
-func planPolicies(st State, locals []localEndpoint) (policyPlan, []string) {
-	cps, warnings := compilePolicies(st.Policies)
-	plan := policyPlan{policies: cps, byEndpoint: map[string]map[api.PolicyType][]int{}, failClosed: map[string]map[api.PolicyType]bool{},
-		hostEndpoints: st.HostEndpoints, networkSets: st.NetworkSets}
-	if len(cps) == 0 {
-		return plan, warnings
+// selection is which policies select a label set: per direction the
+// indexes of the selecting policies, in order, and the id of that list
+// (0: none), which names a dispatch chain's content without comparing
+// lists.
+type selection struct {
+	ingress, egress         []int
+	ingressList, egressList int
+}
+
+func (s *selection) of(dir api.PolicyType) ([]int, int) {
+	if dir == api.Egress {
+		return s.egress, s.egressList
+	}
+	return s.ingress, s.ingressList
+}
+
+// planMemo holds the compiled policies and the selection of every label
+// set seen, while the policy list stays the one they were computed from:
+// the Calculator's policy records hand out the same slice until a policy
+// changes. With a thousand endpoints and fifty policies, evaluating every
+// selector for every endpoint at every change was the largest part of a
+// Join's work.
+type planMemo struct {
+	policies []api.GlobalNetworkPolicy
+	compiled []compiledPolicy
+	warnings []string
+	// anyFor: some policy selects workloads in the direction (egress,
+	// ingress): an endpoint whose labels are unknown fails closed in it.
+	anyFor     [2]bool
+	selections map[string]*selection
+	lists      map[string]int // a list of policy indexes, as text -> its id
+}
+
+func sameSlice[T any](a, b []T) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+// compile brings the memo to the policies ps, forgetting the selections
+// when they changed or when it holds far more label sets than there are
+// endpoints (those of endpoints gone).
+func (m *planMemo) compile(ps []api.GlobalNetworkPolicy, endpoints int) {
+	if m.compiled != nil && sameSlice(ps, m.policies) {
+		if len(m.selections) > 2*endpoints+64 {
+			clear(m.selections)
+		}
+		return
+	}
+	m.policies = ps
+	m.compiled, m.warnings = compilePolicies(ps)
+	if m.compiled == nil {
+		m.compiled = []compiledPolicy{}
+	}
+	m.anyFor = [2]bool{}
+	for _, p := range m.compiled {
+		for i, dir := range []api.PolicyType{api.Egress, api.Ingress} {
+			if p.selectsWorkloads() && p.AppliesTo(dir) {
+				m.anyFor[i] = true
+			}
+		}
+	}
+	m.selections = map[string]*selection{}
+	m.lists = map[string]int{}
+}
+
+// selectionOf is which policies select the endpoint l, or nil when its
+// labels are unknown.
+func (m *planMemo) selectionOf(l localEndpoint) *selection {
+	if l.ep.LabelsUnknown {
+		return nil
+	}
+	// Endpoints with the same labels (replicas) are selected alike:
+	// each label set is evaluated once.
+	if s, ok := m.selections[l.labels]; ok {
+		return s
+	}
+	s := &selection{}
+	for i, p := range m.compiled {
+		if !p.selectsWorkloads() || !p.sel.Evaluate(l.ep.Labels) {
+			continue
+		}
+		if p.AppliesTo(api.Ingress) {
+			s.ingress = append(s.ingress, i)
+		}
+		if p.AppliesTo(api.Egress) {
+			s.egress = append(s.egress, i)
+		}
+	}
+	s.ingressList, s.egressList = m.listID(s.ingress), m.listID(s.egress)
+	m.selections[l.labels] = s
+	return s
+}
+
+// listID interns a list of policy indexes.
+func (m *planMemo) listID(idx []int) int {
+	if len(idx) == 0 {
+		return 0
+	}
+	b := make([]byte, 0, 4*len(idx))
+	for _, i := range idx {
+		b = strconv.AppendInt(b, int64(i), 10)
+		b = append(b, ',')
+	}
+	id, ok := m.lists[string(b)]
+	if !ok {
+		id = len(m.lists) + 1
+		m.lists[string(b)] = id
+	}
+	return id
+}
+
+// failsClosed: l's labels are unknown while policies select workloads in
+// dir, so that direction drops everything.
+func (m *planMemo) failsClosed(l localEndpoint, dir api.PolicyType) bool {
+	if !l.ep.LabelsUnknown {
+		return false
+	}
+	if dir == api.Egress {
+		return m.anyFor[0]
+	}
+	return m.anyFor[1]
+}
+
+// planPolicies compiles the policies (memo: the Calculator's, kept from
+// one computation to the next; nil: built for this one) and gathers what
+// the rule selectors read.
+func planPolicies(st State, locals []localEndpoint, memo *planMemo) (policyPlan, []string) {
+	if memo == nil {
+		memo = &planMemo{}
+	}
+	memo.compile(st.Policies, len(locals))
+	plan := policyPlan{policies: memo.compiled, selections: memo, hostEndpoints: st.HostEndpoints, networkSets: st.NetworkSets}
+	if len(memo.compiled) == 0 {
+		return plan, memo.warnings
 	}
 	for i := range st.Endpoints {
 		if st.Endpoints[i].Joined {
 			plan.joined = append(plan.joined, &st.Endpoints[i])
 		}
 	}
-	// Endpoints with the same labels (replicas) are selected alike:
-	// evaluate each label set once.
-	memo := map[string]map[api.PolicyType][]int{}
-	for _, l := range locals {
-		if l.ep.LabelsUnknown {
-			for _, dir := range []api.PolicyType{api.Ingress, api.Egress} {
-				if slices.ContainsFunc(cps, func(p compiledPolicy) bool { return p.selectsWorkloads() && p.AppliesTo(dir) }) {
-					if plan.failClosed[l.ep.ID] == nil {
-						plan.failClosed[l.ep.ID] = map[api.PolicyType]bool{}
-					}
-					plan.failClosed[l.ep.ID][dir] = true
-				}
-			}
-			continue
-		}
-		key := l.labels
-		sel, done := memo[key]
-		if !done {
-			sel = map[api.PolicyType][]int{}
-			for i, p := range cps {
-				for _, dir := range []api.PolicyType{api.Ingress, api.Egress} {
-					if p.selectsWorkloads() && p.AppliesTo(dir) && p.sel.Evaluate(l.ep.Labels) {
-						sel[dir] = append(sel[dir], i)
-					}
-				}
-			}
-			memo[key] = sel
-		}
-		if len(sel) > 0 {
-			plan.byEndpoint[l.ep.ID] = sel
-		}
-	}
-	return plan, warnings
+	return plan, memo.warnings
 }
 
 // labelsKey is a canonical text of a label set.
@@ -227,13 +319,13 @@ type policyTable struct {
 	chains map[string]Chain
 	// dispatch memoises the dispatch chain of a (direction, profile,
 	// policy list).
-	dispatch map[string]string
+	dispatch map[dispatchKey]string
 	// rulesMemo: see ruleMemo; nil in Desired.
 	rulesMemo ruleMemo
 }
 
 func newPolicyTable(f Family, plan policyPlan, memo ruleMemo) *policyTable {
-	return &policyTable{f: f, plan: plan, sets: map[string]Set{}, chains: map[string]Chain{}, dispatch: map[string]string{}, rulesMemo: memo}
+	return &policyTable{f: f, plan: plan, sets: map[string]Set{}, chains: map[string]Chain{}, dispatch: map[dispatchKey]string{}, rulesMemo: memo}
 }
 
 // endpointJump is where a local endpoint's traffic in direction dir goes
@@ -241,19 +333,26 @@ func newPolicyTable(f Family, plan policyPlan, memo ruleMemo) *policyTable {
 // profile is the network's chain for the direction ("" when it has none:
 // everything returns).
 func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile string) (endpointJump, bool) {
-	if pt.plan.failClosed[l.ep.ID][dir] {
+	if len(pt.plan.policies) == 0 {
+		return endpointJump{}, false
+	}
+	if pt.plan.selections.failsClosed(l, dir) {
 		target := dispatchChainName(dir, "fail-closed")
 		pt.chains[target] = Chain{Name: target, Rules: []Rule{{Verdict: Drop, Comment: "endpoint labels unknown: fail closed while policies exist"}}}
 		return endpointJump{dir: dir, target: target, via: viaFailClosed}, true
 	}
-	idx := pt.plan.byEndpoint[l.ep.ID][dir]
+	sel := pt.plan.selections.selectionOf(l)
+	if sel == nil {
+		return endpointJump{}, false
+	}
+	idx, list := sel.of(dir)
 	if len(idx) == 0 {
 		return endpointJump{}, false
 	}
-	memoKey := dispatchMemoKey(dir, profile, idx)
-	target, done := pt.dispatch[memoKey]
+	key := dispatchKey{dir: dir, profile: profile, list: list}
+	target, done := pt.dispatch[key]
 	if !done {
-		target = pt.dispatchChain(memoKey, dir, profile, idx)
+		target = pt.dispatchChain(key, idx)
 	}
 	// The dispatch chain ends with one drop per endpoint using it (see
 	// markDeny), after its ordered rules: a drop is no jump, so adding it
@@ -264,15 +363,24 @@ func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile
 	return endpointJump{dir: dir, target: target, via: viaPolicies}, true
 }
 
+// dispatchKey identifies a dispatch chain by what it is built from: list
+// is the id of the policy list (planMemo.listID).
+type dispatchKey struct {
+	dir     api.PolicyType
+	profile string
+	list    int
+}
+
 // dispatchChain builds the dispatch chain of a (direction, profile,
 // policy list) and returns its name.
-func (pt *policyTable) dispatchChain(memoKey string, dir api.PolicyType, profile string, idx []int) string {
+func (pt *policyTable) dispatchChain(key dispatchKey, idx []int) string {
+	dir, profile := key.dir, key.profile
 	var names []string
 	for _, i := range idx {
 		names = append(names, pt.plan.policies[i].Metadata.Name)
 	}
 	target := dispatchChainName(dir, profile+"|"+strings.Join(names, ","))
-	pt.dispatch[memoKey] = target
+	pt.dispatch[key] = target
 	c := Chain{Name: target}
 	c.Rules = append(c.Rules, Rule{ClearMark: markBits, Verdict: Continue, Comment: nft.ClipComment("policies " + strings.Join(names, ", "))})
 	for n, i := range idx {
@@ -321,22 +429,6 @@ func (m ruleMemo) deniedRule(f Family, l localEndpoint, dir api.PolicyType) Rule
 		m[key] = denied
 	}
 	return denied
-}
-
-// dispatchMemoKey identifies a dispatch chain by what it is built from.
-// It runs for every policy-selected local endpoint at every change: fmt
-// was most of the cost of a change with 50 policies.
-func dispatchMemoKey(dir api.PolicyType, profile string, idx []int) string {
-	b := make([]byte, 0, len(dir)+len(profile)+2+4*len(idx))
-	b = append(b, dir...)
-	b = append(b, 0)
-	b = append(b, profile...)
-	b = append(b, 0)
-	for _, i := range idx {
-		b = strconv.AppendInt(b, int64(i), 10)
-		b = append(b, ',')
-	}
-	return string(b)
 }
 
 // policyChain builds (once) the chain of p's rules for dir.
