@@ -321,7 +321,7 @@ func TestVXLANManagerIgnoresChurnWithoutVXLAN(t *testing.T) {
 		dirty <- datastore.EndpointsPrefix
 		dirty <- datastore.NodesPrefix
 		dirty <- ipam.PoolsPrefix
-		cause, err := m.waitForChange(context.Background(), dirty, nil, nil)
+		cause, err := m.loop().Wait(context.Background(), dirty, nil, nil)
 		if err != nil || cause != tc.want {
 			t.Errorf("clean=%v: pass caused by %q (%v), want %q", tc.clean, cause, err, tc.want)
 		}
