@@ -65,6 +65,15 @@ func (k *fakeKernel) LinkAdd(link netlink.Link) error {
 }
 
 func (k *fakeKernel) LinkDel(link netlink.Link) error {
+	return k.changeLink(link, func(l netlink.Link) {
+		delete(k.links, l.Attrs().Name)
+		k.dropOf(l.Attrs().Index, 0)
+	})
+}
+
+// changeLink counts a mutating call and applies change to the link
+// named as link is, under the lock; ENODEV when there is none.
+func (k *fakeKernel) changeLink(link netlink.Link, change func(l netlink.Link)) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.calls++
@@ -72,8 +81,7 @@ func (k *fakeKernel) LinkDel(link netlink.Link) error {
 	if !ok {
 		return unix.ENODEV
 	}
-	delete(k.links, link.Attrs().Name)
-	k.dropOf(l.Attrs().Index, 0)
+	change(l)
 	return nil
 }
 
@@ -100,15 +108,7 @@ func matching[T any](xs []T, keep func(T) bool) []T {
 }
 
 func (k *fakeKernel) LinkSetUp(link netlink.Link) error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.calls++
-	l, ok := k.links[link.Attrs().Name]
-	if !ok {
-		return unix.ENODEV
-	}
-	l.Attrs().Flags |= net.FlagUp
-	return nil
+	return k.changeLink(link, func(l netlink.Link) { l.Attrs().Flags |= net.FlagUp })
 }
 
 func (k *fakeKernel) QdiscList(link netlink.Link) ([]netlink.Qdisc, error) {

@@ -1,7 +1,6 @@
 package vxlan
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -14,10 +13,10 @@ import (
 // Run returns that failure for the daemon's supervisor instead of nil, or
 // of going on while it hears of no change.
 func TestManagerRunReturnsItsFailure(t *testing.T) {
-	followtest.RunGivesUp(t, func(t *testing.T) (*datastore.Store, func(*datastore.Syncer) func(context.Context) error) {
-		store, eng, _, cancel, log := newFixture(t)
+	followtest.RunGivesUp(t, func(t *testing.T) (*datastore.Store, followtest.NewRun) {
+		store, eng, _, cancel, log := followtest.Fixture(t)
 		t.Cleanup(cancel)
-		return store, func(records *datastore.Syncer) func(context.Context) error {
+		return store, func(records *datastore.Syncer) followtest.Run {
 			m, err := NewManager(Deps{
 				Store: store, Records: records, Blocks: eng,
 				Kernel: newFakeVXLANKernel(), NodeName: "a", Log: log, ResyncInterval: time.Hour,

@@ -1,7 +1,6 @@
 package wireguard
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -14,9 +13,9 @@ import (
 // Run returns that failure for the daemon's supervisor instead of nil, or
 // of going on while it hears of no change.
 func TestManagerRunReturnsItsFailure(t *testing.T) {
-	followtest.RunGivesUp(t, func(t *testing.T) (*datastore.Store, func(*datastore.Syncer) func(context.Context) error) {
+	followtest.RunGivesUp(t, func(t *testing.T) (*datastore.Store, followtest.NewRun) {
 		f := newManagerFixture(t)
-		return f.store, func(records *datastore.Syncer) func(context.Context) error {
+		return f.store, func(records *datastore.Syncer) followtest.Run {
 			f.m.d.Records = blockRecords{Records: records, b: f.blocks}
 			f.m.d.ResyncInterval = time.Hour
 			return f.m.Run

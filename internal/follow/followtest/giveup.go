@@ -9,13 +9,19 @@ import (
 	"github.com/calico-cnm/calico-cnm/datastore"
 )
 
+// Run is a manager's Run.
+type Run = func(ctx context.Context) error
+
+// NewRun makes a manager's Run over the syncer it is to follow.
+type NewRun = func(records *datastore.Syncer) Run
+
 // RunGivesUp checks that a manager's Run returns datastore.ErrSyncerStopped
 // when the syncer it follows stops, before Run starts or while it runs,
 // instead of returning nil (the daemon's supervisor would not hear of it)
 // or going on while it hears of no change. setup gives, for each case, the
 // store to run the syncer over and what makes the manager's Run from that
 // syncer.
-func RunGivesUp(t *testing.T, setup func(t *testing.T) (store *datastore.Store, newRun func(records *datastore.Syncer) func(ctx context.Context) error)) {
+func RunGivesUp(t *testing.T, setup func(t *testing.T) (*datastore.Store, NewRun)) {
 	t.Helper()
 	for _, tc := range []struct {
 		name      string
