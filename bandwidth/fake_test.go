@@ -1,7 +1,9 @@
 package bandwidth
 
 import (
+	"maps"
 	"net"
+	"slices"
 	"sync"
 
 	"github.com/vishvananda/netlink"
@@ -46,11 +48,7 @@ func (k *fakeKernel) LinkByName(name string) (netlink.Link, error) {
 func (k *fakeKernel) LinkList() ([]netlink.Link, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var out []netlink.Link
-	for _, l := range k.links {
-		out = append(out, l)
-	}
-	return out, nil
+	return slices.Collect(maps.Values(k.links)), nil
 }
 
 func (k *fakeKernel) LinkAdd(link netlink.Link) error {
@@ -67,6 +65,15 @@ func (k *fakeKernel) LinkAdd(link netlink.Link) error {
 }
 
 func (k *fakeKernel) LinkDel(link netlink.Link) error {
+	return k.changeLink(link, func(l netlink.Link) {
+		delete(k.links, l.Attrs().Name)
+		k.dropOf(l.Attrs().Index, 0)
+	})
+}
+
+// changeLink counts a mutating call and applies change to the link
+// named as link is, under the lock; ENODEV when there is none.
+func (k *fakeKernel) changeLink(link netlink.Link, change func(l netlink.Link)) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.calls++
@@ -74,53 +81,42 @@ func (k *fakeKernel) LinkDel(link netlink.Link) error {
 	if !ok {
 		return unix.ENODEV
 	}
-	delete(k.links, link.Attrs().Name)
-	k.dropOf(l.Attrs().Index, 0)
+	change(l)
 	return nil
 }
 
 // dropOf deletes the qdiscs of link index (parent 0: all) and their filters.
 func (k *fakeKernel) dropOf(index int, parent uint32) {
-	var qs []netlink.Qdisc
-	for _, q := range k.qdiscs {
-		if q.Attrs().LinkIndex == index && (parent == 0 || q.Attrs().Parent == parent) {
-			continue
+	k.qdiscs = slices.DeleteFunc(k.qdiscs, func(q netlink.Qdisc) bool {
+		return q.Attrs().LinkIndex == index && (parent == 0 || q.Attrs().Parent == parent)
+	})
+	k.filters = slices.DeleteFunc(k.filters, func(f netlink.Filter) bool {
+		return f.Attrs().LinkIndex == index && (parent == 0 || parent == netlink.HANDLE_INGRESS)
+	})
+}
+
+// matching are the xs keep takes, in a new slice: what a list call
+// returns is the caller's.
+func matching[T any](xs []T, keep func(T) bool) []T {
+	var out []T
+	for _, x := range xs {
+		if keep(x) {
+			out = append(out, x)
 		}
-		qs = append(qs, q)
 	}
-	k.qdiscs = qs
-	var fs []netlink.Filter
-	for _, f := range k.filters {
-		if f.Attrs().LinkIndex == index && (parent == 0 || parent == netlink.HANDLE_INGRESS) {
-			continue
-		}
-		fs = append(fs, f)
-	}
-	k.filters = fs
+	return out
 }
 
 func (k *fakeKernel) LinkSetUp(link netlink.Link) error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.calls++
-	l, ok := k.links[link.Attrs().Name]
-	if !ok {
-		return unix.ENODEV
-	}
-	l.Attrs().Flags |= net.FlagUp
-	return nil
+	return k.changeLink(link, func(l netlink.Link) { l.Attrs().Flags |= net.FlagUp })
 }
 
 func (k *fakeKernel) QdiscList(link netlink.Link) ([]netlink.Qdisc, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var out []netlink.Qdisc
-	for _, q := range k.qdiscs {
-		if link == nil || q.Attrs().LinkIndex == link.Attrs().Index {
-			out = append(out, q)
-		}
-	}
-	return out, nil
+	return matching(k.qdiscs, func(q netlink.Qdisc) bool {
+		return link == nil || q.Attrs().LinkIndex == link.Attrs().Index
+	}), nil
 }
 
 func (k *fakeKernel) find(q netlink.Qdisc) int {
@@ -169,13 +165,9 @@ func (k *fakeKernel) QdiscDel(q netlink.Qdisc) error {
 func (k *fakeKernel) FilterList(link netlink.Link, parent uint32) ([]netlink.Filter, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var out []netlink.Filter
-	for _, f := range k.filters {
-		if f.Attrs().LinkIndex == link.Attrs().Index && f.Attrs().Parent == parent {
-			out = append(out, f)
-		}
-	}
-	return out, nil
+	return matching(k.filters, func(f netlink.Filter) bool {
+		return f.Attrs().LinkIndex == link.Attrs().Index && f.Attrs().Parent == parent
+	}), nil
 }
 
 func (k *fakeKernel) FilterAdd(f netlink.Filter) error {

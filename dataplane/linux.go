@@ -476,20 +476,18 @@ func (l *Linux) RemoveWorkload(ctx context.Context, endpointID string, ips []net
 	if link != nil {
 		// The kernel drops these routes with the link anyway; deleting them
 		// first just keeps the order of events tidy for route watchers.
+		// Each goes by destination and link, not by a dump of the table:
+		// that would cost Leave more with every endpoint on the host. The
+		// kernel matches the link, so a route to the IP through another
+		// interface stays; one that is not there is already gone.
 		for _, ip := range ips {
 			dst, err := hostRouteDst(ip.IP)
 			if err != nil {
 				return wrap("route", err)
 			}
-			routes, err := l.listRoutes(netlink.FAMILY_ALL, &netlink.Route{LinkIndex: link.Attrs().Index, Dst: dst, Table: unix.RT_TABLE_MAIN},
-				netlink.RT_FILTER_OIF|netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
-			if err != nil {
-				return wrap("listing routes to "+dst.String(), err)
-			}
-			for i := range routes {
-				if err := ignoreESRCH(l.nl.RouteDel(&routes[i])); err != nil {
-					return wrap(fmt.Sprintf("deleting route %s dev %s", dst, name), err)
-				}
+			del := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: dst, Table: unix.RT_TABLE_MAIN, Scope: netlink.SCOPE_NOWHERE}
+			if err := l.nl.RouteDel(del); err != nil && !errors.Is(err, unix.ESRCH) && !errors.Is(err, unix.ENOENT) {
+				return wrap(fmt.Sprintf("deleting route %s dev %s", dst, name), err)
 			}
 		}
 		if err := l.nl.LinkDel(link); err != nil && !isNotFound(err) {

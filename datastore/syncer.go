@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/calico-cnm/calico-cnm/internal/await"
 	"github.com/calico-cnm/calico-cnm/internal/retry"
 )
 
@@ -385,22 +386,21 @@ func (s *Syncer) Lists() int64 {
 
 // WaitRevision returns once the syncer's records reflect revision rev.
 func (s *Syncer) WaitRevision(ctx context.Context, rev int64) error {
-	for {
+	err := await.Until(ctx, func() (bool, <-chan struct{}, error) {
 		s.mu.Lock()
-		done, ch, stopped := s.rev >= rev, s.advanced, s.stopped
-		s.mu.Unlock()
-		if done {
-			return nil
+		defer s.mu.Unlock()
+		if s.rev >= rev {
+			return true, nil, nil
 		}
-		if stopped {
-			return fmt.Errorf("waiting for datastore revision %d: %w", rev, ErrSyncerStopped)
+		if s.stopped {
+			return false, nil, ErrSyncerStopped
 		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for datastore revision %d: %w", rev, ctx.Err())
-		}
+		return false, s.advanced, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for datastore revision %d: %w", rev, err)
 	}
+	return nil
 }
 
 // Get is the record at key as the syncer last saw it.

@@ -5,12 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"reflect"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -81,12 +82,7 @@ func (d *trackingDataplane) RemoveWorkload(ctx context.Context, id string, ips [
 func (d *trackingDataplane) workloads() []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := make([]string, 0, len(d.set))
-	for id := range d.set {
-		out = append(out, id)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(d.set))
 }
 
 // fuzzEnv is the real server and drivers over the fakes and a real etcd.

@@ -75,6 +75,18 @@ func nftIn(t *testing.T, ns string, args ...string) string {
 	return mustRun(t, append([]string{"ip", "netns", "exec", ns, "nft"}, args...)...)
 }
 
+// openNFT is the policy's nftables writer in the namespace ns, closed
+// when the test ends.
+func openNFT(t *testing.T, ns string) *NFT {
+	t.Helper()
+	n, err := NewNFT("/var/run/netns/"+ns, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
 func testLog(t *testing.T) logrus.FieldLogger {
 	l := logrus.New()
 	l.SetOutput(testWriter{t})
@@ -172,11 +184,7 @@ func TestNFTApplyIntegration(t *testing.T) {
 	}
 	before := listDecoys(t, ns)
 
-	n, err := NewNFT("/var/run/netns/"+ns, testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Close() })
+	n := openNFT(t, ns)
 
 	st := baseState()
 	st.IPv6 = true
@@ -364,11 +372,7 @@ func TestNFTLargeBatch(t *testing.T) {
 	requireNetns(t)
 	ctx := context.Background()
 	ns := newNetns(t, "cnmpol-")
-	n, err := NewNFT("/var/run/netns/"+ns, testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Close() })
+	n := openNFT(t, ns)
 	st := baseState()
 	st.IPv6 = true
 	const count = 1500
@@ -411,11 +415,7 @@ func TestNFTPolicyProgram(t *testing.T) {
 	requireNetns(t)
 	ctx := context.Background()
 	ns := newNetns(t, "cnmpolp-")
-	n, err := NewNFT("/var/run/netns/"+ns, testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n := openNFT(t, ns)
 	st := policyState(t)
 	acts, err := api.Decode(strings.NewReader(`apiVersion: projectcalico.org/v3
 kind: GlobalNetworkPolicy

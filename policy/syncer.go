@@ -16,6 +16,7 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/await"
 	"github.com/calico-cnm/calico-cnm/internal/retry"
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/policy/api"
@@ -121,22 +122,20 @@ var ErrNotProgrammed = errors.New("network policy not programmed")
 // record change up to datastore revision rev (the Join's own write), or
 // fails when ctx ends first, saying why programming lags.
 func (s *Syncer) WaitProgrammed(ctx context.Context, rev int64) error {
-	for {
+	why := ""
+	err := await.Until(ctx, func() (bool, <-chan struct{}, error) {
 		s.mu.Lock()
-		done, ch, why := s.programmed >= rev, s.advanced, s.unhealthy
-		s.mu.Unlock()
-		if done {
-			return nil
+		defer s.mu.Unlock()
+		why = s.unhealthy
+		return s.programmed >= rev, s.advanced, nil
+	})
+	if err != nil {
+		if why == "" {
+			why = "still applying"
 		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			if why == "" {
-				why = "still applying"
-			}
-			return fmt.Errorf("%w: the endpoint's rules are not in the kernel (%s): %w", ErrNotProgrammed, why, ctx.Err())
-		}
+		return fmt.Errorf("%w: the endpoint's rules are not in the kernel (%s): %w", ErrNotProgrammed, why, err)
 	}
+	return nil
 }
 
 // Health is nil while the tables are in step with the datastore, else why

@@ -72,11 +72,7 @@ func TestNFTVXLANFilterIntegration(t *testing.T) {
 	mustRun(t, "ip", "-n", tx, "addr", "add", "10.99.0.3/24", "dev", "eth0")
 	mustRun(t, "ip", "-n", tx, "link", "set", "eth0", "up")
 
-	n, err := NewNFT("/var/run/netns/"+rx, testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Close() })
+	n := openNFT(t, rx)
 	st := baseState()
 	st.Pools = append(st.Pools, ipam.Pool{CIDR: "10.77.0.0/16", VXLANMode: "Always"})
 	st.Nodes[0].IPv4 = "10.99.0.2" // a node; 10.99.0.3 is not

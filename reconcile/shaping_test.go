@@ -6,9 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/calico-cnm/calico-cnm/plugin"
 	"github.com/calico-cnm/calico-cnm/reconcile"
 )
 
@@ -45,18 +42,5 @@ func TestReconcilePassSyncsShaping(t *testing.T) {
 	if shaping.calls != 2 {
 		t.Errorf("Sync not called while Docker is unreachable (%d calls)", shaping.calls)
 	}
-	if err := testutil.GatherAndCompare(e.metrics.Registry, strings.NewReader(`
-# HELP calico_cnm_reconcile_fixes_total Repairs made by the reconcile loop, by kind.
-# TYPE calico_cnm_reconcile_fixes_total counter
-calico_cnm_reconcile_fixes_total{kind="address_reclaimed"} 0
-calico_cnm_reconcile_fixes_total{kind="address_released"} 0
-calico_cnm_reconcile_fixes_total{kind="endpoint_rebuilt"} 0
-calico_cnm_reconcile_fixes_total{kind="endpoint_removed"} 0
-calico_cnm_reconcile_fixes_total{kind="interface_removed"} 0
-calico_cnm_reconcile_fixes_total{kind="orphan_released"} 0
-calico_cnm_reconcile_fixes_total{kind="route_restored"} 0
-calico_cnm_reconcile_fixes_total{kind="shaping_repaired"} 2
-`), plugin.MetricReconcileFixes); err != nil {
-		t.Error(err)
-	}
+	e.expectFixes(t, map[string]int{reconcile.FixShapingRepaired: 2})
 }

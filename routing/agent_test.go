@@ -17,6 +17,7 @@ import (
 
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
+	"github.com/calico-cnm/calico-cnm/internal/follow/followtest"
 	"github.com/calico-cnm/calico-cnm/internal/nlconv"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
@@ -193,18 +194,6 @@ func eventually(t *testing.T, what string, cond func() error) {
 	}
 }
 
-// newAgentFixture is what every agent test needs: a datastore on an
-// embedded etcd, an IPAM engine on it, a quiet logger and a context that
-// stops the agent.
-func newAgentFixture(t *testing.T) (*datastore.Store, *ipam.Engine, context.Context, context.CancelFunc, *logrus.Logger) {
-	t.Helper()
-	store := etcdtest.Start(t).Client(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	log := logrus.New()
-	log.SetLevel(logrus.WarnLevel)
-	return store, ipam.New(store, ipam.Options{Log: log}), ctx, cancel, log
-}
-
 // runAgent starts an agent on deps until the test ends: cancel stops it and
 // the test waits for Run to return.
 // newAgentFixtureWithPeer is newAgentFixture with the pool 192.168.0.0/16
@@ -212,7 +201,7 @@ func newAgentFixture(t *testing.T) (*datastore.Store, *ipam.Engine, context.Cont
 // tests start.
 func newAgentFixtureWithPeer(t *testing.T) (*datastore.Store, *ipam.Engine, context.Context, context.CancelFunc, *logrus.Logger, netip.Addr) {
 	t.Helper()
-	store, eng, ctx, cancel, log := newAgentFixture(t)
+	store, eng, ctx, cancel, log := followtest.Fixture(t)
 	if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: "192.168.0.0/16"}); err != nil {
 		cancel()
 		t.Fatal(err)
@@ -249,7 +238,7 @@ func runAgent(t *testing.T, ctx context.Context, cancel context.CancelFunc, deps
 // and learned routes left by a previous run survive until every peer has
 // sent its End-of-RIB, then the stale one goes.
 func TestAgentRestart(t *testing.T) {
-	store, eng, ctx, cancel, log := newAgentFixture(t)
+	store, eng, ctx, cancel, log := followtest.Fixture(t)
 	defer cancel()
 	if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: "192.168.0.0/16"}); err != nil {
 		t.Fatal(err)
@@ -354,7 +343,7 @@ func TestAgentRestart(t *testing.T) {
 // the next resync, and an unreadable one removes the session (a peer must
 // never be offered a session without its MD5 key).
 func TestAgentPeerSecrets(t *testing.T) {
-	store, eng, ctx, cancel, log := newAgentFixture(t)
+	store, eng, ctx, cancel, log := followtest.Fixture(t)
 	defer cancel()
 	dir := t.TempDir()
 	secret := filepath.Join(dir, "tor-key")
@@ -426,7 +415,7 @@ func TestAgentIPv6(t *testing.T) {
 		wantV6   bool
 	}{{"detected", "", true}, {"off", NoIPv6, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			store, eng, ctx, cancel, log := newAgentFixture(t)
+			store, eng, ctx, cancel, log := followtest.Fixture(t)
 			defer cancel()
 			for _, cidr := range []string{"192.168.0.0/16", "fd00:10::/64"} {
 				if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: cidr}); err != nil {
@@ -508,7 +497,7 @@ func syncedRecords(t *testing.T, s Store) datastore.Records {
 // syncer's memory, which lists and watches from one revision, so no
 // change falls between a read and a watch.
 func TestAgentSeesNodesRegisteredBeforeItsWatchWasLive(t *testing.T) {
-	store, eng, ctx, cancel, log := newAgentFixture(t)
+	store, eng, ctx, cancel, log := followtest.Fixture(t)
 	defer cancel()
 	if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: "192.168.0.0/16"}); err != nil {
 		t.Fatal(err)

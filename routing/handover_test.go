@@ -11,6 +11,7 @@ import (
 	"github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/internal/follow/followtest"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -169,7 +170,7 @@ func TestHandoverAdvance(t *testing.T) {
 // removed only after r carries b's block, and the kernel route to b's
 // block is never deleted on the way, in either direction.
 func TestAgentMakeBeforeBreak(t *testing.T) {
-	store, eng, ctx, cancel, log := newAgentFixture(t)
+	store, eng, ctx, cancel, log := followtest.Fixture(t)
 	defer cancel()
 	if _, err := eng.AddPool(ctx, ipam.Pool{CIDR: "192.168.0.0/16"}); err != nil {
 		t.Fatal(err)
@@ -325,7 +326,7 @@ func sortedPrefix(ops []string, n int) []string {
 // session that gobgp took out of its restart state before it connected is
 // re-created once with the restart flag; an established one is left alone.
 func TestAgentRestoresRestartFlag(t *testing.T) {
-	store, eng, ctx, cancel, log := newAgentFixture(t)
+	store, eng, ctx, cancel, log := followtest.Fixture(t)
 	defer cancel()
 	b, c := addr("10.0.0.2"), addr("10.0.0.3")
 	// a's own record from its previous run: this start is a restart.

@@ -1,7 +1,6 @@
 package vxlan
 
 import (
-	"errors"
 	"testing"
 	"time"
 
@@ -14,23 +13,10 @@ import (
 // Run returns that failure for the daemon's supervisor instead of nil, or
 // of going on while it hears of no change.
 func TestManagerRunReturnsItsFailure(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		stopFirst bool // the syncer stops before the manager runs
-	}{
-		{"syncer stopped at the start", true},
-		{"syncer stops while the manager runs", false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			store, eng, ctx, cancel, log := newFixture(t)
-			defer cancel()
-			records, stop := followtest.Stoppable(t, store)
-			if err := records.WaitRevision(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
-			if tc.stopFirst {
-				stop()
-			}
+	followtest.RunGivesUp(t, func(t *testing.T) (*datastore.Store, followtest.NewRun) {
+		store, eng, _, cancel, log := followtest.Fixture(t)
+		t.Cleanup(cancel)
+		return store, func(records *datastore.Syncer) followtest.Run {
 			m, err := NewManager(Deps{
 				Store: store, Records: records, Blocks: eng,
 				Kernel: newFakeVXLANKernel(), NodeName: "a", Log: log, ResyncInterval: time.Hour,
@@ -38,17 +24,7 @@ func TestManagerRunReturnsItsFailure(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			done := make(chan error, 1)
-			go func() { done <- m.Run(ctx) }()
-			stop()
-			select {
-			case err := <-done:
-				if !errors.Is(err, datastore.ErrSyncerStopped) {
-					t.Fatalf("Run = %v, want %v", err, datastore.ErrSyncerStopped)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("Run went on while it follows the datastore no more")
-			}
-		})
-	}
+			return m.Run
+		}
+	})
 }

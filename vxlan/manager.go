@@ -95,6 +95,9 @@ func NewManager(d Deps) (*Manager, error) {
 	return &Manager{d: d, log: d.Log.WithField("component", "vxlan"), last: lastpass.New("VXLAN")}, nil
 }
 
+// logger is the manager's logger as it is now (follow.Loop).
+func (m *Manager) logger() logrus.FieldLogger { return m.log }
+
 // Health is nil unless the last pass failed (/healthz).
 func (m *Manager) Health() error { return m.last.Err() }
 
@@ -111,66 +114,28 @@ func (m *Manager) Owns(dst netip.Prefix) bool {
 // watch refused for good): VXLAN would go on unmanaged while the daemon
 // looks fine.
 func (m *Manager) Run(ctx context.Context) error {
-	// The subscription starts with what the syncer holds and then has
-	// every change; the passes read the syncer's memory.
-	dirty := make(chan string, 8)
-	gaveUp := follow.Prefixes(ctx, m.d.Records, "vxlan", []string{datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix}, dirty)
-	ticker := time.NewTicker(m.d.ResyncInterval)
-	defer ticker.Stop()
-	for {
-		err := m.Sync(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		m.last.Record(err)
-		if err != nil {
-			m.log.WithError(err).Warn("VXLAN sync failed; retrying at the next change or resync")
-		}
-		cause, err := m.waitForChange(ctx, dirty, gaveUp, ticker.C)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		m.log.WithField("cause", cause).Debug("VXLAN pass")
+	return m.loop().Run(ctx)
+}
+
+// loop is Run's loop: a pass after every change that matters (see
+// matters) and every ResyncInterval.
+func (m *Manager) loop() follow.Loop {
+	return follow.Loop{
+		Name: "vxlan", Records: m.d.Records,
+		Prefixes: []string{datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix},
+		Resync:   m.d.ResyncInterval, Pass: m.Sync, Last: m.last, Log: m.logger,
+		FailMsg: "VXLAN sync failed; retrying at the next change or resync",
+		Matters: m.matters, PassMsg: "VXLAN pass",
 	}
 }
 
-// waitForChange waits for a change that can matter, returning the prefix
-// it came under or "resync" (an error when ctx ended or a follower of
-// the datastore gave up), and drains what else
-// is queued, so a burst costs one pass. Without a VXLAN pool (once cleaned
-// up) a pass reads only the pools, so only a pool change starts one: block
-// claims, endpoints and nodes anywhere in the cluster are not worth a pass
-// on every node (at 64 nodes claiming at once, those passes' datastore
-// reads slowed the claims themselves).
-func (m *Manager) waitForChange(ctx context.Context, dirty <-chan string, gaveUp <-chan error, resync <-chan time.Time) (string, error) {
-	matters := func(prefix string) bool {
-		return !m.clean || prefix == ipam.PoolsPrefix
-	}
-	cause := ""
-	for cause == "" {
-		select {
-		case <-ctx.Done():
-			return "", ctx.Err()
-		case err := <-gaveUp:
-			return "", err
-		case prefix := <-dirty:
-			if matters(prefix) {
-				cause = prefix
-			}
-		case <-resync:
-			cause = "resync"
-		}
-	}
-	for {
-		select {
-		case <-dirty:
-		default:
-			return cause, nil
-		}
-	}
+// matters says whether a change under prefix is worth a pass. Without a
+// VXLAN pool (once cleaned up) a pass reads only the pools, so only a
+// pool change starts one: block claims, endpoints and nodes anywhere in
+// the cluster are not worth a pass on every node (at 64 nodes claiming at
+// once, those passes' datastore reads slowed the claims themselves).
+func (m *Manager) matters(prefix string) bool {
+	return !m.clean || prefix == ipam.PoolsPrefix
 }
 
 // locate finds this node's underlay address and its interface, once: only

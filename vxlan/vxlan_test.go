@@ -7,10 +7,9 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/sirupsen/logrus"
-
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
+	"github.com/calico-cnm/calico-cnm/internal/follow/followtest"
 	"github.com/calico-cnm/calico-cnm/ipam"
 	"github.com/calico-cnm/calico-cnm/routing"
 )
@@ -200,7 +199,7 @@ func (k *fakeVXLANKernel) DelRoute(dst netip.Prefix) error {
 // a fake kernel: a remote node appears, the pool changes mode, the node is
 // deleted, VXLAN is switched off.
 func TestVXLANManagerSync(t *testing.T) {
-	store, eng, ctx, cancel, log := newFixture(t)
+	store, eng, ctx, cancel, log := followtest.Fixture(t)
 	defer cancel()
 	k := newFakeVXLANKernel()
 	m, err := NewManager(Deps{Store: store, Records: syncedRecords(t, store), Blocks: eng, Kernel: k, NodeName: "a", Log: log})
@@ -321,7 +320,7 @@ func TestVXLANManagerIgnoresChurnWithoutVXLAN(t *testing.T) {
 		dirty <- datastore.EndpointsPrefix
 		dirty <- datastore.NodesPrefix
 		dirty <- ipam.PoolsPrefix
-		cause, err := m.waitForChange(context.Background(), dirty, nil, nil)
+		cause, err := m.loop().Wait(context.Background(), dirty, nil, nil)
 		if err != nil || cause != tc.want {
 			t.Errorf("clean=%v: pass caused by %q (%v), want %q", tc.clean, cause, err, tc.want)
 		}
@@ -353,7 +352,7 @@ func syncedRecords(t *testing.T, store *datastore.Store) datastore.Records {
 // reads the pools and nothing else (no block owners), and the first pass
 // with one reads everything.
 func TestVXLANManagerPassWithoutVXLANReadsPools(t *testing.T) {
-	store, eng, ctx, cancel, log := newFixture(t)
+	store, eng, ctx, cancel, log := followtest.Fixture(t)
 	defer cancel()
 	k := newFakeVXLANKernel()
 	blocks := &ownersCounting{Records: syncedRecords(t, store)}
@@ -382,15 +381,4 @@ func TestVXLANManagerPassWithoutVXLANReadsPools(t *testing.T) {
 	if blocks.reads != 1 || m.clean {
 		t.Errorf("with a VXLAN pool: %d block-owner reads, clean %v; want 1 and not clean", blocks.reads, m.clean)
 	}
-}
-
-// newFixture is a real (embedded) datastore and IPAM for a manager under
-// test, with a context the test cancels.
-func newFixture(t *testing.T) (*datastore.Store, *ipam.Engine, context.Context, context.CancelFunc, *logrus.Logger) {
-	t.Helper()
-	store := etcdtest.Start(t).Client(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	log := logrus.New()
-	log.SetLevel(logrus.WarnLevel)
-	return store, ipam.New(store, ipam.Options{Log: log}), ctx, cancel, log
 }

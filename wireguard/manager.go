@@ -68,7 +68,8 @@ type Manager struct {
 	log  logrus.FieldLogger
 	last *lastpass.Outcome
 
-	rotate chan chan rotateResult
+	// rotate takes key rotations to Run's goroutine, which owns the key.
+	rotate chan func(ctx context.Context)
 
 	// Owned by the pass (Run's goroutine).
 	key       wgtypes.Key
@@ -119,13 +120,16 @@ func NewManager(d Deps) (*Manager, error) {
 	}
 	return &Manager{
 		d: d, log: d.Log.WithField("component", "wireguard"), last: lastpass.New("WireGuard"),
-		rotate: make(chan chan rotateResult),
+		rotate: make(chan func(ctx context.Context)),
 		silent: map[wgtypes.Key]time.Time{}, warned: map[wgtypes.Key]bool{}, invalidAt: map[string]time.Time{},
 		byAddr: map[netip.Addr]string{}, prevHS: map[wgtypes.Key]time.Time{}, hsCount: map[wgtypes.Key]uint64{},
 		peerNode: map[wgtypes.Key]string{}, unenc: map[string]UnencryptedNode{},
 		status: Status{Peers: []PeerStatus{}},
 	}, nil
 }
+
+// logger is the manager's logger as it is now (follow.Loop).
+func (m *Manager) logger() logrus.FieldLogger { return m.log }
 
 // Health is nil unless the last pass failed (/healthz).
 func (m *Manager) Health() error { return m.last.Err() }
@@ -137,32 +141,13 @@ func (m *Manager) Health() error { return m.last.Err() }
 // without its process: packets to it wait dropped, never in clear, until
 // the next daemon attaches).
 func (m *Manager) Run(ctx context.Context) error {
-	dirty := make(chan string, 8)
-	gaveUp := follow.Prefixes(ctx, m.d.Records, "wireguard", []string{datastore.ClusterConfigKey, datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix}, dirty)
-	ticker := time.NewTicker(m.d.ResyncInterval)
-	defer ticker.Stop()
-	for {
-		err := m.Sync(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		m.last.Record(err)
-		if err != nil {
-			m.log.WithError(err).Warn("WireGuard sync failed; retrying at the next change or resync")
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case err := <-gaveUp:
-			return err
-		case <-dirty:
-		case <-ticker.C:
-		case reply := <-m.rotate:
-			reply <- m.rotateKey(ctx)
-			continue
-		}
-		drain(dirty)
-	}
+	return follow.Loop{
+		Name: "wireguard", Records: m.d.Records,
+		Prefixes: []string{datastore.ClusterConfigKey, datastore.NodesPrefix, ipam.PoolsPrefix, ipam.AffinityWatchPrefix, datastore.EndpointsPrefix},
+		Resync:   m.d.ResyncInterval, Pass: m.Sync, Last: m.last, Log: m.logger,
+		FailMsg: "WireGuard sync failed; retrying at the next change or resync",
+		Calls:   m.rotate,
+	}.Run(ctx)
 }
 
 // Release lets go of the device once Run has returned, leaving it and
@@ -182,24 +167,13 @@ func (m *Manager) Release() {
 	m.link = nil
 }
 
-// drain empties what else is queued, so that a burst costs one pass.
-func drain(dirty <-chan string) {
-	for {
-		select {
-		case <-dirty:
-		default:
-			return
-		}
-	}
-}
-
 // RotateKey replaces this node's key pair and publishes the new public
 // key; the peers follow at once, and sessions resume at the next
 // handshake (one retry). It returns the new public key.
 func (m *Manager) RotateKey(ctx context.Context) (string, error) {
 	reply := make(chan rotateResult, 1)
 	select {
-	case m.rotate <- reply:
+	case m.rotate <- func(ctx context.Context) { reply <- m.rotateKey(ctx) }:
 	case <-ctx.Done():
 		return "", ctx.Err()
 	}

@@ -203,6 +203,18 @@ func newManagerFixture(t *testing.T) *managerFixture {
 	return f
 }
 
+// onWithPeerB turns WireGuard on with node b (block 10.0.1.0/26, tunnel
+// address 172.16.0.2) as the peer, after one pass; b's key is returned.
+func (f *managerFixture) onWithPeerB(t *testing.T) wgtypes.Key {
+	t.Helper()
+	kb := mustKey(t)
+	f.blocks.owners = map[netip.Prefix]string{netip.MustParsePrefix("10.0.1.0/26"): "b"}
+	f.putNode(t, datastore.Node{Name: "b", WireGuardPublicKey: kb.String(), WireGuardAddr: "172.16.0.2"})
+	f.set(t, Change{Enabled: on()})
+	f.sync(t)
+	return kb
+}
+
 func (f *managerFixture) sync(t *testing.T) {
 	t.Helper()
 	if err := f.m.Sync(context.Background()); err != nil {
@@ -413,11 +425,7 @@ func TestConfigureRejects(t *testing.T) {
 // handshake and bytes, and count the handshakes seen.
 func TestStatusAndMetrics(t *testing.T) {
 	f := newManagerFixture(t)
-	kb := mustKey(t)
-	f.blocks.owners = map[netip.Prefix]string{netip.MustParsePrefix("10.0.1.0/26"): "b"}
-	f.putNode(t, datastore.Node{Name: "b", WireGuardPublicKey: kb.String(), WireGuardAddr: "172.16.0.2"})
-	f.set(t, Change{Enabled: on()})
-	f.sync(t)
+	kb := f.onWithPeerB(t)
 	hs := func(at time.Time, rx, tx int64) {
 		f.link.mu.Lock()
 		p := f.link.peers[kb]
@@ -483,10 +491,7 @@ func TestInvalidHandshakeLog(t *testing.T) {
 // pass, as a restarted daemon's, attaches again.
 func TestRelease(t *testing.T) {
 	f := newManagerFixture(t)
-	f.blocks.owners = map[netip.Prefix]string{netip.MustParsePrefix("10.0.1.0/26"): "b"}
-	f.putNode(t, datastore.Node{Name: "b", WireGuardPublicKey: mustKey(t).String(), WireGuardAddr: "172.16.0.2"})
-	f.set(t, Change{Enabled: on()})
-	f.sync(t)
+	f.onWithPeerB(t)
 	first := f.link
 	f.m.Release()
 	if !first.detached || first.closed || !f.kernel.rule || len(f.kernel.routes) != 1 {
@@ -504,11 +509,7 @@ func TestRelease(t *testing.T) {
 // every pass failing on it.
 func TestDeviceDeletedBehindTheManager(t *testing.T) {
 	f := newManagerFixture(t)
-	kb := mustKey(t)
-	f.blocks.owners = map[netip.Prefix]string{netip.MustParsePrefix("10.0.1.0/26"): "b"}
-	f.putNode(t, datastore.Node{Name: "b", WireGuardPublicKey: kb.String(), WireGuardAddr: "172.16.0.2"})
-	f.set(t, Change{Enabled: on()})
-	f.sync(t)
+	kb := f.onWithPeerB(t)
 	first := f.link
 	f.kernel.gone = true
 	f.sync(t)

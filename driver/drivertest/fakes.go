@@ -10,7 +10,6 @@ import (
 	"math/big"
 	"net"
 	"slices"
-	"sort"
 	"sync"
 
 	"github.com/calico-cnm/calico-cnm/dataplane"
@@ -112,12 +111,7 @@ func (f *IPAM) Assigned(ip string) (Assignment, bool) {
 func (f *IPAM) AssignedIPs() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make([]string, 0, len(f.assigned))
-	for ip := range f.assigned {
-		out = append(out, ip)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(f.assigned))
 }
 
 func contains(outer, inner *net.IPNet) bool {

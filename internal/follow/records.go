@@ -53,33 +53,18 @@ func UpdateNode(ctx context.Context, store Store, node string, change func(*data
 // the syncer holds them.
 func Endpoints(records datastore.Records) []datastore.Endpoint {
 	recs, _ := records.List(datastore.EndpointsPrefix)
-	ws := datastore.Values[datastore.WorkloadEndpoint](recs)
-	out := make([]datastore.Endpoint, len(ws))
-	for i, w := range ws {
-		out[i] = w.Endpoint
-	}
-	return out
+	return each(datastore.Values[datastore.WorkloadEndpoint](recs), func(w *datastore.WorkloadEndpoint) datastore.Endpoint { return w.Endpoint })
 }
 
 // Pools are the IP pools, as the syncer holds them, in ListPools' order.
 func Pools(records datastore.Records) []ipam.Pool {
-	ps := sortedPools(records)
-	out := make([]ipam.Pool, len(ps))
-	for i, p := range ps {
-		out[i] = p.Pool
-	}
-	return out
+	return each(sortedPools(records), func(p *ipam.PoolInfo) ipam.Pool { return p.Pool })
 }
 
 // PoolPrefixes are the prefixes of every pool, disabled ones too, in
 // ListPools' order.
 func PoolPrefixes(records datastore.Records) []netip.Prefix {
-	ps := sortedPools(records)
-	out := make([]netip.Prefix, len(ps))
-	for i, p := range ps {
-		out[i] = p.Prefix
-	}
-	return out
+	return each(sortedPools(records), func(p *ipam.PoolInfo) netip.Prefix { return p.Prefix })
 }
 
 func sortedPools(records datastore.Records) []*ipam.PoolInfo {
@@ -104,9 +89,15 @@ func BlockOwners(records datastore.Records) map[netip.Prefix]string {
 // Nodes are the node records, as the syncer holds them.
 func Nodes(records datastore.Records) []datastore.Node {
 	recs, _ := records.List(datastore.NodesPrefix)
-	out := make([]datastore.Node, 0, len(recs))
-	for _, n := range datastore.Values[datastore.Node](recs) {
-		out = append(out, *n)
+	return each(datastore.Values[datastore.Node](recs), func(n *datastore.Node) datastore.Node { return *n })
+}
+
+// each is f of every record value in vs, in order: the readers above
+// differ only in the field they take.
+func each[V, T any](vs []*V, f func(*V) T) []T {
+	out := make([]T, len(vs))
+	for i, v := range vs {
+		out[i] = f(v)
 	}
 	return out
 }

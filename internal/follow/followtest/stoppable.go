@@ -1,6 +1,7 @@
-// Package followtest has a datastore syncer for tests of the managers
-// that follow the datastore through it (package follow): one the test
-// stops, after which no change reaches them.
+// Package followtest has what tests of the managers that follow the
+// datastore (package follow) share: a datastore with IPAM, a syncer the
+// test stops (after which no change reaches them), and the check that
+// their Run gives up then.
 package followtest
 
 import (
@@ -8,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/calico-cnm/calico-cnm/datastore"
+	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
 	"github.com/calico-cnm/calico-cnm/ipam"
 )
 
@@ -27,4 +31,15 @@ func Stoppable(t testing.TB, store *datastore.Store) (records *datastore.Syncer,
 	stop = func() { cancel(); <-done }
 	t.Cleanup(stop)
 	return s, stop
+}
+
+// Fixture is a real (embedded) datastore and IPAM for a manager under
+// test, a quiet logger and a context the test cancels.
+func Fixture(t *testing.T) (*datastore.Store, *ipam.Engine, context.Context, context.CancelFunc, *logrus.Logger) {
+	t.Helper()
+	store := etcdtest.Start(t).Client(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	log := logrus.New()
+	log.SetLevel(logrus.WarnLevel)
+	return store, ipam.New(store, ipam.Options{Log: log}), ctx, cancel, log
 }
