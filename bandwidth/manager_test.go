@@ -228,7 +228,7 @@ func TestManagerAffects(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return datastore.Change{Key: key, New: &datastore.Synced{Key: key, Raw: v, Value: w}}
+		return datastore.Change{Key: key, New: &datastore.Synced{Key: key, Value: w}}
 	}
 	tests := []struct {
 		name string

@@ -8,11 +8,14 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.etcd.io/etcd/server/v3/storage/mvcc"
 )
 
 // EmbeddedClientSocket is the embedded member's client socket in the state
@@ -103,7 +106,24 @@ func embeddedListenURLs(cfg Config) (client, peer *url.URL, err error) {
 type embeddedMember struct {
 	etcd     *embed.Etcd
 	stopping *atomic.Bool
+	// done ends the history compaction; compacting is its goroutine.
+	done       chan struct{}
+	compacting sync.WaitGroup
 }
+
+// embeddedHistory is how many revisions of history the member keeps: a
+// watch that falls further behind is told its start was compacted, and
+// the syncer lists again. Without compaction etcd keeps every revision of
+// every key in its bolt file, which it maps with MAP_POPULATE: the whole
+// file is resident, and a thousand Joins (each rewriting the IPAM block
+// and the endpoint) grew it past 30 MB.
+const embeddedHistory = 200
+
+// defaultEmbeddedCompactEvery is how often the member's history is
+// compacted when the revision moved. etcd's own revision auto-compaction
+// looks only every five minutes, while a host starting its containers
+// writes thousands of revisions in that time.
+const defaultEmbeddedCompactEvery = 5 * time.Second
 
 // embeddedCatchUpEntries is the raft log a lone member keeps in memory
 // after compacting it (see startEmbedded).
@@ -193,10 +213,64 @@ func startEmbedded(ctx context.Context, cfg Config, log logrus.FieldLogger) (*em
 		}
 	}
 	log.WithFields(logrus.Fields{"dir": ec.Dir, "client": clientURL.String(), "peer": peerURL.String()}).Info("embedded etcd member ready")
-	return &embeddedMember{etcd: e, stopping: stopping}, nil
+	m := &embeddedMember{etcd: e, stopping: stopping, done: make(chan struct{})}
+	every := cfg.embeddedCompactEvery
+	if every <= 0 {
+		every = defaultEmbeddedCompactEvery
+	}
+	m.compacting.Add(1)
+	go func() {
+		defer m.compacting.Done()
+		m.compactHistory(every, cfg.RequestTimeout, log)
+	}()
+	return m, nil
+}
+
+// compactHistory compacts the member's history to its last
+// embeddedHistory revisions every period in which the revision moved,
+// until the member closes.
+func (m *embeddedMember) compactHistory(every, timeout time.Duration, log logrus.FieldLogger) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-m.done:
+		case <-m.etcd.Server.StoppingNotify():
+		}
+		cancel()
+	}()
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	var compacted int64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		target := m.etcd.Server.KV().Rev() - embeddedHistory
+		if target <= compacted {
+			continue
+		}
+		cctx, ccancel := context.WithTimeout(ctx, timeout)
+		_, err := m.etcd.Server.Compact(cctx, &pb.CompactionRequest{Revision: target})
+		ccancel()
+		switch {
+		case err == nil, errors.Is(err, mvcc.ErrCompacted):
+			// ErrCompacted: a client compacted further already.
+			compacted = target
+		case ctx.Err() != nil || m.stopping.Load():
+			return
+		default:
+			// Tried again next period; the history only grows meanwhile.
+			log.WithError(err).WithField("revision", target).Warn("compacting the embedded etcd history failed")
+		}
+	}
 }
 
 func (m *embeddedMember) close() {
 	m.stopping.Store(true)
+	close(m.done)
+	m.compacting.Wait()
 	m.etcd.Close()
 }

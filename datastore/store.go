@@ -67,6 +67,10 @@ type Config struct {
 	// lines go through the daemon's logrus logger either way. Default:
 	// "info" when that logger is at debug, else "warn".
 	EmbeddedLogLevel string
+
+	// embeddedCompactEvery is how often the embedded member compacts its
+	// history (0: defaultEmbeddedCompactEvery); tests shorten it.
+	embeddedCompactEvery time.Duration
 }
 
 func (c *Config) setDefaults() {

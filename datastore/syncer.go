@@ -1,8 +1,8 @@
 package datastore
 
 import (
-	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"slices"
@@ -43,7 +43,10 @@ type Kind struct {
 type Synced struct {
 	Key         string
 	ModRevision int64
-	Raw         []byte
+	// Digest is the SHA-256 of the stored value: the syncer tells a
+	// rewrite with the same content from a change by it, without keeping
+	// every value's bytes next to its decoded form.
+	Digest [sha256.Size]byte
 	// Value is the decoded record; nil when Err is set.
 	Value any
 	// Err says why the record could not be decoded (a subscriber skips it,
@@ -151,7 +154,7 @@ func (s *Syncer) kindOf(key string) *Kind {
 }
 
 func (s *Syncer) decode(k *Kind, key string, raw []byte, rev int64) *Synced {
-	r := &Synced{Key: key, ModRevision: rev, Raw: raw}
+	r := &Synced{Key: key, ModRevision: rev, Digest: sha256.Sum256(raw)}
 	v, err := k.Decode(key, raw)
 	if err != nil {
 		r.Err = fmt.Errorf("record %s: %w", key, err)
@@ -243,10 +246,11 @@ func (s *Syncer) list(ctx context.Context) (int64, error) {
 		for _, kv := range r.GetResponseRange().Kvs {
 			key := s.store.rel(string(kv.Key))
 			old := s.current(key)
+			unchanged := old != nil && old.Digest == sha256.Sum256(kv.Value)
 			switch {
-			case old != nil && old.ModRevision == kv.ModRevision && bytes.Equal(old.Raw, kv.Value):
+			case unchanged && old.ModRevision == kv.ModRevision:
 				fresh[key] = old
-			case old != nil && bytes.Equal(old.Raw, kv.Value):
+			case unchanged:
 				// Rewritten with the same content (a restore gives every
 				// record a new revision): nothing for subscribers to do.
 				same := *old
@@ -260,7 +264,7 @@ func (s *Syncer) list(ctx context.Context) (int64, error) {
 	s.mu.Lock()
 	var changes []Change
 	for key, r := range fresh {
-		if old := s.records[key]; old == nil || !bytes.Equal(old.Raw, r.Raw) {
+		if old := s.records[key]; old == nil || old.Digest != r.Digest {
 			changes = append(changes, Change{Key: key, New: r, Old: old})
 		}
 	}
@@ -319,7 +323,7 @@ func (s *Syncer) applyEvents(resp clientv3.WatchResponse) {
 		if k == nil || ev.Type == clientv3.EventTypeDelete {
 			continue
 		}
-		if old := s.current(key); old != nil && bytes.Equal(old.Raw, ev.Kv.Value) {
+		if old := s.current(key); old != nil && old.Digest == sha256.Sum256(ev.Kv.Value) {
 			same := *old
 			same.ModRevision = ev.Kv.ModRevision
 			decoded[i] = &same
@@ -344,7 +348,7 @@ func (s *Syncer) applyEvents(resp clientv3.WatchResponse) {
 			continue
 		}
 		s.records[key] = decoded[i]
-		if old != nil && bytes.Equal(old.Raw, decoded[i].Raw) {
+		if old != nil && old.Digest == decoded[i].Digest {
 			// Rewritten unchanged: nothing for subscribers to do.
 			continue
 		}

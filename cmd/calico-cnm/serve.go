@@ -33,7 +33,9 @@ variable (see the README's Configuration table).`,
 			cfg.Version = Version
 			// stdout, not stderr: dockerd files a managed plugin's stderr as
 			// errors, whatever the line's own level.
-			return plugin.Run(c.Context(), cfg, newLogger(a.stdout))
+			log := newLogger(a.stdout)
+			applyMemoryLimit(a.getenv, log)
+			return plugin.Run(c.Context(), cfg, log)
 		},
 	}
 	fs := c.Flags()
