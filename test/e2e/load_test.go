@@ -77,11 +77,13 @@ func TestLoad100ConcurrentContainers(t *testing.T) {
 	for i := range names {
 		names[i] = fmt.Sprintf("load%03d", i)
 	}
+	release := harness.StartingCrowd(t)
 	start := time.Now()
 	errs := runParallel(n, func(i int) error {
 		_, err := h.Docker(t, "run", "-d", "--name", names[i], "--net", "calico-net", harness.Image, "sleep", "3600")
 		return err
 	})
+	release()
 	t.Logf("%d concurrent docker run took %s", n, time.Since(start).Round(time.Millisecond))
 	if bad, sample := sampleErrors(errs, 5); bad > 0 {
 		t.Fatalf("%d of %d concurrent docker run failed, e.g.:\n%s", bad, n, strings.Join(sample, "\n"))

@@ -402,3 +402,18 @@ func lockFile(t testing.TB, path string) func() {
 		fh.Close()
 	}
 }
+
+// StartingCrowd is held by a test while it starts a crowd of containers at
+// once (100 docker runs): two such bursts side by side on a two-core
+// machine make Docker's own per-container setup (each container's DNS
+// rules wait for the one xtables lock) outlast the docker run timeout,
+// whatever the driver does. It returns the release, which t's cleanup
+// also calls (releasing twice is harmless).
+func StartingCrowd(t testing.TB) (release func()) {
+	t.Helper()
+	unlock := lockFile(t, filepath.Join(registryDir, "crowd.lock"))
+	var once sync.Once
+	release = func() { once.Do(unlock) }
+	t.Cleanup(release)
+	return release
+}

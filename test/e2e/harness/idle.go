@@ -56,6 +56,7 @@ func (h *Host) StartIdleLoad(t testing.TB, bin string, containers, policies int)
 	}
 	h.MustExec(t, bin, "apply", "-f", file)
 
+	defer StartingCrowd(t)()
 	began := time.Now()
 	next := make(chan int)
 	errs := make(chan error, containers)
