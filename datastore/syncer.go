@@ -153,8 +153,27 @@ func (s *Syncer) kindOf(key string) *Kind {
 	return nil
 }
 
-func (s *Syncer) decode(k *Kind, key string, raw []byte, rev int64) *Synced {
-	r := &Synced{Key: key, ModRevision: rev, Digest: sha256.Sum256(raw)}
+// recordOf is key's record at rev, whose stored value is raw: the one
+// held when the content is the same (a copy when only its revision moved:
+// a restore gives every record a new revision, and a rewrite with the same
+// content is nothing for subscribers to do), else raw decoded. The value
+// is hashed once.
+func (s *Syncer) recordOf(k *Kind, key string, raw []byte, rev int64) *Synced {
+	digest := sha256.Sum256(raw)
+	old := s.current(key)
+	switch {
+	case old != nil && old.Digest == digest && old.ModRevision == rev:
+		return old
+	case old != nil && old.Digest == digest:
+		same := *old
+		same.ModRevision = rev
+		return &same
+	}
+	return s.decode(k, key, raw, digest, rev)
+}
+
+func (s *Syncer) decode(k *Kind, key string, raw []byte, digest [sha256.Size]byte, rev int64) *Synced {
+	r := &Synced{Key: key, ModRevision: rev, Digest: digest}
 	v, err := k.Decode(key, raw)
 	if err != nil {
 		r.Err = fmt.Errorf("record %s: %w", key, err)
@@ -245,20 +264,7 @@ func (s *Syncer) list(ctx context.Context) (int64, error) {
 		k := &s.kinds[i]
 		for _, kv := range r.GetResponseRange().Kvs {
 			key := s.store.rel(string(kv.Key))
-			old := s.current(key)
-			unchanged := old != nil && old.Digest == sha256.Sum256(kv.Value)
-			switch {
-			case unchanged && old.ModRevision == kv.ModRevision:
-				fresh[key] = old
-			case unchanged:
-				// Rewritten with the same content (a restore gives every
-				// record a new revision): nothing for subscribers to do.
-				same := *old
-				same.ModRevision = kv.ModRevision
-				fresh[key] = &same
-			default:
-				fresh[key] = s.decode(k, key, kv.Value, kv.ModRevision)
-			}
+			fresh[key] = s.recordOf(k, key, kv.Value, kv.ModRevision)
 		}
 	}
 	s.mu.Lock()
@@ -323,13 +329,7 @@ func (s *Syncer) applyEvents(resp clientv3.WatchResponse) {
 		if k == nil || ev.Type == clientv3.EventTypeDelete {
 			continue
 		}
-		if old := s.current(key); old != nil && old.Digest == sha256.Sum256(ev.Kv.Value) {
-			same := *old
-			same.ModRevision = ev.Kv.ModRevision
-			decoded[i] = &same
-			continue
-		}
-		decoded[i] = s.decode(k, key, ev.Kv.Value, ev.Kv.ModRevision)
+		decoded[i] = s.recordOf(k, key, ev.Kv.Value, ev.Kv.ModRevision)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
