@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -20,11 +18,8 @@ import (
 // its watch (it never lists again) and ends with the last value, and
 // nothing is logged at warning or above, compacting or stopping.
 func TestEmbeddedMemberCompactsHistory(t *testing.T) {
-	dir, err := os.MkdirTemp("", "cnm-compact")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	cfg, _ := embeddedOnSockets(t, "cnm-compact")
+	cfg.embeddedCompactEvery = 20 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	rec := &warnRecorder{}
@@ -32,13 +27,7 @@ func TestEmbeddedMemberCompactsHistory(t *testing.T) {
 	log.SetOutput(io.Discard)
 	log.SetLevel(logrus.InfoLevel)
 	log.AddHook(rec)
-	store, err := Open(ctx, Config{
-		Embedded:             true,
-		DataDir:              filepath.Join(dir, "etcd"),
-		EmbeddedClientURL:    EmbeddedClientURL(dir),
-		EmbeddedPeerURL:      EmbeddedPeerURL(dir),
-		embeddedCompactEvery: 20 * time.Millisecond,
-	}, log)
+	store, err := Open(ctx, cfg, log)
 	if err != nil {
 		t.Fatal(err)
 	}

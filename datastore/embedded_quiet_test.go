@@ -3,8 +3,6 @@ package datastore
 import (
 	"context"
 	"io"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -45,22 +43,12 @@ func (r *warnRecorder) take() []string {
 // (each request's log line is written before its reply), or when it stops
 // cleanly.
 func TestEmbeddedMemberLogsNoWarning(t *testing.T) {
-	dir, err := os.MkdirTemp("", "cnm-quiet")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	cfg, _ := embeddedOnSockets(t, "cnm-quiet")
 	rec := &warnRecorder{}
 	log := logrus.New()
 	log.SetOutput(io.Discard)
 	log.SetLevel(logrus.InfoLevel)
 	log.AddHook(rec)
-	cfg := Config{
-		Embedded:          true,
-		DataDir:           filepath.Join(dir, "etcd"),
-		EmbeddedClientURL: EmbeddedClientURL(dir),
-		EmbeddedPeerURL:   EmbeddedPeerURL(dir),
-	}
 	expectQuiet := func(phase string) {
 		t.Helper()
 		for _, l := range rec.take() {
