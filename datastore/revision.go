@@ -20,6 +20,13 @@ type revisionGuard struct {
 	watches map[int]context.CancelFunc
 }
 
+// SeenRevision is the highest revision a response to this Store carried:
+// at least that of every write this process made. A reader of the syncer's
+// memory that needs only its own process's writes waits for it instead of
+// asking etcd for its current revision (Revision), and so still works
+// while etcd is unreachable.
+func (s *Store) SeenRevision() int64 { return s.seenRevision() }
+
 // seenRevision is the highest revision observed so far: a request sent
 // after it must be answered at this revision or later.
 func (s *Store) seenRevision() int64 {

@@ -79,6 +79,27 @@ func (m *Manager) load(ctx context.Context) ([]record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the endpoints of %s: %w", m.node, err)
 	}
+	return m.listed(), nil
+}
+
+// loadOwn is load for a withdrawal, which needs only this daemon's own
+// writes in the syncer's memory (a node's endpoint records are written by
+// its daemon alone): it waits, bounded, for the highest revision this
+// process has seen answered instead of asking etcd for its revision. A
+// container without published ports is then removed without a datastore
+// round trip, which Docker would otherwise wait out while etcd is down.
+func (m *Manager) loadOwn(ctx context.Context) ([]record, error) {
+	wctx, cancel := context.WithTimeout(ctx, m.store.RequestTimeout())
+	defer cancel()
+	if err := m.records.WaitRevision(wctx, m.store.SeenRevision()); err != nil {
+		return nil, fmt.Errorf("reading the endpoints of %s: %w", m.node, err)
+	}
+	return m.listed(), nil
+}
+
+// listed is this node's endpoint records in the syncer's memory, as
+// records of this engine.
+func (m *Manager) listed() []record {
 	recs, _ := m.records.List(datastore.EndpointKey(m.node, ""))
 	engine := m.engineID() // one view of it for the whole list
 	out := make([]record, 0, len(recs))
@@ -87,7 +108,7 @@ func (m *Manager) load(ctx context.Context) ([]record, error) {
 			out = append(out, record{ep: w.Endpoint, rev: r.ModRevision})
 		}
 	}
-	return out, nil
+	return out
 }
 
 // internalState is what the guard of --internal networks needs: the pools
@@ -285,7 +306,7 @@ func (m *Manager) write(ctx context.Context, r *record, bs []datastore.PortBindi
 func (m *Manager) Unpublish(ctx context.Context, endpointID string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	recs, err := m.load(ctx)
+	recs, err := m.loadOwn(ctx)
 	if err != nil {
 		return err
 	}

@@ -307,6 +307,7 @@ func TestEtcdOutage(t *testing.T) {
 			reqs := pluginRequests(p.Log()[logMark:])
 			failed, slowest := 0, time.Duration(0)
 			for _, r := range reqs {
+				t.Logf("plugin call %s: code %d in %s", r.method, r.code, r.took.Round(time.Millisecond))
 				if r.code != 200 {
 					failed++
 				}
