@@ -80,7 +80,7 @@ func TestLoad100ConcurrentContainers(t *testing.T) {
 	release := harness.StartingCrowd(t)
 	start := time.Now()
 	errs := runParallel(n, func(i int) error {
-		_, err := h.Docker(t, "run", "-d", "--name", names[i], "--net", "calico-net", harness.Image, "sleep", "3600")
+		_, err := h.DockerWithin(harness.CrowdCommandTimeout, "run", "-d", "--name", names[i], "--net", "calico-net", harness.Image, "sleep", "3600")
 		return err
 	})
 	release()
@@ -141,7 +141,7 @@ func TestLoad100ConcurrentContainers(t *testing.T) {
 
 	start = time.Now()
 	errs = runParallel(n, func(i int) error {
-		_, err := h.Docker(t, "rm", "-f", names[i])
+		_, err := h.DockerWithin(harness.CrowdCommandTimeout, "rm", "-f", names[i])
 		return err
 	})
 	t.Logf("%d concurrent docker rm -f took %s", n, time.Since(start).Round(time.Millisecond))

@@ -61,6 +61,11 @@ const (
 var (
 	// CommandTimeout bounds every docker / exec call of the harness.
 	CommandTimeout = 2 * time.Minute
+	// CrowdCommandTimeout bounds one docker command of a crowd issued at
+	// once (see StartingCrowd): dockerd serialises part of every container
+	// start and removal on the machine's one xtables lock, which the other
+	// tests' dockerds share, so the last of 100 waits for the 99 others.
+	CrowdCommandTimeout = 5 * time.Minute
 	// DockerdStartTimeout bounds the wait for a new dockerd to answer.
 	DockerdStartTimeout = 60 * time.Second
 	// PluginStartTimeout bounds the wait for the plugin sockets to answer.

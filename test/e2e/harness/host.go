@@ -335,6 +335,12 @@ func (h *Host) DockerCtx(ctx context.Context, args ...string) (string, error) {
 	return strings.TrimSpace(out), err
 }
 
+// DockerWithin is Docker bounded by timeout instead of CommandTimeout.
+func (h *Host) DockerWithin(timeout time.Duration, args ...string) (string, error) {
+	out, err := runCmdTimeout(context.Background(), timeout, dockerEnv(), append([]string{DockerPath, "-H", h.DockerHost()}, args...)...)
+	return strings.TrimSpace(out), err
+}
+
 // MustDocker is Docker that fails the test on error.
 func (h *Host) MustDocker(t testing.TB, args ...string) string {
 	t.Helper()

@@ -1,7 +1,6 @@
 package harness
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -66,7 +65,7 @@ func (h *Host) StartIdleLoad(t testing.TB, bin string, containers, policies int)
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				_, err := h.DockerCtx(context.Background(), "run", "-d", "--name", fmt.Sprintf("idle%03d", i), "--net", IdleNetwork,
+				_, err := h.DockerWithin(CrowdCommandTimeout, "run", "-d", "--name", fmt.Sprintf("idle%03d", i), "--net", IdleNetwork,
 					"--label", policy.LabelPrefix+"role="+IdleRole(i, policies), Image, "sleep", "1000000")
 				if err != nil {
 					errs <- fmt.Errorf("container %d: %w", i, err)
