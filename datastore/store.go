@@ -197,10 +197,10 @@ func (s *Store) closeMember() {
 func (s *Store) Client() *clientv3.Client { return s.client }
 
 // Prefix is the keyspace root, ending in "/".
+func (s *Store) Prefix() string { return s.prefix }
+
 // RequestTimeout bounds every datastore call (--etcd-timeout).
 func (s *Store) RequestTimeout() time.Duration { return s.timeout }
-
-func (s *Store) Prefix() string { return s.prefix }
 
 // Stats returns the round trips made so far.
 func (s *Store) Stats() Stats {

@@ -488,29 +488,13 @@ func (p *probePing) stop(t *testing.T) (tx int, lost []int) {
 	if out, err := p.c.try(p.h, "/", "docker exec "+p.ctr+" sh -c 'kill -INT $(pidof ping)'", time.Minute); err != nil {
 		t.Fatalf("%s: stop ping: %v\n%s", p.h.name, err, out)
 	}
-	stats := regexp.MustCompile(`(\d+) packets transmitted, (\d+) packets received`)
-	var log string
 	harness.Eventually(t, 10*time.Second, 200*time.Millisecond, p.h.name+": ping statistics", func() error {
-		log = p.log()
-		m := stats.FindStringSubmatch(log)
-		if m == nil {
+		var ok bool
+		if tx, lost, ok = pingOutcome(p.log()); !ok {
 			return fmt.Errorf("none yet")
 		}
-		tx, _ = strconv.Atoi(m[1])
 		return nil
 	})
-	answered := map[int]bool{}
-	last := -1
-	for _, m := range regexp.MustCompile(`seq=(\d+) `).FindAllStringSubmatch(log, -1) {
-		n, _ := strconv.Atoi(m[1])
-		answered[n] = true
-		last = max(last, n)
-	}
-	for n := 0; n < last; n++ {
-		if !answered[n] {
-			lost = append(lost, n)
-		}
-	}
 	return tx, lost
 }
 
