@@ -403,8 +403,10 @@ func runMultiHost(t *testing.T, c *bgpCluster, rr bool) {
 			}
 			lost := r.tx - r.rx
 			t.Logf("ping %s -> b2 across the restart: %d sent, %d received", name, r.tx, r.rx)
-			// One second at 0.2 s intervals.
-			if r.tx < pingSecs*4 || lost > 5 {
+			// One second at 0.2 s intervals. The count of pings sent only
+			// tells that ping ran through its window: half the nominal
+			// five a second, as a busy host sends them late.
+			if r.tx < pingSecs*5/2 || lost > 5 {
 				t.Errorf("ping from %s lost %d of %d packets across b's restart (more than 1 s)", name, lost, r.tx)
 			}
 		}
