@@ -20,16 +20,13 @@ type revisionGuard struct {
 	watches map[int]context.CancelFunc
 }
 
-// SeenRevision is the highest revision a response to this Store carried:
-// at least that of every write this process made. A reader of the syncer's
+// SeenRevision is the highest revision observed so far: a request sent
+// after it must be answered at this revision or later. It is at least
+// that of every write this process made, so a reader of the syncer's
 // memory that needs only its own process's writes waits for it instead of
 // asking etcd for its current revision (Revision), and so still works
 // while etcd is unreachable.
-func (s *Store) SeenRevision() int64 { return s.seenRevision() }
-
-// seenRevision is the highest revision observed so far: a request sent
-// after it must be answered at this revision or later.
-func (s *Store) seenRevision() int64 {
+func (s *Store) SeenRevision() int64 {
 	g := &s.revs
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -37,7 +34,7 @@ func (s *Store) seenRevision() int64 {
 }
 
 // observe records the revision of a response to a request sent when
-// seenRevision was begin. Only a revision below begin is a store that went
+// SeenRevision was begin. Only a revision below begin is a store that went
 // back: requests in flight together may be answered out of order, so a
 // response below the highest revision seen since proves nothing.
 func (s *Store) observe(begin, rev int64) {

@@ -233,7 +233,7 @@ func (s *Store) Revision(ctx context.Context) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	s.reads.Add(1)
-	begin := s.seenRevision()
+	begin := s.SeenRevision()
 	resp, err := s.client.Get(ctx, s.abs(FormatKey), clientv3.WithCountOnly())
 	if err != nil {
 		return 0, s.wrap(err)
@@ -247,7 +247,7 @@ func (s *Store) Get(ctx context.Context, key string) (KV, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	s.reads.Add(1)
-	begin := s.seenRevision()
+	begin := s.SeenRevision()
 	resp, err := s.client.Get(ctx, s.abs(key))
 	if err != nil {
 		return KV{}, s.wrap(err)
@@ -272,7 +272,7 @@ func (s *Store) ListWithRevision(ctx context.Context, prefix string) ([]KV, int6
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	s.reads.Add(1)
-	begin := s.seenRevision()
+	begin := s.SeenRevision()
 	resp, err := s.client.Get(ctx, s.abs(prefix), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
 	if err != nil {
 		return nil, 0, s.wrap(err)
@@ -383,7 +383,7 @@ func (s *Store) TxnRev(ctx context.Context, ops ...Op) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	s.txns.Add(1)
-	begin := s.seenRevision()
+	begin := s.SeenRevision()
 	resp, err := s.client.Txn(ctx).If(cmps...).Then(thens...).Commit()
 	if err != nil {
 		return 0, s.wrap(err)

@@ -251,7 +251,7 @@ func (s *Syncer) list(ctx context.Context) (int64, error) {
 	lctx, cancel := context.WithTimeout(ctx, s.store.timeout)
 	defer cancel()
 	s.store.reads.Add(1)
-	begin := s.store.seenRevision()
+	begin := s.store.SeenRevision()
 	resp, err := s.store.client.Txn(lctx).Then(ops...).Commit()
 	if err != nil {
 		return 0, s.store.wrap(err)
