@@ -331,13 +331,16 @@ func (h *Host) Docker(t testing.TB, args ...string) (string, error) {
 
 // DockerCtx is Docker with a context (for shorter deadlines or goroutines).
 func (h *Host) DockerCtx(ctx context.Context, args ...string) (string, error) {
-	out, err := runCmd(ctx, dockerEnv(), append([]string{DockerPath, "-H", h.DockerHost()}, args...)...)
-	return strings.TrimSpace(out), err
+	return h.dockerWithin(ctx, CommandTimeout, args...)
 }
 
 // DockerWithin is Docker bounded by timeout instead of CommandTimeout.
 func (h *Host) DockerWithin(timeout time.Duration, args ...string) (string, error) {
-	out, err := runCmdTimeout(context.Background(), timeout, dockerEnv(), append([]string{DockerPath, "-H", h.DockerHost()}, args...)...)
+	return h.dockerWithin(context.Background(), timeout, args...)
+}
+
+func (h *Host) dockerWithin(ctx context.Context, timeout time.Duration, args ...string) (string, error) {
+	out, err := runCmdTimeout(ctx, timeout, dockerEnv(), append([]string{DockerPath, "-H", h.DockerHost()}, args...)...)
 	return strings.TrimSpace(out), err
 }
 
