@@ -219,7 +219,7 @@ func blockOf26(ip net.IP) string {
 // transmitted and received counts.
 func pingStats(ctx context.Context, h *bgpHost, from string, to net.IP, secs int) (tx, rx int, out string, err error) {
 	out, err = h.DockerCtx(ctx, "exec", from, "ping", "-i", "0.2", "-w", strconv.Itoa(secs), "-q", to.String())
-	m := regexp.MustCompile(`(\d+) packets transmitted, (\d+) packets received`).FindStringSubmatch(out)
+	m := pingStatistics.FindStringSubmatch(out)
 	if m == nil {
 		return 0, 0, out, fmt.Errorf("no ping summary (%v): %s", err, out)
 	}
@@ -352,6 +352,7 @@ func runMultiHost(t *testing.T, c *bgpCluster, rr bool) {
 			tx, rx int
 			out    string
 			err    error
+			ran    time.Duration
 		}
 		var fromA, fromC result
 		const pingSecs = 14
@@ -363,7 +364,9 @@ func runMultiHost(t *testing.T, c *bgpCluster, rr bool) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				began := time.Now()
 				p.res.tx, p.res.rx, p.res.out, p.res.err = pingStats(ctx, p.h, p.from, ipB2, pingSecs)
+				p.res.ran = time.Since(began)
 			}()
 		}
 		time.Sleep(2 * time.Second)
@@ -402,11 +405,16 @@ func runMultiHost(t *testing.T, c *bgpCluster, rr bool) {
 				continue
 			}
 			lost := r.tx - r.rx
-			t.Logf("ping %s -> b2 across the restart: %d sent, %d received", name, r.tx, r.rx)
-			// One second at 0.2 s intervals. The count of pings sent only
-			// tells that ping ran through its window: half the nominal
-			// five a second, as a busy host sends them late.
-			if r.tx < pingSecs*5/2 || lost > 5 {
+			t.Logf("ping %s -> b2 across the restart: %d sent, %d received in %s", name, r.tx, r.rx, r.ran.Round(time.Millisecond))
+			// ping ran through its whole window (-w), the restart inside
+			// it: its run time says so; the count of pings sent, half the
+			// nominal five a second as a busy host sends them late, says
+			// it kept sending.
+			if r.ran < pingSecs*time.Second || r.tx < pingSecs*5/2 {
+				t.Errorf("ping from %s sent %d packets in %s: it did not run through its %d s window", name, r.tx, r.ran.Round(time.Millisecond), pingSecs)
+			}
+			// One second at 0.2 s intervals.
+			if lost > 5 {
 				t.Errorf("ping from %s lost %d of %d packets across b's restart (more than 1 s)", name, lost, r.tx)
 			}
 		}
