@@ -37,7 +37,16 @@ type Conn struct {
 	// way). Resync drops it: the periodic resync, and any failure,
 	// compare with the kernel again, which repairs what somebody else
 	// changed.
-	known map[string]*Ruleset
+	known map[string]*knownTables
+}
+
+// knownTables is what Conn knows of the tables of one name: as the kernel
+// has them, and the Ruleset whose Apply left them so (nil when they were
+// read from the kernel or changed by Execute). The Ruleset lets the next
+// Apply skip what it shares with the new one (see DiffFrom).
+type knownTables struct {
+	tables  Ruleset
+	applied *Ruleset
 }
 
 // New works on the namespace at nsPath ("" = the current one, the
@@ -46,7 +55,7 @@ func New(nsPath string, log logrus.FieldLogger) (*Conn, error) {
 	if log == nil {
 		log = logrus.StandardLogger()
 	}
-	n := &Conn{log: log, known: map[string]*Ruleset{}}
+	n := &Conn{log: log, known: map[string]*knownTables{}}
 	if nsPath != "" {
 		f, err := os.Open(nsPath)
 		if err != nil {
@@ -549,19 +558,21 @@ func cutFamily(k string) (Family, string, bool) {
 // (the kernel refused some change, or the remembered tables were not the
 // kernel's any more), it compares with the kernel's tables and, failing
 // again, rewrites them whole, also in one batch. It returns the number of
-// changes made.
+// changes made. want must not be changed afterwards: the next Apply skips
+// what the two share (DiffFrom).
 func (n *Conn) Apply(ctx context.Context, name string, want Ruleset) (int, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if known := n.known[name]; known != nil {
-		cur := *known
-		ops := Diff(name, cur, want)
+		cur := known.tables
+		ops := DiffFrom(name, cur, known.applied, want)
 		if len(ops) == 0 {
+			known.applied = &want
 			return 0, nil
 		}
 		handles, err := n.execute(ctx, name, ops)
 		if err == nil {
-			n.remember(name, cur, ops, handles)
+			n.remember(name, cur, ops, handles, &want)
 			return len(ops), nil
 		}
 		delete(n.known, name)
@@ -589,21 +600,22 @@ func (n *Conn) Known(name string) (rs Ruleset, ok bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if k := n.known[name]; k != nil {
-		return *k, true
+		return k.tables, true
 	}
 	return Ruleset{}, false
 }
 
-// remember records the tables after ops were applied to cur; when that
-// cannot be told exactly, the next Apply reads the kernel.
-func (n *Conn) remember(name string, cur Ruleset, ops []Op, handles map[int]uint64) {
-	next, ok := AfterOps(cur, ops, handles)
+// remember records the tables after ops were applied to cur, ops being
+// the plan to want (nil: not a Ruleset's plan); when that cannot be told
+// exactly, the next Apply reads the kernel.
+func (n *Conn) remember(name string, cur Ruleset, ops []Op, handles map[int]uint64, want *Ruleset) {
+	next, ok := afterOps(cur, ops, handles, want, true)
 	if !ok {
 		n.log.WithField("table", name).Debug("cannot tell the nftables tables after a change; the next change reads them from the kernel")
 		delete(n.known, name)
 		return
 	}
-	n.known[name] = &next
+	n.known[name] = &knownTables{tables: next, applied: want}
 }
 
 // applyFromKernel is Apply against the kernel's tables as read now.
@@ -614,12 +626,12 @@ func (n *Conn) applyFromKernel(ctx context.Context, name string, want Ruleset) (
 	}
 	ops := Diff(name, cur, want)
 	if len(ops) == 0 {
-		n.known[name] = &cur
+		n.known[name] = &knownTables{tables: cur, applied: &want}
 		return 0, nil
 	}
 	handles, err := n.execute(ctx, name, ops)
 	if err == nil {
-		n.remember(name, cur, ops, handles)
+		n.remember(name, cur, ops, handles, &want)
 		return len(ops), nil
 	}
 	n.log.WithError(err).WithField("table", name).Warn("updating the nftables tables in place failed; rewriting them")
@@ -637,7 +649,7 @@ func (n *Conn) applyFromKernel(ctx context.Context, name string, want Ruleset) (
 	if err2 != nil {
 		return 0, fmt.Errorf("rewriting the nftables tables %s: %w (in-place update: %v)", name, err2, err)
 	}
-	n.remember(name, cur, full, handles)
+	n.remember(name, cur, full, handles, &want)
 	return len(full), nil
 }
 

@@ -77,17 +77,32 @@ func (o Op) String() string {
 // exactly those: rules are appended or deleted by handle, elements added
 // or deleted. A table whose structure differs (a base chain's hook, a set's
 // type) is replaced as a whole instead, in the same batch.
-func Diff(name string, cur, want Ruleset) []Op {
+func Diff(name string, cur, want Ruleset) []Op { return DiffFrom(name, cur, nil, want) }
+
+// DiffFrom is Diff knowing that cur is what applying the plan to applied
+// (nil: unknown) left in the kernel: a chain whose rules are the very
+// slices applied had is left alone, and one whose unordered rules changed
+// is changed by what differs between applied's and want's, without
+// comparing every rule of cur. The Calculator hands out the unchanged
+// parts of the tables as the same slices, so that a Join among a thousand
+// endpoints costs the plan of its own rules.
+func DiffFrom(name string, cur Ruleset, applied *Ruleset, want Ruleset) []Op {
 	var ops []Op
 	for _, w := range want.sortedTables() {
 		c, ok := cur.Table(w.Family)
+		var prev *Table
+		if applied != nil {
+			if p, ok := applied.Table(w.Family); ok {
+				prev = &p
+			}
+		}
 		switch {
 		case !ok:
 			ops = append(ops, ReplaceTable(name, w, false)...)
 		case needsReplace(c, w):
 			ops = append(ops, ReplaceTable(name, w, true)...)
 		default:
-			ops = append(ops, diffTable(c, w)...)
+			ops = append(ops, diffTable(c, w, prev)...)
 		}
 	}
 	for _, c := range cur.sortedTables() {
@@ -169,12 +184,21 @@ func needsReplace(cur, want Table) bool {
 	return false
 }
 
-func diffTable(cur, want Table) []Op {
+func diffTable(cur, want Table, prev *Table) []Op {
 	f := want.Family
 	var adds, elems, chainAdds, rules, chainDels, setDels []Op
+	curSets, curChains := byName(cur.Sets, func(s Set) string { return s.Name }), byName(cur.Chains, func(c Chain) string { return c.Name })
+	wantSets, wantChains := byName(want.Sets, func(s Set) string { return s.Name }), byName(want.Chains, func(c Chain) string { return c.Name })
+	var prevChains map[string]*Chain
+	if prev != nil {
+		prevChains = make(map[string]*Chain, len(prev.Chains))
+		for i := range prev.Chains {
+			prevChains[prev.Chains[i].Name] = &prev.Chains[i]
+		}
+	}
 
 	for _, w := range sortedSets(want.Sets) {
-		c, ok := cur.Set(w.Name)
+		c, ok := curSets[w.Name]
 		if !ok {
 			adds = append(adds, Op{Kind: OpAddSet, Family: f, Set: w})
 			continue
@@ -206,7 +230,7 @@ func diffTable(cur, want Table) []Op {
 	}
 
 	for _, w := range sortedChains(want.Chains) {
-		c, ok := cur.Chain(w.Name)
+		c, ok := curChains[w.Name]
 		if !ok {
 			chainAdds = append(chainAdds, Op{Kind: OpAddChain, Family: f, ChainDef: Chain{Name: w.Name, Base: w.Base}})
 			for _, r := range ChainRules(w) {
@@ -214,10 +238,10 @@ func diffTable(cur, want Table) []Op {
 			}
 			continue
 		}
-		rules = append(rules, diffChain(f, c, w)...)
+		rules = append(rules, diffChain(f, c, w, prevChains[w.Name])...)
 	}
 	for _, c := range sortedChains(cur.Chains) {
-		if _, ok := want.Chain(c.Name); !ok {
+		if _, ok := wantChains[c.Name]; !ok {
 			chainDels = append(chainDels, Op{Kind: OpDelChain, Family: f, Chain: c.Name})
 		}
 	}
@@ -226,7 +250,7 @@ func diffTable(cur, want Table) []Op {
 	height := jumpHeights(cur, chainDels)
 	slices.SortStableFunc(chainDels, func(a, b Op) int { return height[b.Chain] - height[a.Chain] })
 	for _, c := range sortedSets(cur.Sets) {
-		if _, ok := want.Set(c.Name); !ok {
+		if _, ok := wantSets[c.Name]; !ok {
 			setDels = append(setDels, Op{Kind: OpDelSet, Family: f, Set: Set{Name: c.Name}})
 		}
 	}
@@ -242,8 +266,12 @@ func diffTable(cur, want Table) []Op {
 
 // diffChain: the ordered head must match exactly (otherwise the chain is
 // rewritten); the unordered rest is compared as a multiset, deleting the
-// extra rules by handle and appending the missing ones.
-func diffChain(f Family, cur, want Chain) []Op {
+// extra rules by handle and appending the missing ones. prev (nil: none)
+// is the chain as last applied, cur being what that left.
+func diffChain(f Family, cur, want Chain, prev *Chain) []Op {
+	if prev != nil && sameSlice(prev.Rules, want.Rules) && sameSlice(prev.Unordered, want.Unordered) {
+		return nil // cur is what applying want's very rules left
+	}
 	n := len(cur.Rules) + len(cur.Unordered)
 	at := func(i int) *Rule { // the i-th rule of cur, without copying them all
 		if i < len(cur.Rules) {
@@ -264,6 +292,14 @@ func diffChain(f Family, cur, want Chain) []Op {
 	for i, r := range want.Rules {
 		if at(i).Text(f) != r.Text(f) {
 			return rewrite()
+		}
+	}
+	// cur's head is want's; if it is as long as prev's, cur's rest holds
+	// prev's unordered rules: only what differs between those and want's
+	// need be looked up in cur.
+	if prev != nil && len(prev.Rules) == len(want.Rules) && n == len(prev.Rules)+len(prev.Unordered) {
+		if ops, ok := unorderedChanges(f, want.Name, len(want.Rules), n, at, prev.Unordered, want.Unordered); ok {
+			return ops
 		}
 	}
 	// The rest as a multiset, by rendering: the first rule of each text
@@ -323,6 +359,100 @@ func diffChain(f Family, cur, want Chain) []Op {
 		ops = append(ops, Op{Kind: OpAddRule, Family: f, Chain: want.Name, Rule: r})
 	}
 	return ops
+}
+
+// unorderedChanges is the plan from a chain whose rules from index head
+// to n (at) hold the rules was, as a multiset, to one holding want
+// instead: was and want are compared between their common head and tail
+// (a Join adds one rule among a thousand), and only the rules that leave
+// are looked up in the chain for their handles. ok is false when one of
+// those has no handle or is not there (the caller compares everything).
+func unorderedChanges(f Family, chain string, head, n int, at func(int) *Rule, was, want []Rule) ([]Op, bool) {
+	i := 0
+	for i < len(was) && i < len(want) && was[i].Text(f) == want[i].Text(f) {
+		i++
+	}
+	j := 0
+	for j < len(was)-i && j < len(want)-i && was[len(was)-1-j].Text(f) == want[len(want)-1-j].Text(f) {
+		j++
+	}
+	gone, added := ruleMultisetChanges(f, was[i:len(was)-j], want[i:len(want)-j])
+	var ops []Op
+	var dels []Rule
+	taken := map[int]bool{}
+	for _, r := range gone {
+		k, text := head, r.Text(f)
+		for ; k < n; k++ {
+			if !taken[k] && at(k).Text(f) == text {
+				break
+			}
+		}
+		if k == n || at(k).Handle == 0 {
+			return nil, false
+		}
+		taken[k] = true
+		dels = append(dels, *at(k))
+	}
+	slices.SortFunc(dels, func(a, b Rule) int { return cmpHandle(a.Handle, b.Handle) })
+	for _, r := range dels {
+		ops = append(ops, Op{Kind: OpDelRule, Family: f, Chain: chain, Rule: r})
+	}
+	slices.SortFunc(added, func(a, b Rule) int { return strings.Compare(a.Text(f), b.Text(f)) })
+	for _, r := range added {
+		ops = append(ops, Op{Kind: OpAddRule, Family: f, Chain: chain, Rule: r})
+	}
+	return ops, true
+}
+
+func cmpHandle(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// ruleMultisetChanges are the rules of a not in b (gone) and of b not in
+// a (added), by text, counting repeats.
+func ruleMultisetChanges(f Family, a, b []Rule) (gone, added []Rule) {
+	count := make(map[string]int, len(a))
+	for _, r := range a {
+		count[r.Text(f)]++
+	}
+	for _, r := range b {
+		if t := r.Text(f); count[t] > 0 {
+			count[t]--
+			continue
+		}
+		added = append(added, r)
+	}
+	for _, r := range a {
+		if t := r.Text(f); count[t] > 0 {
+			count[t]--
+			gone = append(gone, r)
+		}
+	}
+	return gone, added
+}
+
+// byName indexes xs by name (the first of a name, as Table.Set and
+// Table.Chain find): a table's lookups in a map, not a scan each.
+func byName[T any](xs []T, name func(T) string) map[string]T {
+	m := make(map[string]T, len(xs))
+	for _, x := range xs {
+		if _, dup := m[name(x)]; !dup {
+			m[name(x)] = x
+		}
+	}
+	return m
+}
+
+// sameSlice: a and b are the very same elements (the same array and
+// length), which says they are equal without comparing them.
+func sameSlice[T any](a, b []T) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // setChanges are the elements that leave (gone) and come (added) from cur

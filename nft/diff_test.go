@@ -147,7 +147,7 @@ func TestDiffChainMultiset(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ops := diffChain(IPv4, Chain{Name: "c", Rules: tc.cur}, Chain{Name: "c", Rules: []Rule{head}, Unordered: tc.want})
+			ops := diffChain(IPv4, Chain{Name: "c", Rules: tc.cur}, Chain{Name: "c", Rules: []Rule{head}, Unordered: tc.want}, nil)
 			var deleted []uint64
 			added, flushed := 0, false
 			for _, op := range ops {

@@ -15,6 +15,19 @@ import (
 //
 // cur is not changed: the chains and sets ops touch are copied.
 func AfterOps(cur Ruleset, ops []Op, handles map[int]uint64) (Ruleset, bool) {
+	return afterOps(cur, ops, handles, nil, false)
+}
+
+// afterOps is AfterOps knowing more of ops, for Conn, which derives each
+// known state once:
+//   - want (nil: unknown) is the Ruleset ops are the plan to: a set whose
+//     elements the change makes exactly want's (checked, without copying)
+//     takes want's slice, which nobody changes, instead of a copy;
+//   - derivedOnce: cur will not be derived from again, so a rule added to
+//     one of its chains is appended in place. The arrays are shared, but
+//     every Ruleset holding one sees only its own length, and a deletion
+//     still copies.
+func afterOps(cur Ruleset, ops []Op, handles map[int]uint64, want *Ruleset, derivedOnce bool) (Ruleset, bool) {
 	tables := map[Family]*Table{}
 	var order []Family
 	for _, t := range cur.Tables {
@@ -42,11 +55,11 @@ func AfterOps(cur Ruleset, ops []Op, handles map[int]uint64) (Ruleset, bool) {
 			order = slices.DeleteFunc(order, func(f Family) bool { return f == op.Family })
 			delete(copiedChain, op.Family)
 		case OpAddSet, OpDelSet, OpFlushSet, OpAddElements, OpDelElements:
-			if !applySetOp(t, op) {
+			if !applySetOp(t, op, wantedSet(want, op)) {
 				return Ruleset{}, false
 			}
 		case OpAddChain, OpDelChain, OpFlushChain, OpAddRule, OpDelRule:
-			if !applyChainOp(t, op, copiedChain, handles[i]) {
+			if !applyChainOp(t, op, copiedChain, handles[i], derivedOnce) {
 				return Ruleset{}, false
 			}
 		default:
@@ -132,6 +145,11 @@ func changedSet(op Op, s Set) (Set, bool) {
 // canonicalSet is s with more elements, canonical as Dump reads them
 // (sorted addresses, merged ranges, sorted names).
 func canonicalSet(f Family, s Set, more []string) (Set, bool) {
+	if len(more) <= fewElements && len(s.Elements) > 0 && !s.Interval {
+		// A Join adds an element or two to a set of a thousand: put them
+		// in place rather than sort and format the whole set again.
+		return insertElements(f, s, more)
+	}
 	all := append(slices.Clone(s.Elements), more...)
 	switch {
 	case s.Type == SetIfname:
@@ -161,8 +179,113 @@ func canonicalSet(f Family, s Set, more []string) (Set, bool) {
 	return s, true
 }
 
-// applySetOp is AfterOps for an operation on a set of t.
-func applySetOp(t *Table, op Op) bool {
+// fewElements is how many added elements canonicalSet inserts one by one
+// into a set already canonical.
+const fewElements = 8
+
+// insertElements is canonicalSet of a set that is not an interval set
+// and holds elements (canonical, as Dump read or canonicalSet made them):
+// each new element is put at its place by binary search.
+func insertElements(f Family, s Set, more []string) (Set, bool) {
+	elems := slices.Clone(s.Elements)
+	for _, e := range more {
+		switch s.Type {
+		case SetIfname:
+			if i, found := slices.BinarySearch(elems, e); !found {
+				elems = slices.Insert(elems, i, e)
+			}
+		case SetAddr:
+			a, err := netip.ParseAddr(e)
+			if err != nil || FamilyOf(a) != f {
+				return s, false
+			}
+			a = a.Unmap()
+			bad := false
+			i, found := slices.BinarySearchFunc(elems, a, func(el string, a netip.Addr) int {
+				b, err := netip.ParseAddr(el)
+				if err != nil {
+					bad = true
+					return 0
+				}
+				return b.Compare(a)
+			})
+			if bad {
+				return s, false
+			}
+			if !found {
+				elems = slices.Insert(elems, i, a.String())
+			}
+		default:
+			return s, false
+		}
+	}
+	s.Elements = elems
+	return s, true
+}
+
+// wantedSet is want's set that op changes (nil: none).
+func wantedSet(want *Ruleset, op Op) *Set {
+	if want == nil {
+		return nil
+	}
+	t, ok := want.Table(op.Family)
+	if !ok {
+		return nil
+	}
+	for i := range t.Sets {
+		if t.Sets[i].Name == op.Set.Name {
+			return &t.Sets[i]
+		}
+	}
+	return nil
+}
+
+// becomes says whether adding (or, del, deleting) the elements changes
+// of the set elements has leaves exactly the elements of to, each in its
+// place: a merge of the two lists, without building the result.
+func becomes(has, changes, to []string, del bool) bool {
+	in := make(map[string]bool, len(changes))
+	for _, e := range changes {
+		in[e] = true
+	}
+	i := 0
+	if del {
+		for _, e := range has {
+			if in[e] {
+				continue
+			}
+			if i >= len(to) || to[i] != e {
+				return false
+			}
+			i++
+		}
+		return i == len(to)
+	}
+	seen := make(map[string]bool, len(changes))
+	for _, e := range to {
+		switch {
+		case i < len(has) && has[i] == e:
+			i++
+		case in[e]:
+		default:
+			return false
+		}
+		seen[e] = true
+	}
+	if i != len(has) {
+		return false
+	}
+	for _, e := range changes {
+		if !seen[e] {
+			return false
+		}
+	}
+	return true
+}
+
+// applySetOp is AfterOps for an operation on a set of t; want (nil: none)
+// is the set the plan makes of it.
+func applySetOp(t *Table, op Op, want *Set) bool {
 	switch op.Kind {
 	case OpAddSet:
 		if _, ok := t.Set(op.Set.Name); ok {
@@ -181,6 +304,12 @@ func applySetOp(t *Table, op Op) bool {
 		if j < 0 {
 			return false
 		}
+		if s := t.Sets[j]; want != nil && !s.Interval && len(want.Elements) > 0 && op.Kind != OpFlushSet && s.Type == want.Type &&
+			becomes(s.Elements, op.Set.Elements, want.Elements, op.Kind == OpDelElements) {
+			s.Elements = want.Elements
+			t.Sets[j] = s
+			return true
+		}
 		s, ok := changedSet(op, t.Sets[j])
 		if !ok {
 			return false
@@ -193,7 +322,7 @@ func applySetOp(t *Table, op Op) bool {
 // applyChainOp is AfterOps for an operation on a chain of t; copied are
 // the chains whose rule slices AfterOps owns already, handle the kernel's
 // handle of an added rule.
-func applyChainOp(t *Table, op Op, copied map[Family]map[string]bool, handle uint64) bool {
+func applyChainOp(t *Table, op Op, copied map[Family]map[string]bool, handle uint64, derivedOnce bool) bool {
 	switch op.Kind {
 	case OpAddChain:
 		if _, ok := t.Chain(op.ChainDef.Name); !ok {
@@ -209,6 +338,9 @@ func applyChainOp(t *Table, op Op, copied map[Family]map[string]bool, handle uin
 			return false
 		}
 		c := &t.Chains[j]
+		if derivedOnce && op.Kind == OpAddRule && len(c.Unordered) == 0 {
+			return changeRules(c, op, handle) // appends (see afterOps)
+		}
 		if !copied[op.Family][op.Chain] {
 			c.Rules, c.Unordered = slices.Clone(c.Rules), nil
 			mark(copied, op.Family, op.Chain)

@@ -92,8 +92,47 @@ type incrementalCalc struct {
 // passMemo is what the Calculator keeps from one computation to the next
 // (none in Desired: everything is built for the one computation).
 type passMemo struct {
-	rules ruleMemo
-	plan  planMemo
+	plan planMemo
+	// locals is each family's localsPart, and changed the interface names
+	// whose endpoint changed since the parts were last brought up to date.
+	locals  map[Family]*localsPart
+	changed map[string]bool
+	chains  map[Family]*chainMemo
+}
+
+// chainMemo is family f's chain memo under plan (nil without a memo).
+func (m *passMemo) chainMemo(f Family, plan policyPlan) *chainMemo {
+	if m == nil {
+		return nil
+	}
+	cm := chainMemoFor(m.chains[f], plan.gen())
+	m.chains[f] = cm
+	return cm
+}
+
+// localsPart is the part of family f's table that locals (sorted by
+// interface name) make under plan: the one kept, brought up to date with
+// the interfaces changed, or built anew when the plan changed; without a
+// memo (Desired), built for this computation.
+func (m *passMemo) localsPart(f Family, plan policyPlan, locals []localEndpoint) *localsPart {
+	if m == nil {
+		return buildLocalsPart(f, plan, locals, nil)
+	}
+	p := m.locals[f]
+	if p == nil || p.gen != plan.gen() {
+		p = buildLocalsPart(f, plan, locals, p)
+		m.locals[f] = p
+		return p
+	}
+	p.update(plan, locals, m.changed)
+	return p
+}
+
+// taken: every family's part took the changes.
+func (m *passMemo) taken() {
+	if m != nil {
+		clear(m.changed)
+	}
 }
 
 // records is one small kind's decoded records by key, and their list in
@@ -153,7 +192,7 @@ func newIncrementalCalc(node string, ipv6 bool, fs Failsafe) *incrementalCalc {
 		localWarning: map[string]string{},
 		conflicts:    map[string][]string{},
 		selectors:    newSelectorIndex(),
-		memo:         passMemo{rules: ruleMemo{}},
+		memo:         passMemo{locals: map[Family]*localsPart{}, changed: map[string]bool{}, chains: map[Family]*chainMemo{}},
 	}
 }
 
@@ -219,13 +258,7 @@ func (c *incrementalCalc) CompleteDeferredWork() (Ruleset, []string) {
 	st := State{Node: c.node, IPv6: c.ipv6, Failsafe: c.failsafe,
 		Pools: c.pools.list(), Networks: c.networks.list(), Nodes: c.nodes.list(),
 		Policies: c.policies.list(), HostEndpoints: c.heps.list(), NetworkSets: c.networkSets.list()}
-	locals := c.locals
-	// The memo forgets the endpoints gone (and their old targets) once it
-	// holds far more than the endpoints' rules.
-	if len(c.memo.rules) > 4*len(locals)+64 {
-		clear(c.memo.rules)
-	}
-	rs, more := desiredFrom(st, locals, c.memberElements, &c.memo, c.selectors)
+	rs, more := desiredFrom(st, c.locals, c.memberElements, &c.memo, c.selectors)
 	c.selectors.sweep()
 	return rs, append(c.warnings(), more...)
 }
@@ -368,6 +401,7 @@ func (ms *memberSet) add(a netip.Addr, n int) {
 
 // takeIfname decides which claimant of an interface name gets its rules.
 func (c *incrementalCalc) takeIfname(ifname string) {
+	c.memo.changed[ifname] = true
 	keys := sortedKeys(c.claimants[ifname])
 	delete(c.conflicts, ifname)
 	delete(c.localWarning, ifname)

@@ -11,6 +11,7 @@ import (
 	"github.com/calico-cnm/calico-cnm/datastore"
 	"github.com/calico-cnm/calico-cnm/internal/retry"
 	"github.com/calico-cnm/calico-cnm/ipam"
+	"github.com/calico-cnm/calico-cnm/nft"
 	"github.com/calico-cnm/calico-cnm/policy/api"
 )
 
@@ -182,22 +183,35 @@ func prefixOf(key string) string {
 func TestCalculatorMatchesDesired(t *testing.T) {
 	for seed := uint64(1); seed <= 40; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			g := newCalcGen(t, seed)
-			s, err := NewSyncer(Config{Store: &datastore.Store{}, Node: "h1", Dataplane: &fakeDataplane{}, IPv6: seed%2 == 0})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ss := &syncState{records: map[string]map[string][]byte{}, loaded: map[string]bool{}, delay: retry.New(retry.Standard()), warned: map[string]bool{}}
-			for _, p := range followed {
-				ss.merge(s, update{prefix: p, snapshot: map[string][]byte{}, rev: 1})
-			}
+			g, s, ss := startCalcGen(t, seed)
 			for burst := 0; burst < 60; burst++ {
-				for n := g.r.IntN(4) + 1; n > 0; n-- {
-					g.step(s, ss)
-				}
+				g.burst(s, ss)
 				checkCalc(t, s, ss, fmt.Sprintf("burst %d", burst))
 			}
 		})
+	}
+}
+
+// startCalcGen is seed's generator and a syncer (IPv6 on even seeds)
+// whose intake has read every kind once, empty.
+func startCalcGen(t *testing.T, seed uint64) (*calcGen, *Syncer, *syncState) {
+	t.Helper()
+	g := newCalcGen(t, seed)
+	s, err := NewSyncer(Config{Store: &datastore.Store{}, Node: "h1", Dataplane: &fakeDataplane{}, IPv6: seed%2 == 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss := &syncState{records: map[string]map[string][]byte{}, loaded: map[string]bool{}, delay: retry.New(retry.Standard()), warned: map[string]bool{}}
+	for _, p := range followed {
+		ss.merge(s, update{prefix: p, snapshot: map[string][]byte{}, rev: 1})
+	}
+	return g, s, ss
+}
+
+// burst makes one to four random changes through ss's intake.
+func (g *calcGen) burst(s *Syncer, ss *syncState) {
+	for n := g.r.IntN(4) + 1; n > 0; n-- {
+		g.step(s, ss)
 	}
 }
 
@@ -256,14 +270,20 @@ func checkCalc(t *testing.T, s *Syncer, ss *syncState, when string) {
 }
 
 // withoutText is rs without the rules' cached nft text (rendered once
-// and kept by whoever memoises rules): the rules as such are compared.
+// and kept by whoever memoises rules), each chain's unordered rules in
+// the order nft writes them (the Calculator appends a dispatch chain's
+// drops in the order endpoints come): the rules as such are compared.
 func withoutText(rs Ruleset) Ruleset {
 	var out Ruleset
 	for _, t := range rs.Tables {
 		nt := t
 		nt.Chains = make([]Chain, len(t.Chains))
 		for i, c := range t.Chains {
-			c.Rules, c.Unordered = plainRules(c.Rules), plainRules(c.Unordered)
+			un := nft.ChainRules(Chain{Unordered: c.Unordered})
+			if c.Unordered == nil {
+				un = nil
+			}
+			c.Rules, c.Unordered = plainRules(c.Rules), plainRules(un)
 			nt.Chains[i] = c
 		}
 		out.Tables = append(out.Tables, nt)

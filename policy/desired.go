@@ -261,10 +261,9 @@ func desiredFrom(st State, locals []localEndpoint, memberElems func(key string, 
 	vteps, vtepWarnings := vtepAddrs(st.Nodes)
 	warnings = append(warnings, vtepWarnings...)
 
-	var rules ruleMemo
 	var pm *planMemo
 	if memo != nil {
-		rules, pm = memo.rules, &memo.plan
+		pm = &memo.plan
 	}
 	plan, pw := planPolicies(st, locals, pm)
 	plan.index = index
@@ -277,9 +276,11 @@ func desiredFrom(st State, locals []localEndpoint, memberElems func(key string, 
 	}
 	var rs Ruleset
 	for _, f := range families {
-		t := desiredTable(f, locals, memberElems, rules, pools[f], natPools[f], hosts[f], vteps[f], plan, heps, st.Failsafe, clusterOf(st))
+		part := memo.localsPart(f, plan, locals)
+		t := desiredTable(f, locals, part, memo.chainMemo(f, plan), memberElems, pools[f], natPools[f], hosts[f], vteps[f], plan, heps, st.Failsafe, clusterOf(st))
 		rs.Tables = append(rs.Tables, t)
 	}
+	memo.taken()
 	rs.Tables[0].Chains = append(rs.Tables[0].Chains, vxlanChains(st.Pools)...) // IPv4 only, as VXLAN
 	return rs, warnings
 }
@@ -430,44 +431,11 @@ func nodeAddrs(nodes []datastore.Node, what string, field func(datastore.Node) s
 	return out, warnings
 }
 
-func desiredTable(f Family, locals []localEndpoint, memberElems func(key string, f Family) []string, memo ruleMemo, pools, natPools []netip.Prefix, hosts, vteps []netip.Addr, plan policyPlan, heps []api.HostEndpoint, fs Failsafe, cl clusterTraffic) Table {
-	pt := newPolicyTable(f, plan, memo)
+func desiredTable(f Family, locals []localEndpoint, part *localsPart, chains *chainMemo, memberElems func(key string, f Family) []string, pools, natPools []netip.Prefix, hosts, vteps []netip.Addr, plan policyPlan, heps []api.HostEndpoint, fs Failsafe, cl clusterTraffic) Table {
+	pt := newPolicyTable(f, plan, chains)
 	t := Table{Family: f, Sets: fixedSets(locals, pools, natPools, hosts, vteps), Chains: []Chain{natChain()}}
 	forward := forwardChain()
-	netSets := map[string]bool{}
-	setOf := map[string]string{} // network key -> its set's name
-	var jumps jumpGroups
-	type chainNames struct{ in, out, network string }
-	names := map[string]chainNames{} // network id -> its chains' names, once per network
-	for _, l := range locals {
-		cn, seen := names[l.network.ID]
-		if !seen {
-			cn = chainNames{in: IngressChainName(l.network.ID), out: EgressChainName(l.network.ID), network: networkDisplayName(l.network)}
-			names[l.network.ID] = cn
-		}
-		name := cn.network
-		js, n := endpointJumps(pt, l, cn.in, cn.out)
-		for _, j := range js[:n] {
-			jumps.add(j, l.ep.HostIfName, name)
-		}
-		set, ok := setOf[l.key]
-		if !ok {
-			set = NetworkSetName(l.key)
-			setOf[l.key] = set
-		}
-		if l.policy.Isolated && !netSets[set] {
-			netSets[set] = true
-			t.Sets = append(t.Sets, Set{Name: set, Type: SetAddr, Elements: memberElems(l.key, f), Comment: "members of " + l.key})
-		}
-		if seen {
-			continue // its network's chains are there
-		}
-		t.Chains = append(t.Chains, ingressChain(cn.in, set, name, l.policy, len(vteps) > 0))
-		if l.policy.Isolated {
-			t.Chains = append(t.Chains, egressChain(cn.out, set, name))
-		}
-	}
-	jumps.addTo(f, &t, &forward)
+	part.emit(pt, &t, &forward, memberElems, len(vteps) > 0)
 	pt.hostChains(&t, &forward, heps, fs, cl)
 	t.Chains = append(t.Chains, forward)
 	pt.finish(&t)
@@ -554,33 +522,9 @@ const (
 	viaFailClosed                 // its labels are unknown while policies exist
 )
 
-// endpointJumps are where an endpoint's traffic (from it, then to it)
-// goes: its network's chains in and out, unless a policy selects the
-// endpoint for a direction: that policy's dispatch chain replaces the
-// network's chain, which is then its profile (Pass). It returns them in
-// an array (n of them): it runs for every local endpoint at every change.
-func endpointJumps(pt *policyTable, l localEndpoint, in, out string) (jumps [2]endpointJump, n int) {
-	outProfile := ""
-	if l.policy.Isolated {
-		outProfile = out
-	}
-	if j, ok := pt.endpointJump(l, api.Egress, outProfile); ok {
-		jumps[n], n = j, n+1
-	} else if l.policy.Isolated {
-		jumps[n], n = endpointJump{dir: api.Egress, target: out}, n+1
-	}
-	if j, ok := pt.endpointJump(l, api.Ingress, in); ok {
-		jumps[n] = j
-	} else {
-		jumps[n] = endpointJump{dir: api.Ingress, target: in}
-	}
-	return jumps, n + 1
-}
-
-// jumpGroups gathers the interfaces of the endpoints by jump, in the
-// order the jumps were first seen.
+// jumpGroups are the interfaces of the endpoints by jump, in the order
+// the jumps were first seen (localsPart.emit).
 type jumpGroups struct {
-	index  map[endpointJump]int
 	groups []jumpGroup
 }
 
@@ -588,21 +532,6 @@ type jumpGroup struct {
 	endpointJump
 	network string // the first endpoint's network, for viaNetwork's comment
 	ifnames []string
-}
-
-// add puts ifname, of network, in j's group; the interfaces come sorted
-// (locals are).
-func (g *jumpGroups) add(j endpointJump, ifname, network string) {
-	if g.index == nil {
-		g.index = map[endpointJump]int{}
-	}
-	i, ok := g.index[j]
-	if !ok {
-		i = len(g.groups)
-		g.index[j] = i
-		g.groups = append(g.groups, jumpGroup{endpointJump: j, network: network})
-	}
-	g.groups[i].ifnames = append(g.groups[i].ifnames, ifname)
 }
 
 // addTo adds each group's interface set to t and its jump to forward.

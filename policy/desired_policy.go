@@ -158,6 +158,9 @@ type selection struct {
 	ingressList, egressList int
 }
 
+// gen is the generation of the plan's selections (planMemo.gen).
+func (p policyPlan) gen() uint64 { return p.selections.gen }
+
 func (s *selection) of(dir api.PolicyType) ([]int, int) {
 	if dir == api.Egress {
 		return s.egress, s.egressList
@@ -172,6 +175,9 @@ func (s *selection) of(dir api.PolicyType) ([]int, int) {
 // selector for every endpoint at every change was the largest part of a
 // Join's work.
 type planMemo struct {
+	// gen counts the compilations: what was computed from a selection
+	// (localsPart) is good while gen stays.
+	gen      uint64
 	policies []api.GlobalNetworkPolicy
 	compiled []compiledPolicy
 	warnings []string
@@ -196,6 +202,7 @@ func (m *planMemo) compile(ps []api.GlobalNetworkPolicy, endpoints int) {
 		}
 		return
 	}
+	m.gen++
 	m.policies = ps
 	m.compiled, m.warnings = compilePolicies(ps)
 	if m.compiled == nil {
@@ -320,47 +327,54 @@ type policyTable struct {
 	// dispatch memoises the dispatch chain of a (direction, profile,
 	// policy list).
 	dispatch map[dispatchKey]string
-	// rulesMemo: see ruleMemo; nil in Desired.
-	rulesMemo ruleMemo
+	// memo keeps the rules of the policy and dispatch chains from one
+	// computation to the next (nil: Desired builds them each time).
+	memo *chainMemo
+	// using, while a policy chain is built for memo, collects the sets
+	// its rules look up.
+	using *[]usedSet
 }
 
-func newPolicyTable(f Family, plan policyPlan, memo ruleMemo) *policyTable {
-	return &policyTable{f: f, plan: plan, sets: map[string]Set{}, chains: map[string]Chain{}, dispatch: map[dispatchKey]string{}, rulesMemo: memo}
+func newPolicyTable(f Family, plan policyPlan, memo *chainMemo) *policyTable {
+	return &policyTable{f: f, plan: plan, sets: map[string]Set{}, chains: map[string]Chain{}, dispatch: map[dispatchKey]string{}, memo: memo}
 }
 
-// endpointJump is where a local endpoint's traffic in direction dir goes
-// when policies select it, or false when the network's own chains apply.
-// profile is the network's chain for the direction ("" when it has none:
-// everything returns).
-func (pt *policyTable) endpointJump(l localEndpoint, dir api.PolicyType, profile string) (endpointJump, bool) {
-	if len(pt.plan.policies) == 0 {
-		return endpointJump{}, false
+// chainMemo is one family's policy chains and dispatch chain heads as
+// computed under one plan generation (policyPlan.gen): they are functions
+// of the policies alone, so the Calculator hands out the very same rules
+// until a policy changes, and nft.DiffFrom passes over them. Only the
+// contents of the sets the rules look up (the endpoints a rule selector
+// picks) are computed at every change.
+type chainMemo struct {
+	gen      uint64
+	policies map[policyDir]memoPolicyChain
+	heads    map[dispatchKey][]Rule
+}
+
+type policyDir struct {
+	name string
+	dir  api.PolicyType
+}
+
+type memoPolicyChain struct {
+	rules []Rule
+	sets  []usedSet
+}
+
+// usedSet is a set a policy chain's rules look up: a nets set (set, whose
+// contents are the rule's) or a rule selector's (computed again each time).
+type usedSet struct {
+	set      Set
+	selector string
+	exclude  bool
+}
+
+// chainMemoFor is m's memo for generation gen, or a new one.
+func chainMemoFor(m *chainMemo, gen uint64) *chainMemo {
+	if m != nil && m.gen == gen {
+		return m
 	}
-	if pt.plan.selections.failsClosed(l, dir) {
-		target := dispatchChainName(dir, "fail-closed")
-		pt.chains[target] = Chain{Name: target, Rules: []Rule{{Verdict: Drop, Comment: "endpoint labels unknown: fail closed while policies exist"}}}
-		return endpointJump{dir: dir, target: target, via: viaFailClosed}, true
-	}
-	sel := pt.plan.selections.selectionOf(l)
-	if sel == nil {
-		return endpointJump{}, false
-	}
-	idx, list := sel.of(dir)
-	if len(idx) == 0 {
-		return endpointJump{}, false
-	}
-	key := dispatchKey{dir: dir, profile: profile, list: list}
-	target, done := pt.dispatch[key]
-	if !done {
-		target = pt.dispatchChain(key, idx)
-	}
-	// The dispatch chain ends with one drop per endpoint using it (see
-	// markDeny), after its ordered rules: a drop is no jump, so adding it
-	// does not make the kernel validate the table's jumps.
-	c := pt.chains[target]
-	c.Unordered = append(c.Unordered, pt.rulesMemo.deniedRule(pt.f, l, dir))
-	pt.chains[target] = c
-	return endpointJump{dir: dir, target: target, via: viaPolicies}, true
+	return &chainMemo{gen: gen, policies: map[policyDir]memoPolicyChain{}, heads: map[dispatchKey][]Rule{}}
 }
 
 // dispatchKey identifies a dispatch chain by what it is built from: list
@@ -374,13 +388,22 @@ type dispatchKey struct {
 // dispatchChain builds the dispatch chain of a (direction, profile,
 // policy list) and returns its name.
 func (pt *policyTable) dispatchChain(key dispatchKey, idx []int) string {
-	dir, profile := key.dir, key.profile
-	var names []string
-	for _, i := range idx {
-		names = append(names, pt.plan.policies[i].Metadata.Name)
+	if target, done := pt.dispatch[key]; done {
+		return target
 	}
+	dir, profile := key.dir, key.profile
+	names := policyNames(pt.plan, idx)
 	target := dispatchChainName(dir, profile+"|"+strings.Join(names, ","))
 	pt.dispatch[key] = target
+	if pt.memo != nil {
+		if head, ok := pt.memo.heads[key]; ok {
+			for _, i := range idx {
+				pt.policyChain(pt.plan.policies[i], dir)
+			}
+			pt.chains[target] = Chain{Name: target, Rules: head}
+			return target
+		}
+	}
 	c := Chain{Name: target}
 	c.Rules = append(c.Rules, Rule{ClearMark: markBits, Verdict: Continue, Comment: nft.ClipComment("policies " + strings.Join(names, ", "))})
 	for n, i := range idx {
@@ -398,37 +421,47 @@ func (pt *policyTable) dispatchChain(key dispatchKey, idx []int) string {
 	}
 	// No rule decided, or a Deny did: the endpoints' drops (Unordered).
 	c.Rules = append(c.Rules, pass)
+	if pt.memo != nil {
+		c.Rules = withText(pt.f, c.Rules)
+		pt.memo.heads[key] = c.Rules
+	}
 	pt.chains[target] = c
 	return target
 }
 
-// deniedKey is what a policy-selected endpoint's drop is built from.
-type deniedKey struct {
-	f          Family
-	dir        api.PolicyType
-	id, ifname string
+// withText is rules with their nft text rendered and kept (what a
+// memoised chain's rules are compared by).
+func withText(f Family, rules []Rule) []Rule {
+	for i := range rules {
+		rules[i] = rules[i].WithText(f)
+	}
+	return rules
 }
 
-// ruleMemo keeps the rendered drops of policy-selected endpoints from one
-// computation to the next (the Calculator's): building them was most of
-// a change's work with policies selecting a thousand endpoints. A nil
-// ruleMemo (Desired) builds them each time.
-type ruleMemo map[deniedKey]Rule
+// failClosedKey names the dispatch chains (one per direction) of the
+// endpoints whose labels are unknown while policies exist.
+const failClosedKey = "fail-closed"
+
+// policyNames are the names of the plan's policies at idx.
+func policyNames(plan policyPlan, idx []int) []string {
+	names := make([]string, 0, len(idx))
+	for _, i := range idx {
+		names = append(names, plan.policies[i].Metadata.Name)
+	}
+	return names
+}
+
+// dispatchTarget is the name of the dispatch chain of key (idx: its
+// policies), as dispatchChain builds it.
+func dispatchTarget(plan policyPlan, key dispatchKey, idx []int) string {
+	return dispatchChainName(key.dir, key.profile+"|"+strings.Join(policyNames(plan, idx), ","))
+}
 
 // deniedRule is the endpoint's drop at the end of its dispatch chain:
 // what no policy allowed, counted per endpoint (Counters).
-func (m ruleMemo) deniedRule(f Family, l localEndpoint, dir api.PolicyType) Rule {
-	key := deniedKey{f: f, dir: dir, id: l.ep.ID, ifname: l.ep.HostIfName}
-	if r, ok := m[key]; ok {
-		return r
-	}
+func deniedRule(f Family, l localEndpoint, dir api.PolicyType) Rule {
 	match := Match{Kind: MatchIfname, In: dir == api.Egress, Value: l.ep.HostIfName}
-	denied := Rule{Matches: []Match{match}, Verdict: Drop, Comment: DeniedComment(dir, l.ep.ID)}
-	if m != nil {
-		denied = denied.WithText(f)
-		m[key] = denied
-	}
-	return denied
+	return Rule{Matches: []Match{match}, Verdict: Drop, Comment: DeniedComment(dir, l.ep.ID)}.WithText(f)
 }
 
 // policyChain builds (once) the chain of p's rules for dir.
@@ -437,6 +470,22 @@ func (pt *policyTable) policyChain(p compiledPolicy, dir api.PolicyType) string 
 	if _, done := pt.chains[name]; done {
 		return name
 	}
+	key := policyDir{name: p.Metadata.Name, dir: dir}
+	if pt.memo != nil {
+		if m, ok := pt.memo.policies[key]; ok {
+			for _, u := range m.sets {
+				if u.set.Name != "" {
+					pt.sets[u.set.Name] = u.set
+				} else {
+					pt.selectorSet(u.selector, u.exclude)
+				}
+			}
+			pt.chains[name] = Chain{Name: name, Rules: m.rules}
+			return name
+		}
+		pt.using = &[]usedSet{}
+		defer func() { pt.using = nil }()
+	}
 	rules := p.Spec.Ingress
 	if dir == api.Egress {
 		rules = p.Spec.Egress
@@ -444,6 +493,10 @@ func (pt *policyTable) policyChain(p compiledPolicy, dir api.PolicyType) string 
 	c := Chain{Name: name}
 	for i, r := range rules {
 		c.Rules = append(c.Rules, pt.rules(p.Metadata.Name, dir, i, r)...)
+	}
+	if pt.memo != nil {
+		c.Rules = withText(pt.f, c.Rules)
+		pt.memo.policies[key] = memoPolicyChain{rules: c.Rules, sets: *pt.using}
 	}
 	pt.chains[name] = c
 	return name
@@ -555,6 +608,9 @@ func (pt *policyTable) netsSet(nets []string) (string, bool) {
 	elems := nft.IntervalElements(ps)
 	name := netsSetPrefix + hashName(strings.Join(elems, ","))
 	pt.sets[name] = Set{Name: name, Type: SetAddr, Interval: true, Elements: elems, Comment: "nets " + strings.Join(elems, ",")}
+	if pt.using != nil {
+		*pt.using = append(*pt.using, usedSet{set: pt.sets[name]})
+	}
 	return name, true
 }
 
@@ -564,6 +620,9 @@ func (pt *policyTable) netsSet(nets []string) (string, bool) {
 // networks. For a notSelector (exclude) it also holds the endpoints whose
 // labels are unknown: they match no selector, not even a negated one.
 func (pt *policyTable) selectorSet(sel string, exclude bool) string {
+	if pt.using != nil {
+		*pt.using = append(*pt.using, usedSet{selector: sel, exclude: exclude})
+	}
 	s := selector.MustParse(sel) // checked by compilePolicies
 	name := RuleSelectorSetName(s, exclude)
 	if _, done := pt.sets[name]; done {

@@ -296,3 +296,36 @@ func TestRenderMatchesFmt(t *testing.T) {
 		}
 	}
 }
+
+// TestDiffFromFollowsTheCalculator: random changes through the
+// Calculator, each Ruleset it hands out planned with nft.DiffFrom against
+// the previous one (which skips the chains handed out unchanged and
+// compares only what differs in the others) and applied to a model of the
+// kernel (nft.AfterOps): the model is always exactly the Ruleset, as a
+// plan against the whole tables (Diff) finds. It fails if the Calculator
+// changed a slice it handed out, or if DiffFrom missed a change.
+func TestDiffFromFollowsTheCalculator(t *testing.T) {
+	for seed := uint64(1); seed <= 30; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			g, s, ss := startCalcGen(t, seed)
+			var kernel Ruleset
+			var applied *Ruleset
+			next := uint64(1)
+			for burst := 0; burst < 60; burst++ {
+				g.burst(s, ss)
+				want, _ := ss.calculator(s).CompleteDeferredWork()
+				ops := nft.DiffFrom(TableName, kernel, applied, want)
+				handles := handlesFrom(ops, next)
+				next += uint64(len(handles))
+				after, ok := nft.AfterOps(kernel, ops, handles)
+				if !ok {
+					t.Fatalf("burst %d: AfterOps cannot follow the plan %v", burst, ops)
+				}
+				if rest := Diff(after, want); len(rest) > 0 {
+					t.Fatalf("burst %d: after DiffFrom's plan the tables still differ from the Ruleset: %v\nplan: %v", burst, rest, ops)
+				}
+				kernel, applied = after, &want
+			}
+		})
+	}
+}

@@ -468,3 +468,32 @@ spec:
 	}
 	checkInSync(t, n, without)
 }
+
+// TestCalculatorApplyFollowsKernel: random changes through the
+// Calculator, each Ruleset applied to a throw-away namespace's kernel by
+// NFT, which plans against what it applied last (nft.DiffFrom) and keeps
+// the kernel's state without reading it back (appending added rules in
+// place, taking the Ruleset's set elements): after every change the
+// kernel holds exactly the Ruleset, and what NFT remembers is the kernel's.
+func TestCalculatorApplyFollowsKernel(t *testing.T) {
+	requireNetns(t)
+	for seed := uint64(1); seed <= 6; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			ns := newNetns(t, "cnmpk-")
+			n, err := NewNFT("/var/run/netns/"+ns, quiet())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer n.Close()
+			g, s, ss := startCalcGen(t, seed)
+			for burst := 0; burst < 40; burst++ {
+				g.burst(s, ss)
+				want, _ := ss.calculator(s).CompleteDeferredWork()
+				if _, err := n.Apply(context.Background(), want); err != nil {
+					t.Fatalf("burst %d: %v", burst, err)
+				}
+				checkInSync(t, n, want)
+			}
+		})
+	}
+}
