@@ -1,6 +1,9 @@
 package datastore
 
 import (
+	"fmt"
+	"slices"
+	"strings"
 	"sync/atomic"
 
 	"github.com/sirupsen/logrus"
@@ -38,11 +41,33 @@ var etcdStopNoise = [...]string{
 // socket, nothing else to open), so the line is logged at debug.
 const etcdSinglePort = "Running http and grpc server on single port. This is not recommended for production."
 
+// etcdSchemaRace are the lines etcd's storage-version monitor logs when
+// it reads the backend before the member's first commit wrote the raft
+// term (or membership) there: a race of a member's first seconds, the
+// more likely on a busy host, which the monitor's next round (a few
+// seconds on) gets past. Logged at debug when the error is that one.
+var etcdSchemaRace = [...]string{
+	"Failed to detect schema version",
+	"failed to update storage version",
+}
+
+// etcdSchemaRaceErrors are the errors of that race.
+var etcdSchemaRaceErrors = [...]string{"missing term information", "missing confstate information"}
+
 // demoted tells an etcd warning or error that is routine for the embedded
-// member (see etcdStopNoise, etcdSinglePort).
-func (c *logrusCore) demoted(msg string) bool {
+// member (see etcdStopNoise, etcdSinglePort, etcdSchemaRace); fields are
+// the entry's.
+func (c *logrusCore) demoted(msg string, fields logrus.Fields) bool {
 	if msg == etcdSinglePort {
 		return true
+	}
+	if slices.Contains(etcdSchemaRace[:], msg) {
+		err := fmt.Sprint(fields[logrus.ErrorKey])
+		for _, e := range etcdSchemaRaceErrors {
+			if strings.Contains(err, e) {
+				return true
+			}
+		}
 	}
 	if !c.stopping.Load() {
 		return false
@@ -109,7 +134,7 @@ func (c *logrusCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 	addZapFields(all, fields)
 	entry := c.log.WithFields(all)
 	switch {
-	case c.demoted(e.Message):
+	case c.demoted(e.Message, all):
 		entry.Debug(e.Message)
 	case e.Level >= zapcore.ErrorLevel:
 		// Panic and fatal levels stay errors here: zap itself panics or

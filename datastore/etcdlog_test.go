@@ -2,6 +2,7 @@ package datastore
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -30,6 +31,13 @@ func TestEtcdLogger(t *testing.T) {
 		{"single port is debug", logrus.InfoLevel, false, func(l *zap.Logger) { l.Warn(etcdSinglePort) }, ""},
 		{"grpc listener closed while stopping is debug", logrus.InfoLevel, true, func(l *zap.Logger) { l.Warn("stopped insecure grpc server due to error") }, ""},
 		{"grpc listener closed while running stays warning", logrus.InfoLevel, false, func(l *zap.Logger) { l.Warn("stopped insecure grpc server due to error") }, `level=warning msg="stopped insecure grpc server due to error"`},
+		{"schema race at start is debug", logrus.InfoLevel, false, func(l *zap.Logger) {
+			l.Warn("Failed to detect schema version", zap.Error(errors.New("missing term information")))
+			l.Error("failed to update storage version", zap.String("cluster-version", "3.6.0"), zap.Error(errors.New("cannot detect storage schema version: missing term information")))
+		}, ""},
+		{"other storage version failures stay errors", logrus.InfoLevel, false, func(l *zap.Logger) {
+			l.Error("failed to update storage version", zap.Error(errors.New("cannot create migration plan")))
+		}, `level=error msg="failed to update storage version" component=etcd error="cannot create migration plan"`},
 		{"other errors while stopping stay errors", logrus.InfoLevel, true, func(l *zap.Logger) { l.Error("failed to purge snap db file") }, `level=error msg="failed to purge snap db file" component=etcd`},
 	}
 	for _, tc := range tests {
