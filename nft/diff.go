@@ -269,7 +269,7 @@ func diffTable(cur, want Table, prev *Table) []Op {
 // extra rules by handle and appending the missing ones. prev (nil: none)
 // is the chain as last applied, cur being what that left.
 func diffChain(f Family, cur, want Chain, prev *Chain) []Op {
-	if prev != nil && sameSlice(prev.Rules, want.Rules) && sameSlice(prev.Unordered, want.Unordered) {
+	if prev != nil && SameSlice(prev.Rules, want.Rules) && SameSlice(prev.Unordered, want.Unordered) {
 		return nil // cur is what applying want's very rules left
 	}
 	n := len(cur.Rules) + len(cur.Unordered)
@@ -449,9 +449,9 @@ func byName[T any](xs []T, name func(T) string) map[string]T {
 	return m
 }
 
-// sameSlice: a and b are the very same elements (the same array and
+// SameSlice: a and b are the very same elements (the same array and
 // length), which says they are equal without comparing them.
-func sameSlice[T any](a, b []T) bool {
+func SameSlice[T any](a, b []T) bool {
 	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 

@@ -145,7 +145,7 @@ func changedSet(op Op, s Set) (Set, bool) {
 // canonicalSet is s with more elements, canonical as Dump reads them
 // (sorted addresses, merged ranges, sorted names).
 func canonicalSet(f Family, s Set, more []string) (Set, bool) {
-	if len(more) <= fewElements && len(s.Elements) > 0 && !s.Interval {
+	if len(more) > 0 && len(more) <= fewElements && len(s.Elements) > 0 && !s.Interval {
 		// A Join adds an element or two to a set of a thousand: put them
 		// in place rather than sort and format the whole set again.
 		return insertElements(f, s, more)
@@ -240,10 +240,12 @@ func wantedSet(want *Ruleset, op Op) *Set {
 	return nil
 }
 
-// becomes says whether adding (or, del, deleting) the elements changes
-// of the set elements has leaves exactly the elements of to, each in its
-// place: a merge of the two lists, without building the result.
-func becomes(has, changes, to []string, del bool) bool {
+// becomes says whether the elements has (canonical), with changes added
+// (del: deleted), are exactly to, in to's order, and to canonical: a
+// merge of the lists that builds nothing. Only the added elements are
+// compared with their neighbours in to (before: element order), as has's
+// own are in order already.
+func becomes(has, changes, to []string, del bool, before func(a, b string) bool) bool {
 	in := make(map[string]bool, len(changes))
 	for _, e := range changes {
 		in[e] = true
@@ -262,11 +264,14 @@ func becomes(has, changes, to []string, del bool) bool {
 		return i == len(to)
 	}
 	seen := make(map[string]bool, len(changes))
-	for _, e := range to {
+	for k, e := range to {
 		switch {
 		case i < len(has) && has[i] == e:
 			i++
-		case in[e]:
+		case in[e] && !seen[e]:
+			if (k > 0 && !before(to[k-1], e)) || (k+1 < len(to) && !before(e, to[k+1])) {
+				return false
+			}
 		default:
 			return false
 		}
@@ -281,6 +286,22 @@ func becomes(has, changes, to []string, del bool) bool {
 		}
 	}
 	return true
+}
+
+// elementOrder is the canonical order of a set type's elements (false:
+// a type whose order is not told here).
+func elementOrder(t SetType) (func(a, b string) bool, bool) {
+	switch t {
+	case SetIfname:
+		return func(a, b string) bool { return a < b }, true
+	case SetAddr:
+		return func(a, b string) bool {
+			x, err1 := netip.ParseAddr(a)
+			y, err2 := netip.ParseAddr(b)
+			return err1 == nil && err2 == nil && x.Compare(y) < 0
+		}, true
+	}
+	return nil, false
 }
 
 // applySetOp is AfterOps for an operation on a set of t; want (nil: none)
@@ -304,11 +325,12 @@ func applySetOp(t *Table, op Op, want *Set) bool {
 		if j < 0 {
 			return false
 		}
-		if s := t.Sets[j]; want != nil && !s.Interval && len(want.Elements) > 0 && op.Kind != OpFlushSet && s.Type == want.Type &&
-			becomes(s.Elements, op.Set.Elements, want.Elements, op.Kind == OpDelElements) {
-			s.Elements = want.Elements
-			t.Sets[j] = s
-			return true
+		if s := t.Sets[j]; want != nil && !s.Interval && len(want.Elements) > 0 && op.Kind != OpFlushSet && s.Type == want.Type {
+			if before, ok := elementOrder(s.Type); ok && becomes(s.Elements, op.Set.Elements, want.Elements, op.Kind == OpDelElements, before) {
+				s.Elements = want.Elements
+				t.Sets[j] = s
+				return true
+			}
 		}
 		s, ok := changedSet(op, t.Sets[j])
 		if !ok {

@@ -55,3 +55,47 @@ func TestInsertElementsIsCanonical(t *testing.T) {
 		}
 	}
 }
+
+// TestBecomes: the remembered state takes a Ruleset's set elements only
+// when they are exactly the kernel's after the change, in canonical order.
+func TestBecomes(t *testing.T) {
+	names, _ := elementOrder(SetIfname)
+	addrs, _ := elementOrder(SetAddr)
+	tests := []struct {
+		name         string
+		has, changes []string
+		to           []string
+		del          bool
+		before       func(a, b string) bool
+		want         bool
+	}{
+		{"one added in place", []string{"cali1", "cali3"}, []string{"cali2"}, []string{"cali1", "cali2", "cali3"}, false, names, true},
+		{"added out of order", []string{"cali1", "cali3"}, []string{"cali2"}, []string{"cali2", "cali1", "cali3"}, false, names, false},
+		{"added twice", []string{"cali1"}, []string{"cali2"}, []string{"cali1", "cali2", "cali2"}, false, names, false},
+		{"an old one missing", []string{"cali1", "cali3"}, []string{"cali2"}, []string{"cali2", "cali3"}, false, names, false},
+		{"an added one missing", []string{"cali1"}, []string{"cali2", "cali4"}, []string{"cali1", "cali2"}, false, names, false},
+		{"addresses by address, not text", []string{"10.0.0.9", "10.0.0.30"}, []string{"10.0.0.10"}, []string{"10.0.0.9", "10.0.0.10", "10.0.0.30"}, false, addrs, true},
+		{"addresses in text order", []string{"10.0.0.9", "10.0.0.30"}, []string{"10.0.0.10"}, []string{"10.0.0.10", "10.0.0.30", "10.0.0.9"}, false, addrs, false},
+		{"one deleted", []string{"cali1", "cali2", "cali3"}, []string{"cali2"}, []string{"cali1", "cali3"}, true, names, true},
+		{"deleted but still there", []string{"cali1", "cali2"}, []string{"cali2"}, []string{"cali1", "cali2"}, true, names, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := becomes(tc.has, tc.changes, tc.to, tc.del, tc.before); got != tc.want {
+				t.Errorf("becomes(%v, %v, %v, del %v) = %v, want %v", tc.has, tc.changes, tc.to, tc.del, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestCanonicalSetOfANewSet: a set added whole is made canonical (sorted,
+// each element once, of the table's family), however few its elements.
+func TestCanonicalSetOfANewSet(t *testing.T) {
+	got, ok := canonicalSet(IPv4, Set{Name: "s", Type: SetAddr, Elements: []string{"10.0.0.2", "10.0.0.1", "10.0.0.1"}}, nil)
+	if !ok || !slices.Equal(got.Elements, []string{"10.0.0.1", "10.0.0.2"}) {
+		t.Errorf("canonicalSet = %v, %v; want [10.0.0.1 10.0.0.2]", got.Elements, ok)
+	}
+	if _, ok := canonicalSet(IPv4, Set{Name: "s", Type: SetAddr, Elements: []string{"fd00::1"}}, nil); ok {
+		t.Error("canonicalSet took an IPv6 address into an ip table's set")
+	}
+}

@@ -110,11 +110,11 @@ func (m *passMemo) chainMemo(f Family, plan policyPlan) *chainMemo {
 	return cm
 }
 
-// localsPart is the part of family f's table that locals (sorted by
+// partFor is the part of family f's table that locals (sorted by
 // interface name) make under plan: the one kept, brought up to date with
 // the interfaces changed, or built anew when the plan changed; without a
 // memo (Desired), built for this computation.
-func (m *passMemo) localsPart(f Family, plan policyPlan, locals []localEndpoint) *localsPart {
+func (m *passMemo) partFor(f Family, plan policyPlan, locals []localEndpoint) *localsPart {
 	if m == nil {
 		return buildLocalsPart(f, plan, locals, nil)
 	}
@@ -128,8 +128,8 @@ func (m *passMemo) localsPart(f Family, plan policyPlan, locals []localEndpoint)
 	return p
 }
 
-// taken: every family's part took the changes.
-func (m *passMemo) taken() {
+// changesTaken: every family's part took the changes.
+func (m *passMemo) changesTaken() {
 	if m != nil {
 		clear(m.changed)
 	}

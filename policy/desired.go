@@ -276,11 +276,11 @@ func desiredFrom(st State, locals []localEndpoint, memberElems func(key string, 
 	}
 	var rs Ruleset
 	for _, f := range families {
-		part := memo.localsPart(f, plan, locals)
+		part := memo.partFor(f, plan, locals)
 		t := desiredTable(f, locals, part, memo.chainMemo(f, plan), memberElems, pools[f], natPools[f], hosts[f], vteps[f], plan, heps, st.Failsafe, clusterOf(st))
 		rs.Tables = append(rs.Tables, t)
 	}
-	memo.taken()
+	memo.changesTaken()
 	rs.Tables[0].Chains = append(rs.Tables[0].Chains, vxlanChains(st.Pools)...) // IPv4 only, as VXLAN
 	return rs, warnings
 }

@@ -188,15 +188,11 @@ type planMemo struct {
 	lists      map[string]int // a list of policy indexes, as text -> its id
 }
 
-func sameSlice[T any](a, b []T) bool {
-	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
-}
-
 // compile brings the memo to the policies ps, forgetting the selections
 // when they changed or when it holds far more label sets than there are
 // endpoints (those of endpoints gone).
 func (m *planMemo) compile(ps []api.GlobalNetworkPolicy, endpoints int) {
-	if m.compiled != nil && sameSlice(ps, m.policies) {
+	if m.compiled != nil && nft.SameSlice(ps, m.policies) {
 		if len(m.selections) > 2*endpoints+64 {
 			clear(m.selections)
 		}
@@ -369,9 +365,17 @@ type usedSet struct {
 	exclude  bool
 }
 
+// maxMemoHeads bounds the dispatch heads a chainMemo keeps: their keys
+// name networks' chains, and networks come and go while the policies
+// stay.
+const maxMemoHeads = 256
+
 // chainMemoFor is m's memo for generation gen, or a new one.
 func chainMemoFor(m *chainMemo, gen uint64) *chainMemo {
 	if m != nil && m.gen == gen {
+		if len(m.heads) > maxMemoHeads {
+			clear(m.heads)
+		}
 		return m
 	}
 	return &chainMemo{gen: gen, policies: map[policyDir]memoPolicyChain{}, heads: map[dispatchKey][]Rule{}}
@@ -422,16 +426,17 @@ func (pt *policyTable) dispatchChain(key dispatchKey, idx []int) string {
 	// No rule decided, or a Deny did: the endpoints' drops (Unordered).
 	c.Rules = append(c.Rules, pass)
 	if pt.memo != nil {
-		c.Rules = withText(pt.f, c.Rules)
+		c.Rules = renderTexts(pt.f, c.Rules)
 		pt.memo.heads[key] = c.Rules
 	}
 	pt.chains[target] = c
 	return target
 }
 
-// withText is rules with their nft text rendered and kept (what a
-// memoised chain's rules are compared by).
-func withText(f Family, rules []Rule) []Rule {
+// renderTexts renders each of rules' nft text and keeps it in the rule,
+// in place (what a memoised chain's rules are compared by), and returns
+// rules.
+func renderTexts(f Family, rules []Rule) []Rule {
 	for i := range rules {
 		rules[i] = rules[i].WithText(f)
 	}
@@ -495,7 +500,7 @@ func (pt *policyTable) policyChain(p compiledPolicy, dir api.PolicyType) string 
 		c.Rules = append(c.Rules, pt.rules(p.Metadata.Name, dir, i, r)...)
 	}
 	if pt.memo != nil {
-		c.Rules = withText(pt.f, c.Rules)
+		c.Rules = renderTexts(pt.f, c.Rules)
 		pt.memo.policies[key] = memoPolicyChain{rules: c.Rules, sets: *pt.using}
 	}
 	pt.chains[name] = c

@@ -105,13 +105,16 @@ func buildLocalsPart(f Family, plan policyPlan, locals []localEndpoint, old *loc
 // of that name, its new one put in.
 func (p *localsPart) update(plan policyPlan, locals []localEndpoint, changed map[string]bool) {
 	for ifname := range changed {
-		old := p.byIf[ifname]
-		if old != nil {
-			p.remove(old)
-		}
+		var next *localContrib
 		i, found := slices.BinarySearchFunc(locals, ifname, func(l localEndpoint, name string) int { return strings.Compare(l.ep.HostIfName, name) })
 		if found {
-			p.add(p.contribOf(plan, locals[i], p), false)
+			next = p.contribOf(plan, locals[i], p) // before the old one goes: its drops may serve again
+		}
+		if old := p.byIf[ifname]; old != nil {
+			p.remove(old)
+		}
+		if next != nil {
+			p.add(next, false)
 		}
 	}
 }
@@ -242,6 +245,7 @@ func (p *localsPart) remove(c *localContrib) {
 			}
 			if len(d.ifnames) == 0 {
 				delete(p.dispatch, c.keys[k])
+				delete(p.targets, c.keys[k])
 			}
 		}
 	}
