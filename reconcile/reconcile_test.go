@@ -826,6 +826,62 @@ func TestReconcilerRun(t *testing.T) {
 	}
 }
 
+// TestReconcilerFollowUpOnlyForWhatIsDue: a candidate pending at one
+// pass (an endpoint Docker does not show yet, as during a `docker run`)
+// that the next pass finds live leaves no follow-up behind: the pass after
+// is the next Docker event's, not one at the old candidate's due time.
+func TestReconcilerFollowUpOnlyForWhatIsDue(t *testing.T) {
+	e := newRecEnv(t)
+	e.rec.Now = nil // real time: the loop's timers run on it
+	// Longer than the spacing of event passes (minEventGap, 5 s), so the
+	// second event's pass comes after the stale due time.
+	e.rec.Grace = 7 * time.Second
+	e.rec.Interval = time.Hour
+	e.docker.changes = make(chan struct{}, 1)
+	e.docker.set(view(), nil)
+	id, ip := e.container(t, "c1")
+	log, hook := logtest.NewNullLogger()
+	log.SetLevel(logrus.DebugLevel)
+	e.rec.Log = log
+	triggers := func() []string {
+		var out []string
+		for _, en := range hook.AllEntries() {
+			if en.Message == "reconcile pass" {
+				out = append(out, fmt.Sprint(en.Data["trigger"]))
+			}
+		}
+		return out
+	}
+	waitFor := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for len(triggers()) < n && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if got := triggers(); len(got) < n {
+			t.Fatalf("passes %q, want at least %d", got, n)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.rec.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	waitFor(1) // the start pass: the endpoint is pending (Docker does not show it)
+	e.docker.set(view(dockerEP("c1", "net1", ip.String())), nil)
+	e.docker.changes <- struct{}{}
+	waitFor(2) // the event's pass: it is live now, nothing is due
+	e.docker.changes <- struct{}{}
+	waitFor(3)
+	if got := triggers(); !slices.Equal(got[:3], []string{reconcile.PassAtStart, reconcile.PassDockerEvent, reconcile.PassDockerEvent}) {
+		t.Errorf("passes %q, want start, event, event (no follow-up with nothing due)", got)
+	}
+	if _, err := e.store.Get(context.Background(), datastore.EndpointKey(host, id)); err != nil {
+		t.Errorf("the live endpoint's record: %v", err)
+	}
+}
+
 // Issue 12 item 5, swarm scope: an assignment the engine answered as failed
 // while etcd could not tell whether it landed is released by the next
 // reconcile pass (by its handle, which nobody else knows), whatever the

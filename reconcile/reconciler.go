@@ -521,6 +521,10 @@ func (r *Reconciler) Run(ctx context.Context) {
 		if n := res.Plan.Actions(); n > 0 || len(res.Fixes) > 0 {
 			r.Log.WithField("fixes", res.Fixes).Info("reconcile pass done")
 		}
+		// A follow-up armed by an earlier pass is for candidates this pass
+		// judged again: left armed, it would run a pass with nothing due
+		// (an idle host's datastore read, a burst of starts after).
+		followUp.Stop()
 		// Only while Docker answers: otherwise due candidates would make
 		// this a busy loop, and the ticker retries anyway.
 		if res.DockerKnown && !res.Plan.NextDue.IsZero() {
