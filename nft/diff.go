@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -339,13 +340,7 @@ func diffChain(f Family, cur, want Chain, prev *Chain) []Op {
 		}
 	}
 	slices.SortFunc(extra, func(a, b Rule) int {
-		switch {
-		case a.Handle < b.Handle:
-			return -1
-		case a.Handle > b.Handle:
-			return 1
-		}
-		return strings.Compare(a.Render(f), b.Render(f)) // unaddressable: rewritten below
+		return cmp.Or(cmp.Compare(a.Handle, b.Handle), strings.Compare(a.Render(f), b.Render(f))) // handle 0: unaddressable, rewritten below
 	})
 	for _, r := range extra {
 		if r.Handle == 0 {
@@ -393,7 +388,7 @@ func unorderedChanges(f Family, chain string, head, n int, at func(int) *Rule, w
 		taken[k] = true
 		dels = append(dels, *at(k))
 	}
-	slices.SortFunc(dels, func(a, b Rule) int { return cmpHandle(a.Handle, b.Handle) })
+	slices.SortFunc(dels, func(a, b Rule) int { return cmp.Compare(a.Handle, b.Handle) })
 	for _, r := range dels {
 		ops = append(ops, Op{Kind: OpDelRule, Family: f, Chain: chain, Rule: r})
 	}
@@ -402,16 +397,6 @@ func unorderedChanges(f Family, chain string, head, n int, at func(int) *Rule, w
 		ops = append(ops, Op{Kind: OpAddRule, Family: f, Chain: chain, Rule: r})
 	}
 	return ops, true
-}
-
-func cmpHandle(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // ruleMultisetChanges are the rules of a not in b (gone) and of b not in

@@ -396,8 +396,7 @@ func (pt *policyTable) dispatchChain(key dispatchKey, idx []int) string {
 		return target
 	}
 	dir, profile := key.dir, key.profile
-	names := policyNames(pt.plan, idx)
-	target := dispatchChainName(dir, profile+"|"+strings.Join(names, ","))
+	target := dispatchTarget(pt.plan, key, idx)
 	pt.dispatch[key] = target
 	if pt.memo != nil {
 		if head, ok := pt.memo.heads[key]; ok {
@@ -409,7 +408,7 @@ func (pt *policyTable) dispatchChain(key dispatchKey, idx []int) string {
 		}
 	}
 	c := Chain{Name: target}
-	c.Rules = append(c.Rules, Rule{ClearMark: markBits, Verdict: Continue, Comment: nft.ClipComment("policies " + strings.Join(names, ", "))})
+	c.Rules = append(c.Rules, Rule{ClearMark: markBits, Verdict: Continue, Comment: nft.ClipComment("policies " + strings.Join(policyNames(pt.plan, idx), ", "))})
 	for n, i := range idx {
 		p := pt.plan.policies[i]
 		r := Rule{Verdict: Jump, Target: pt.policyChain(p, dir), Comment: "policy " + p.Metadata.Name}

@@ -763,21 +763,32 @@ func counterValue(t *testing.T, m *plugin.Metrics, name, label string) float64 {
 	return 0
 }
 
-// TestReconcilerRun: the loop passes at start, again when a pending
-// candidate matures (not only every Interval), and after Docker events.
-func TestReconcilerRun(t *testing.T) {
+// loopEnv is an environment for the reconcile loop itself: real time
+// (the loop's timers run on it), the given grace, no periodic pass within
+// a test, Docker events on a channel and Docker showing nothing yet.
+func loopEnv(t *testing.T, grace time.Duration) *recEnv {
+	t.Helper()
 	e := newRecEnv(t)
-	e.rec.Now = nil // real time: the loop's timers run on it
-	e.rec.Grace = 300 * time.Millisecond
+	e.rec.Now = nil
+	e.rec.Grace = grace
 	e.rec.Interval = time.Hour
 	e.docker.changes = make(chan struct{}, 1)
 	e.docker.set(view(), nil)
-	id1, _ := e.container(t, "c1")
+	return e
+}
+
+// runLoop runs e's reconcile loop until the test ends, logging at debug,
+// and returns why each of its passes so far started, in order.
+func runLoop(t *testing.T, e *recEnv) (triggers func() []string) {
+	t.Helper()
 	log, hook := logtest.NewNullLogger()
 	log.SetLevel(logrus.DebugLevel)
 	e.rec.Log = log
-	// triggers: why each pass so far started, in order.
-	triggers := func() []string {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.rec.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return func() []string {
 		var out []string
 		for _, en := range hook.AllEntries() {
 			if en.Message == "reconcile pass" {
@@ -786,11 +797,14 @@ func TestReconcilerRun(t *testing.T) {
 		}
 		return out
 	}
+}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); e.rec.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+// TestReconcilerRun: the loop passes at start, again when a pending
+// candidate matures (not only every Interval), and after Docker events.
+func TestReconcilerRun(t *testing.T) {
+	e := loopEnv(t, 300*time.Millisecond)
+	id1, _ := e.container(t, "c1")
+	triggers := runLoop(t, e)
 
 	gone := func(id string, within time.Duration) bool {
 		deadline := time.Now().Add(within)
@@ -831,27 +845,11 @@ func TestReconcilerRun(t *testing.T) {
 // that the next pass finds live leaves no follow-up behind: the pass after
 // is the next Docker event's, not one at the old candidate's due time.
 func TestReconcilerFollowUpOnlyForWhatIsDue(t *testing.T) {
-	e := newRecEnv(t)
-	e.rec.Now = nil // real time: the loop's timers run on it
-	// Longer than the spacing of event passes (minEventGap, 5 s), so the
-	// second event's pass comes after the stale due time.
-	e.rec.Grace = 7 * time.Second
-	e.rec.Interval = time.Hour
-	e.docker.changes = make(chan struct{}, 1)
-	e.docker.set(view(), nil)
+	// A grace longer than the spacing of event passes (minEventGap, 5 s),
+	// so the second event's pass comes after the stale due time.
+	e := loopEnv(t, 7*time.Second)
 	id, ip := e.container(t, "c1")
-	log, hook := logtest.NewNullLogger()
-	log.SetLevel(logrus.DebugLevel)
-	e.rec.Log = log
-	triggers := func() []string {
-		var out []string
-		for _, en := range hook.AllEntries() {
-			if en.Message == "reconcile pass" {
-				out = append(out, fmt.Sprint(en.Data["trigger"]))
-			}
-		}
-		return out
-	}
+	triggers := runLoop(t, e)
 	waitFor := func(n int) {
 		t.Helper()
 		deadline := time.Now().Add(20 * time.Second)
@@ -862,11 +860,6 @@ func TestReconcilerFollowUpOnlyForWhatIsDue(t *testing.T) {
 			t.Fatalf("passes %q, want at least %d", got, n)
 		}
 	}
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); e.rec.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
 
 	waitFor(1) // the start pass: the endpoint is pending (Docker does not show it)
 	e.docker.set(view(dockerEP("c1", "net1", ip.String())), nil)
