@@ -13,6 +13,9 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"github.com/spf13/cobra"
+
+	// Before the other packages' initialisers allocate: see the package.
+	_ "github.com/calico-cnm/calico-cnm/internal/memprofileoff"
 )
 
 // Version is set at build time with -ldflags "-X main.Version=...".

@@ -34,7 +34,7 @@ variable (see the README's Configuration table).`,
 			// stdout, not stderr: dockerd files a managed plugin's stderr as
 			// errors, whatever the line's own level.
 			log := newLogger(a.stdout)
-			applyMemoryLimit(a.getenv, log)
+			applyRuntimeMemory(a.getenv, log)
 			return plugin.Run(c.Context(), cfg, log)
 		},
 	}

@@ -98,6 +98,13 @@ func TestReconcileAfterCrash(t *testing.T) {
 	if out, err := h.httpGet(t, "/healthz"); err != nil || strings.TrimSpace(out) != "ok" {
 		t.Fatalf("/healthz of a healthy daemon: %v %q", err, out)
 	}
+	// serve's Go runtime settings (the harness sets neither GOGC nor
+	// GOMEMLIMIT): the collector's target and the soft memory limit.
+	for sample, want := range map[string]string{"go_gc_gogc_percent": "40", "go_gc_gomemlimit_bytes": "4.194304e+07"} {
+		if got := h.metricValue(t, sample); got != want {
+			t.Errorf("%s = %s, want %s", sample, got, want)
+		}
+	}
 	if n := len(h.endpointKeys(t)); n != 3 {
 		t.Fatalf("%d endpoint records, want 3", n)
 	}
