@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"unique"
 )
 
 // The typed model: each record kind this package owns is parsed here and
@@ -71,6 +72,12 @@ func ParseEndpoint(key string, raw []byte) (*WorkloadEndpoint, error) {
 		return nil, fmt.Errorf("endpoint record %s: not an %s<node>/<id> key", key, EndpointsPrefix)
 	}
 	w.Node, w.ID = node, id
+	// The network and the engine are the same for most of a host's
+	// endpoints: the records share one copy of each.
+	w.Network, w.EngineID = unique.Make(w.Network).Value(), unique.Make(w.EngineID).Value()
+	for i, r := range w.Routes {
+		w.Routes[i] = unique.Make(r).Value()
+	}
 	w.Addr4, w.Addr6 = w.Endpoint.Addrs()
 	return &w, nil
 }

@@ -127,8 +127,8 @@ func (d *NetworkDriver) sandboxOfAll(ctx context.Context, endpointID, sandboxKey
 type sandboxIndex struct {
 	mu        sync.Mutex
 	built     bool
-	bySandbox map[string]map[string]bool // sandbox key -> endpoint ids
-	sandbox   map[string]string          // endpoint id -> sandbox key
+	bySandbox map[string][]string // sandbox key -> endpoint ids (sorted; mostly one)
+	sandbox   map[string]string   // endpoint id -> sandbox key
 }
 
 func (x *sandboxIndex) isBuilt() bool {
@@ -160,15 +160,15 @@ func (x *sandboxIndex) add(sb, id string) {
 
 func (x *sandboxIndex) addLocked(sb, id string) {
 	if x.bySandbox == nil {
-		x.bySandbox, x.sandbox = map[string]map[string]bool{}, map[string]string{}
+		x.bySandbox, x.sandbox = map[string][]string{}, map[string]string{}
 	}
 	if old, ok := x.sandbox[id]; ok && old != sb {
 		x.forgetLocked(id)
 	}
-	if x.bySandbox[sb] == nil {
-		x.bySandbox[sb] = map[string]bool{}
+	ids := x.bySandbox[sb]
+	if i, found := slices.BinarySearch(ids, id); !found {
+		x.bySandbox[sb] = slices.Insert(ids, i, id)
 	}
-	x.bySandbox[sb][id] = true
 	x.sandbox[id] = sb
 }
 
@@ -185,9 +185,14 @@ func (x *sandboxIndex) forgetLocked(id string) {
 		return
 	}
 	delete(x.sandbox, id)
-	delete(x.bySandbox[sb], id)
-	if len(x.bySandbox[sb]) == 0 {
+	ids := x.bySandbox[sb]
+	if i, found := slices.BinarySearch(ids, id); found {
+		ids = slices.Delete(ids, i, i+1)
+	}
+	if len(ids) == 0 {
 		delete(x.bySandbox, sb)
+	} else {
+		x.bySandbox[sb] = ids
 	}
 }
 
@@ -195,7 +200,7 @@ func (x *sandboxIndex) forgetLocked(id string) {
 func (x *sandboxIndex) candidates(sb string) []string {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	return slices.Sorted(maps.Keys(x.bySandbox[sb]))
+	return slices.Clone(x.bySandbox[sb])
 }
 
 // planJoin picks the interface's gateway and routes, given the container's

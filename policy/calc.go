@@ -30,8 +30,10 @@ type Calculator interface {
 // calcEndpoint is what the calculation keeps of one endpoint record.
 type calcEndpoint struct {
 	ep     datastore.Endpoint
-	netKey string                // its logical network
-	addrs  map[Family]netip.Addr // its valid addresses, as members
+	netKey string // its logical network
+	// addrs are its valid addresses, as members (IPv4 first; an invalid
+	// one: none of that family).
+	addrs [2]netip.Addr
 	// claims: a joined endpoint of this host with a workload interface
 	// name, competing for that name's rules.
 	claims   bool
@@ -68,9 +70,9 @@ type incrementalCalc struct {
 	// members: logical network key -> family -> its addresses.
 	members map[string]map[Family]*memberSet
 
-	// claimants: interface name -> keys of the endpoints claiming it; the
-	// smallest key wins, as Desired takes the records in key order.
-	claimants map[string]map[string]bool
+	// claimants: interface name -> keys (sorted) of the endpoints claiming
+	// it; the smallest key wins, as Desired takes the records in key order.
+	claimants map[string][]string
 	dirtyIf   map[string]bool
 	// ifnames are the interface names with a winner, sorted, and locals
 	// the winners, in the same order: changed in place, as desiredFrom
@@ -187,7 +189,7 @@ func newIncrementalCalc(node string, ipv6 bool, fs Failsafe) *incrementalCalc {
 		netByID:      map[string]datastore.Network{},
 		netsChanged:  map[string]bool{},
 		members:      map[string]map[Family]*memberSet{},
-		claimants:    map[string]map[string]bool{},
+		claimants:    map[string][]string{},
 		dirtyIf:      map[string]bool{},
 		localWarning: map[string]string{},
 		conflicts:    map[string][]string{},
@@ -292,7 +294,7 @@ func (c *incrementalCalc) takeEndpoint(key string, rec *datastore.Endpoint) {
 	if old := c.computed[key]; old != nil {
 		c.addMembers(old, -1)
 		if old.claims {
-			delete(c.claimants[old.ep.HostIfName], key)
+			c.claimants[old.ep.HostIfName] = deleteName(c.claimants[old.ep.HostIfName], key, true)
 			c.dirtyIf[old.ep.HostIfName] = true
 		}
 		if ks := c.byNetwork[old.ep.Network]; ks != nil {
@@ -308,27 +310,24 @@ func (c *incrementalCalc) takeEndpoint(key string, rec *datastore.Endpoint) {
 		return
 	}
 	ep := *rec
-	ce := &calcEndpoint{ep: ep, netKey: "id:" + ep.Network, addrs: map[Family]netip.Addr{}}
+	ce := &calcEndpoint{ep: ep, netKey: "id:" + ep.Network}
 	if n, known := c.netByID[ep.Network]; known {
 		ce.netKey = NetworkKey(n)
 	}
 	if a, ok := datastore.ParseEndpointAddr(ep.IPv4); ok && a.Is4() {
-		ce.addrs[IPv4] = a
+		ce.addrs[0] = a
 	} else if ep.IPv4 != "" {
 		ce.warnings = append(ce.warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv4 address %q", dataplane.ShortID(ep.ID), ep.IPv4))
 	}
 	if a, ok := datastore.ParseEndpointAddr(ep.IPv6); ok && a.Is6() {
-		ce.addrs[IPv6] = a
+		ce.addrs[1] = a
 	} else if ep.IPv6 != "" {
 		ce.warnings = append(ce.warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv6 address %q", dataplane.ShortID(ep.ID), ep.IPv6))
 	}
 	if ep.Node == c.node && ep.Joined {
 		if validIfname(ep.HostIfName) {
 			ce.claims = true
-			if c.claimants[ep.HostIfName] == nil {
-				c.claimants[ep.HostIfName] = map[string]bool{}
-			}
-			c.claimants[ep.HostIfName][key] = true
+			c.claimants[ep.HostIfName] = insertName(c.claimants[ep.HostIfName], key, true)
 			c.dirtyIf[ep.HostIfName] = true
 		} else {
 			ce.warnings = append(ce.warnings, fmt.Sprintf("endpoint %s: host interface name %q is not a workload interface name; no rules for it", dataplane.ShortID(ep.ID), ep.HostIfName))
@@ -353,7 +352,11 @@ func (c *incrementalCalc) addMembers(ce *calcEndpoint, n int) {
 		m = map[Family]*memberSet{}
 		c.members[ce.netKey] = m
 	}
-	for f, a := range ce.addrs {
+	for _, a := range ce.addrs {
+		if !a.IsValid() {
+			continue
+		}
+		f := nft.FamilyOf(a)
 		if m[f] == nil {
 			m[f] = &memberSet{count: map[netip.Addr]int{}, elems: []string{}}
 		}
@@ -402,7 +405,7 @@ func (ms *memberSet) add(a netip.Addr, n int) {
 // takeIfname decides which claimant of an interface name gets its rules.
 func (c *incrementalCalc) takeIfname(ifname string) {
 	c.memo.changed[ifname] = true
-	keys := sortedKeys(c.claimants[ifname])
+	keys := c.claimants[ifname]
 	delete(c.conflicts, ifname)
 	delete(c.localWarning, ifname)
 	i, had := slices.BinarySearch(c.ifnames, ifname)
@@ -418,7 +421,7 @@ func (c *incrementalCalc) takeIfname(ifname string) {
 		c.conflicts[ifname] = append(c.conflicts[ifname], fmt.Sprintf("endpoint %s: interface %s is claimed by another endpoint record too; using the first", dataplane.ShortID(c.computed[k].ep.ID), ifname))
 	}
 	ce := c.computed[keys[0]]
-	l, _, warning := newLocalEndpoint(ce.ep, ce.netKey, c.netByID, map[string]bool{})
+	l, _, warning := newLocalEndpoint(&ce.ep, ce.netKey, c.netByID, map[string]bool{})
 	if warning != "" {
 		c.localWarning[ifname] = warning
 	}

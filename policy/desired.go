@@ -215,7 +215,9 @@ func validIfname(s string) bool {
 
 // localEndpoint is a joined endpoint of this host with what its rules need.
 type localEndpoint struct {
-	ep      datastore.Endpoint
+	// ep is the record, not a copy: the Calculator's own copy or the
+	// State's (a host's thousand locals would otherwise copy them all).
+	ep      *datastore.Endpoint
 	network datastore.Network // a stand-in with only ID when the record is missing
 	policy  NetworkPolicy
 	key     string
@@ -294,7 +296,8 @@ func splitEndpoints(st State, networks map[string]datastore.Network) (map[string
 	var locals []localEndpoint
 	seenIf := map[string]bool{}
 	keys := map[string]string{} // network id -> its key, once per network
-	for _, ep := range st.Endpoints {
+	for i := range st.Endpoints {
+		ep := &st.Endpoints[i]
 		key, done := keys[ep.Network]
 		if !done {
 			key = "id:" + ep.Network
@@ -306,7 +309,7 @@ func splitEndpoints(st State, networks map[string]datastore.Network) (map[string
 		if members[key] == nil {
 			members[key] = map[Family][]netip.Addr{}
 		}
-		warnings = append(warnings, addMemberAddrs(members[key], ep)...)
+		warnings = append(warnings, addMemberAddrs(members[key], *ep)...)
 		if ep.Node != st.Node || !ep.Joined {
 			continue
 		}
@@ -352,7 +355,7 @@ func addMemberAddrs(members map[Family][]netip.Addr, ep datastore.Endpoint) []st
 // when it gets no rules (its interface name is not a workload's, or
 // seenIf shows another endpoint claimed it first). warning is "" or says
 // why it gets no rules or the network's default policy.
-func newLocalEndpoint(ep datastore.Endpoint, key string, networks map[string]datastore.Network, seenIf map[string]bool) (l localEndpoint, ok bool, warning string) {
+func newLocalEndpoint(ep *datastore.Endpoint, key string, networks map[string]datastore.Network, seenIf map[string]bool) (l localEndpoint, ok bool, warning string) {
 	if !validIfname(ep.HostIfName) {
 		return localEndpoint{}, false, fmt.Sprintf("endpoint %s: host interface name %q is not a workload interface name; no rules for it", dataplane.ShortID(ep.ID), ep.HostIfName)
 	}

@@ -36,6 +36,9 @@ type localsPart struct {
 	// targets names the dispatch chain of a key (a hash of its policies'
 	// names): computed once per key and plan.
 	targets map[dispatchKey]string
+	// chains are the networks' chain names (ingress, egress) by network
+	// id, shared by their endpoints' jumps.
+	chains map[string][2]string
 	// failClosed counts the endpoints failing closed, per direction
 	// (dirSlot).
 	failClosed [2]int
@@ -51,9 +54,18 @@ type localContrib struct {
 	network networkOf
 	jumps   [2]endpointJump
 	n       int
-	keys    [2]dispatchKey // of the jumps via policies
-	idx     [2][]int       // their policy indexes
-	drops   [2]Rule        // their drops
+	// via is set when a jump goes to a dispatch chain: most endpoints of
+	// a host without policies have none, and a thousand of them would
+	// otherwise carry room for two drops each.
+	via *policyJumps
+}
+
+// policyJumps is what an endpoint's jumps to dispatch chains need, by
+// jump slot.
+type policyJumps struct {
+	keys  [2]dispatchKey // of the jumps via policies
+	idx   [2][]int       // their policy indexes
+	drops [2]Rule        // their drops
 }
 
 // networkOf is what a network's chains and member set are built from.
@@ -86,6 +98,7 @@ func newLocalsPart(f Family, gen uint64) *localsPart {
 		groups:   map[endpointJump]*groupPart{},
 		dispatch: map[dispatchKey]*dispatchPart{},
 		targets:  map[dispatchKey]string{},
+		chains:   map[string][2]string{},
 	}
 }
 
@@ -123,7 +136,7 @@ func (p *localsPart) update(plan policyPlan, locals []localEndpoint, changed map
 // may be reused).
 func (p *localsPart) contribOf(plan policyPlan, l localEndpoint, old *localsPart) *localContrib {
 	c := &localContrib{ifname: l.ep.HostIfName, network: networkOf{id: l.network.ID, key: l.key, display: networkDisplayName(l.network), policy: l.policy}}
-	in, out := IngressChainName(l.network.ID), EgressChainName(l.network.ID)
+	in, out := p.chainNames(l.network.ID)
 	outProfile := ""
 	if l.policy.Isolated {
 		outProfile = out
@@ -139,6 +152,16 @@ func (p *localsPart) contribOf(plan policyPlan, l localEndpoint, old *localsPart
 		c.jumps[c.n], c.n = endpointJump{dir: api.Ingress, target: in}, c.n+1
 	}
 	return c
+}
+
+// chainNames are network id's ingress and egress chains.
+func (p *localsPart) chainNames(id string) (in, out string) {
+	names, ok := p.chains[id]
+	if !ok {
+		names = [2]string{IngressChainName(id), EgressChainName(id)}
+		p.chains[id] = names
+	}
+	return names[0], names[1]
 }
 
 // policyJump sets c's next jump for dir when policies decide it (or fail
@@ -169,8 +192,11 @@ func (p *localsPart) policyJump(c *localContrib, plan policyPlan, l localEndpoin
 		p.targets[key] = target
 	}
 	c.jumps[k] = endpointJump{dir: dir, target: target, via: viaPolicies}
-	c.keys[k], c.idx[k] = key, idx
-	c.drops[k] = old.droppedRule(p.f, l, dir, k)
+	if c.via == nil {
+		c.via = &policyJumps{}
+	}
+	c.via.keys[k], c.via.idx[k] = key, idx
+	c.via.drops[k] = old.droppedRule(p.f, l, dir, k)
 	return true
 }
 
@@ -178,8 +204,8 @@ func (p *localsPart) policyJump(c *localContrib, plan policyPlan, l localEndpoin
 // same endpoint and interface in slot k, else a new one.
 func (p *localsPart) droppedRule(f Family, l localEndpoint, dir api.PolicyType, k int) Rule {
 	if p != nil {
-		if c := p.byIf[l.ep.HostIfName]; c != nil && c.n > k && c.jumps[k].via == viaPolicies && c.jumps[k].dir == dir && c.drops[k].Comment == DeniedComment(dir, l.ep.ID) {
-			return c.drops[k]
+		if c := p.byIf[l.ep.HostIfName]; c != nil && c.n > k && c.jumps[k].via == viaPolicies && c.jumps[k].dir == dir && c.via.drops[k].Comment == DeniedComment(dir, l.ep.ID) {
+			return c.via.drops[k]
 		}
 	}
 	return deniedRule(f, l, dir)
@@ -206,13 +232,13 @@ func (p *localsPart) add(c *localContrib, bulk bool) {
 		case viaFailClosed:
 			p.failClosed[dirSlot(j.dir)]++
 		case viaPolicies:
-			d := p.dispatch[c.keys[k]]
+			d := p.dispatch[c.via.keys[k]]
 			if d == nil {
-				d = &dispatchPart{idx: c.idx[k]}
-				p.dispatch[c.keys[k]] = d
+				d = &dispatchPart{idx: c.via.idx[k]}
+				p.dispatch[c.via.keys[k]] = d
 			}
 			d.ifnames = append(d.ifnames, c.ifname)
-			d.drops = append(d.drops, c.drops[k])
+			d.drops = append(d.drops, c.via.drops[k])
 		}
 	}
 }
@@ -223,6 +249,7 @@ func (p *localsPart) remove(c *localContrib) {
 	if np := p.networks[c.network.id]; np != nil {
 		if np.ifnames = deleteName(np.ifnames, c.ifname, true); len(np.ifnames) == 0 {
 			delete(p.networks, c.network.id)
+			delete(p.chains, c.network.id)
 		}
 	}
 	for k, j := range c.jumps[:c.n] {
@@ -235,7 +262,7 @@ func (p *localsPart) remove(c *localContrib) {
 		case viaFailClosed:
 			p.failClosed[dirSlot(j.dir)]--
 		case viaPolicies:
-			d := p.dispatch[c.keys[k]]
+			d := p.dispatch[c.via.keys[k]]
 			if d == nil {
 				continue
 			}
@@ -244,8 +271,8 @@ func (p *localsPart) remove(c *localContrib) {
 				d.drops = slices.Delete(slices.Clone(d.drops), i, i+1)
 			}
 			if len(d.ifnames) == 0 {
-				delete(p.dispatch, c.keys[k])
-				delete(p.targets, c.keys[k])
+				delete(p.dispatch, c.via.keys[k])
+				delete(p.targets, c.via.keys[k])
 			}
 		}
 	}
