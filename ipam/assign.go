@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -117,7 +118,7 @@ func (e *Engine) AutoAssign(ctx context.Context, a AutoAssignArgs) (net.IPNet, e
 }
 
 func (e *Engine) autoAssign(ctx context.Context, req assignReq, hs *hostState) (netip.Addr, error) {
-	var all map[netip.Prefix]cachedBlock
+	var all map[netip.Prefix]listedBlock
 	if !hs.loaded {
 		var err error
 		if all, err = e.reloadHost(ctx, req.host); err != nil {
@@ -314,7 +315,7 @@ func (e *Engine) stamped(attrs map[string]string) map[string]string {
 
 // claimOrBorrow runs steps 2 and 3 of AutoAssign on a fresh view of all
 // blocks.
-func (e *Engine) claimOrBorrow(ctx context.Context, req assignReq, all map[netip.Prefix]cachedBlock) (netip.Addr, error) {
+func (e *Engine) claimOrBorrow(ctx context.Context, req assignReq, all map[netip.Prefix]listedBlock) (netip.Addr, error) {
 	cfg, guard, cached, err := e.claimConfig(ctx, false)
 	if err != nil {
 		return netip.Addr{}, err
@@ -375,7 +376,7 @@ func atBlockLimit(cfg Config, owned int) bool {
 // ownedInPools counts host's blocks in the pools a request draws from: as
 // in Calico, maxBlocksPerHost bounds a host's blocks per requested pool
 // set, so blocks of one network's pool do not starve another network.
-func ownedInPools(all map[netip.Prefix]cachedBlock, host string, pools []poolEntry) int {
+func ownedInPools(all map[netip.Prefix]listedBlock, host string, pools []poolEntry) int {
 	n := 0
 	for _, c := range all {
 		if c.b == nil || c.b.host() != host {
@@ -427,7 +428,7 @@ var errNoFreeBlock = errors.New("no unclaimed block")
 // claimNewBlock walks each pool's blocks (host-hashed start, see blockWalk)
 // and claims the first one that does not exist yet. Losing the race for a
 // block just moves on to the next.
-func (e *Engine) claimNewBlock(ctx context.Context, req assignReq, pools []poolEntry, all map[netip.Prefix]cachedBlock, guard datastore.Op) (netip.Addr, error) {
+func (e *Engine) claimNewBlock(ctx context.Context, req assignReq, pools []poolEntry, all map[netip.Prefix]listedBlock, guard datastore.Op) (netip.Addr, error) {
 	tries := 0
 	for _, p := range pools {
 		walk := blockWalk(span(p, req.within), p.BlockSize, req.host)
@@ -440,7 +441,7 @@ func (e *Engine) claimNewBlock(ctx context.Context, req assignReq, pools []poolE
 			}
 			addr, err := e.claimAndAssign(ctx, req, cand, p, netip.Addr{}, guard)
 			if errors.Is(err, errBlockTaken) {
-				all[cand] = cachedBlock{}
+				all[cand] = listedBlock{}
 				continue
 			}
 			return addr, err
@@ -507,20 +508,25 @@ func (e *Engine) claimAndAssign(ctx context.Context, req assignReq, cand netip.P
 
 // borrow takes a free address from a block affine to another host (or to
 // none). Routing then advertises that single address from this host.
-func (e *Engine) borrow(ctx context.Context, req assignReq, pools []poolEntry, all map[netip.Prefix]cachedBlock, why string) (netip.Addr, error) {
+func (e *Engine) borrow(ctx context.Context, req assignReq, pools []poolEntry, all map[netip.Prefix]listedBlock, why string) (netip.Addr, error) {
 	var cands []cachedBlock
-	for _, c := range all {
-		if c.b == nil || c.b.host() == req.host || c.b.prefix.Addr().Is6() != req.v6 {
+	for p, c := range all {
+		if c.b == nil && c.raw == nil || c.host() == req.host || p.Addr().Is6() != req.v6 {
 			continue
 		}
-		if req.within != nil && !req.within.Overlaps(c.b.prefix) {
+		if req.within != nil && !req.within.Overlaps(p) {
 			continue
 		}
-		if _, ok := poolOfBlock(pools, c.b.prefix); !ok {
+		if _, ok := poolOfBlock(pools, p); !ok {
 			continue
 		}
-		if _, ok := c.b.freeOrdinal(req.within); ok {
-			cands = append(cands, c)
+		b, err := c.decoded()
+		if err != nil {
+			e.log.WithError(err).Warn("ignoring unreadable block")
+			continue
+		}
+		if _, ok := b.freeOrdinal(req.within); ok {
+			cands = append(cands, cachedBlock{b: b, rev: c.rev})
 		}
 	}
 	sortBlocks(cands)
@@ -564,13 +570,13 @@ func (e *Engine) borrow(ctx context.Context, req assignReq, pools []poolEntry, a
 // affinity record is recreated, an affinity without its block is removed.
 // The block record is the source of truth for ownership; the affinity
 // records are what routing watches. It returns all blocks.
-func (e *Engine) reloadHost(ctx context.Context, host string) (map[netip.Prefix]cachedBlock, error) {
+func (e *Engine) reloadHost(ctx context.Context, host string) (map[netip.Prefix]listedBlock, error) {
 	affs, kvs, err := e.listHostAndBlocks(ctx, host)
 	if err != nil {
 		return nil, err
 	}
-	all := e.decodeListed(kvs)
 	aff := affinityOf(host)
+	all := e.decodeListed(kvs, aff)
 	e.mu.Lock()
 	for _, p := range slices.Clone(e.affine[aff]) {
 		e.dropBlockLocked(p)
@@ -592,7 +598,7 @@ func (e *Engine) reloadHost(ctx context.Context, host string) (map[netip.Prefix]
 		recs[p] = rec{state: r.State, rev: kv.ModRevision}
 	}
 	for p, c := range all {
-		if c.b.Affinity != aff {
+		if c.b == nil || c.b.Affinity != aff {
 			continue
 		}
 		e.cacheBlock(c.b, c.rev)
@@ -614,7 +620,7 @@ func (e *Engine) reloadHost(ctx context.Context, host string) (map[netip.Prefix]
 		}
 	}
 	for p, r := range recs {
-		if c, ok := all[p]; ok && c.b.Affinity == aff {
+		if c, ok := all[p]; ok && c.affinity == aff {
 			continue
 		}
 		e.log.WithFields(logrus.Fields{"host": host, "block": p.String()}).Warn("removing affinity record whose block is gone or owned by another host")
@@ -629,25 +635,63 @@ func (e *Engine) reloadHost(ctx context.Context, host string) (map[netip.Prefix]
 	return all, nil
 }
 
-// decodeListed decodes listed block records. A cached block whose record
-// is byte for byte the listed one is taken as it is: a cold claim lists
-// every block, and decoding each (a map per stamped address) cost more
-// than the claim's transaction once blocks carried assignment stamps. The
-// cached copy is only read here and by the callers of reloadHost.
-func (e *Engine) decodeListed(kvs []datastore.KV) map[netip.Prefix]cachedBlock {
+// listedBlock is a block of a full listing. The blocks affine to the
+// listing host are decoded (b); another host's block is kept as its record
+// (raw), with its affinity read from the record's head, and decoded only
+// if the host borrows from it: a cold claim lists every block of the
+// cluster, and decoding them all (a map per stamped address) was a tenth
+// of the assignments' CPU with three hosts assigning. The zero value is a
+// block known to exist and nothing more (a claim lost to another host).
+type listedBlock struct {
+	cachedBlock
+	affinity string
+	key      string
+	raw      []byte
+}
+
+// host is the block's host ("" when it has none, or is not known).
+func (l listedBlock) host() string {
+	h, _ := strings.CutPrefix(l.affinity, "host:")
+	return h
+}
+
+// decoded is the block, decoded from its record if it was not.
+func (l listedBlock) decoded() (*block, error) {
+	if l.b != nil {
+		return l.b, nil
+	}
+	if l.raw == nil {
+		return nil, fmt.Errorf("block %s: its record was not read", l.key)
+	}
+	return decodeBlock(l.key, l.raw)
+}
+
+// decodeListed decodes listed block records; aff is the listing host's
+// affinity (see listedBlock). A cached block whose record is byte for
+// byte the listed one is taken as it is: a cold claim lists every block,
+// and decoding each cost more than the claim's transaction once blocks
+// carried assignment stamps. The cached copy is only read here and by the
+// callers of reloadHost.
+func (e *Engine) decodeListed(kvs []datastore.KV, aff string) map[netip.Prefix]listedBlock {
 	e.mu.Lock()
 	cached := make(map[string]*block, len(e.blocks))
 	for p, c := range e.blocks {
 		cached[blockKey(p)] = c.b
 	}
 	e.mu.Unlock()
-	all := make(map[netip.Prefix]cachedBlock, len(kvs))
+	all := make(map[netip.Prefix]listedBlock, len(kvs))
 	var buf []byte
 	for _, kv := range kvs {
 		if c, ok := cached[kv.Key]; ok {
 			var err error
 			if buf, err = c.appendJSON(buf[:0]); err == nil && bytes.Equal(buf, kv.Value) {
-				all[c.prefix] = cachedBlock{b: c, rev: kv.ModRevision}
+				all[c.prefix] = listedBlock{cachedBlock: cachedBlock{b: c, rev: kv.ModRevision}, affinity: c.Affinity, key: kv.Key}
+				continue
+			}
+		}
+		if cidr, affinity, ok := peekBlockHead(kv.Value); ok && affinity != aff {
+			if p, err := netip.ParsePrefix(cidr); err == nil && blockKey(p) == kv.Key {
+				all[p] = listedBlock{cachedBlock: cachedBlock{rev: kv.ModRevision}, affinity: affinity, key: kv.Key, raw: kv.Value}
 				continue
 			}
 		}
@@ -656,7 +700,7 @@ func (e *Engine) decodeListed(kvs []datastore.KV) map[netip.Prefix]cachedBlock {
 			e.log.WithError(err).Warn("ignoring unreadable block")
 			continue
 		}
-		all[b.prefix] = cachedBlock{b: b, rev: kv.ModRevision}
+		all[b.prefix] = listedBlock{cachedBlock: cachedBlock{b: b, rev: kv.ModRevision}, affinity: b.Affinity, key: kv.Key}
 	}
 	return all
 }

@@ -1,6 +1,7 @@
 package ipam
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -128,4 +129,50 @@ func (b *block) value() []byte {
 		panic(fmt.Sprintf("ipam: encoding block: %v", err))
 	}
 	return v
+}
+
+// peekBlockHead reads a block record's cidr and affinity, which the
+// encoder writes first (appendJSON, and encoding/json from the field
+// order), without decoding the rest. ok is false for any other shape and
+// for a string with an escape: such a record is decoded whole.
+func peekBlockHead(raw []byte) (cidr, affinity string, ok bool) {
+	rest, ok := bytes.CutPrefix(raw, []byte(`{"cidr":`))
+	if !ok {
+		return "", "", false
+	}
+	if cidr, rest, ok = plainJSONString(rest); !ok {
+		return "", "", false
+	}
+	if rest, ok = bytes.CutPrefix(rest, []byte(`,"affinity":`)); !ok {
+		return "", "", false
+	}
+	if bytes.HasPrefix(rest, []byte("null")) {
+		return cidr, "", true
+	}
+	if affinity, _, ok = plainJSONString(rest); !ok {
+		return "", "", false
+	}
+	return cidr, affinity, true
+}
+
+// plainJSONString reads the JSON string at the head of b when it has no
+// escape (its bytes are then the string's).
+func plainJSONString(b []byte) (s string, rest []byte, ok bool) {
+	if len(b) == 0 || b[0] != '"' {
+		return "", nil, false
+	}
+	end := bytes.IndexByte(b[1:], '"')
+	if end < 0 {
+		return "", nil, false
+	}
+	body := b[1 : 1+end]
+	for _, c := range body {
+		if c < 0x20 || c == '\\' {
+			return "", nil, false
+		}
+	}
+	if !utf8.Valid(body) {
+		return "", nil, false
+	}
+	return string(body), b[2+end:], true
 }
