@@ -18,6 +18,9 @@ type WorkloadEndpoint struct {
 	// Addr4 and Addr6 are the endpoint's addresses (invalid when it has
 	// none of that family or the field does not parse).
 	Addr4, Addr6 netip.Addr
+	// shared keeps the one copy of Network and EngineID alive (see
+	// ParseEndpoint): the runtime drops a value no handle holds.
+	shared [2]unique.Handle[string]
 }
 
 // Addrs are the endpoint's valid addresses, IPv4 first.
@@ -73,11 +76,10 @@ func ParseEndpoint(key string, raw []byte) (*WorkloadEndpoint, error) {
 	}
 	w.Node, w.ID = node, id
 	// The network and the engine are the same for most of a host's
-	// endpoints: the records share one copy of each.
-	w.Network, w.EngineID = unique.Make(w.Network).Value(), unique.Make(w.EngineID).Value()
-	for i, r := range w.Routes {
-		w.Routes[i] = unique.Make(r).Value()
-	}
+	// endpoints: the records share one copy of each, for as long as one
+	// of them holds its handle.
+	w.shared = [2]unique.Handle[string]{unique.Make(w.Network), unique.Make(w.EngineID)}
+	w.Network, w.EngineID = w.shared[0].Value(), w.shared[1].Value()
 	w.Addr4, w.Addr6 = w.Endpoint.Addrs()
 	return &w, nil
 }

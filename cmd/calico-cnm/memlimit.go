@@ -37,15 +37,16 @@ type runtimeMemory struct {
 }
 
 func chooseRuntimeMemory(getenv func(string) string) runtimeMemory {
-	gogc := strings.TrimSpace(getenv("GOGC"))
-	if strings.EqualFold(gogc, "off") {
+	// Exactly "off", as the runtime reads it: any other word is its 100%.
+	gogc := getenv("GOGC")
+	if gogc == "off" {
 		return runtimeMemory{}
 	}
 	var m runtimeMemory
 	if strings.TrimSpace(getenv("GOMEMLIMIT")) == "" {
 		m.limit, m.setLimit = defaultMemoryLimit, true
 	}
-	if gogc == "" {
+	if strings.TrimSpace(gogc) == "" {
 		m.gcPercent, m.setGC = defaultGCPercent, true
 	}
 	return m

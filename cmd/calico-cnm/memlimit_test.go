@@ -16,7 +16,7 @@ func TestRuntimeMemory(t *testing.T) {
 		{"GOMEMLIMIT off", map[string]string{"GOMEMLIMIT": "off"}, runtimeMemory{0, false, defaultGCPercent, true}},
 		{"GOMEMLIMIT blank", map[string]string{"GOMEMLIMIT": " "}, runtimeMemory{defaultMemoryLimit, true, defaultGCPercent, true}},
 		{"GOGC off", map[string]string{"GOGC": "off"}, runtimeMemory{}},
-		{"GOGC OFF", map[string]string{"GOGC": "OFF"}, runtimeMemory{}},
+		{"GOGC OFF (not the runtime's off: its 100%)", map[string]string{"GOGC": "OFF"}, runtimeMemory{defaultMemoryLimit, true, 0, false}},
 		{"GOGC a percentage", map[string]string{"GOGC": "50"}, runtimeMemory{defaultMemoryLimit, true, 0, false}},
 		{"GOGC blank", map[string]string{"GOGC": " "}, runtimeMemory{defaultMemoryLimit, true, defaultGCPercent, true}},
 		{"GOGC and GOMEMLIMIT", map[string]string{"GOGC": "200", "GOMEMLIMIT": "1GiB"}, runtimeMemory{}},
