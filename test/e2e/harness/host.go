@@ -261,9 +261,35 @@ func (h *Host) recordMountNamespace(p *Process) {
 	h.mntInos = append(h.mntInos, ino)
 }
 
+// dockerdReady: dockerd's API answers GET /version on its socket, as for
+// `docker version`. Asked here rather than through the docker CLI: a
+// dockerd takes seconds to answer on a busy machine, polled every 150 ms,
+// and each run of the CLI costs about 0.1 s of CPU.
 func (h *Host) dockerdReady(ctx context.Context) error {
-	_, err := runCmdTimeout(ctx, 5*time.Second, dockerEnv(), DockerPath, "-H", "unix://"+h.DockerSock, "version", "--format", "{{.Server.Version}}")
-	return err
+	c := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", h.DockerSock)
+		},
+		DisableKeepAlives: true,
+	}}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://docker/version", nil)
+	if err != nil {
+		return err
+	}
+	res, err := c.Do(req)
+	if err != nil {
+		return fmt.Errorf("dockerd API at %s: %w", h.DockerSock, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	var v struct{ Version string }
+	if res.StatusCode != http.StatusOK || json.Unmarshal(b, &v) != nil || v.Version == "" {
+		return fmt.Errorf("dockerd API at %s: GET /version: HTTP %d: %s", h.DockerSock, res.StatusCode, strings.TrimSpace(string(b)))
+	}
+	return nil
 }
 
 // StopDockerd stops dockerd (SIGTERM; SIGKILL after StopTimeout, which fails
