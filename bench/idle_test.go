@@ -35,7 +35,7 @@ func idleBench(t *testing.T, fab *harness.Fabric, bin string, res *Results) {
 	if i := slices.Index(args, "--log-level"); i >= 0 {
 		args[i+1] = "info"
 	}
-	p := h.StartPlugin(t, bin, nil, append(args, "--resync-interval", idleResync.String())...)
+	p := h.StartPlugin(t, bin, nil, append(args, "--resync-interval", idleResync.String(), "--metrics-listen", harness.IdleDaemonMetrics)...)
 	h.StartIdleLoad(t, bin, idleContainers, idlePolicies)
 	f := h.MeasureIdle(t, p, idleWindow)
 	t.Logf("idle: %s", f)

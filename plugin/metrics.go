@@ -23,21 +23,24 @@ import (
 
 // Metric names, as the README documents them.
 const (
-	MetricAPIRequests      = "calico_cnm_api_requests_total"
-	MetricAPILatency       = "calico_cnm_api_request_duration_seconds"
-	MetricIPAMAllocated    = "calico_cnm_ipam_addresses_allocated"
-	MetricIPAMFree         = "calico_cnm_ipam_addresses_free"
-	MetricIPAMBlocks       = "calico_cnm_ipam_blocks"
-	MetricIPAMUp           = "calico_cnm_ipam_up"
-	MetricReconcileFixes   = "calico_cnm_reconcile_fixes_total"
-	MetricReconcileRuns    = "calico_cnm_reconcile_runs_total"
-	MetricBGPSessionsUp    = "calico_cnm_bgp_sessions_up"
-	MetricRoutesInstalled  = "calico_cnm_bgp_routes_installed"
-	MetricShapedBytes      = "calico_cnm_bandwidth_shaped_bytes_total"
-	MetricShapedDrops      = "calico_cnm_bandwidth_dropped_packets_total"
-	ipamUsageCacheDuration = 10 * time.Second
-	ipamUsageTimeout       = 5 * time.Second
-	healthPingTimeout      = 3 * time.Second
+	MetricAPIRequests    = "calico_cnm_api_requests_total"
+	MetricAPILatency     = "calico_cnm_api_request_duration_seconds"
+	MetricIPAMAllocated  = "calico_cnm_ipam_addresses_allocated"
+	MetricIPAMFree       = "calico_cnm_ipam_addresses_free"
+	MetricIPAMBlocks     = "calico_cnm_ipam_blocks"
+	MetricIPAMUp         = "calico_cnm_ipam_up"
+	MetricReconcileFixes = "calico_cnm_reconcile_fixes_total"
+	MetricReconcileRuns  = "calico_cnm_reconcile_runs_total"
+	// MetricReconcileScheduled is 1 while a reconcile pass other than the
+	// periodic one is due (see reconcile.Metrics.PassScheduled).
+	MetricReconcileScheduled = "calico_cnm_reconcile_pass_scheduled"
+	MetricBGPSessionsUp      = "calico_cnm_bgp_sessions_up"
+	MetricRoutesInstalled    = "calico_cnm_bgp_routes_installed"
+	MetricShapedBytes        = "calico_cnm_bandwidth_shaped_bytes_total"
+	MetricShapedDrops        = "calico_cnm_bandwidth_dropped_packets_total"
+	ipamUsageCacheDuration   = 10 * time.Second
+	ipamUsageTimeout         = 5 * time.Second
+	healthPingTimeout        = 3 * time.Second
 )
 
 // RoutingMetrics are the gauges the BGP speaker keeps current. They are
@@ -61,6 +64,7 @@ type Metrics struct {
 	latency        *prometheus.HistogramVec
 	reconcileFixes *prometheus.CounterVec
 	reconcileRuns  *prometheus.CounterVec
+	reconcileDue   prometheus.Gauge
 }
 
 // IPAMStats is what the IPAM gauges are computed from (*ipam.Engine).
@@ -96,6 +100,9 @@ func NewMetrics(stats IPAMStats, log logrus.FieldLogger) *Metrics {
 		reconcileRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricReconcileRuns, Help: "Reconcile passes, by result.",
 		}, []string{"result"}),
+		reconcileDue: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: MetricReconcileScheduled, Help: "1 while a reconcile pass is due soon (after Docker events, or for maturing candidates), besides the periodic one.",
+		}),
 	}
 	for _, k := range reconcile.FixKinds() {
 		m.reconcileFixes.WithLabelValues(k)
@@ -105,7 +112,7 @@ func NewMetrics(stats IPAMStats, log logrus.FieldLogger) *Metrics {
 	}
 	m.Registry.MustRegister(
 		m.Routing.SessionsUp, m.Routing.RoutesInstalled,
-		m.requests, m.latency, m.reconcileFixes, m.reconcileRuns,
+		m.requests, m.latency, m.reconcileFixes, m.reconcileRuns, m.reconcileDue,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -134,6 +141,18 @@ func (m *Metrics) ReconcileRun(result string) {
 	if m != nil {
 		m.reconcileRuns.WithLabelValues(result).Inc()
 	}
+}
+
+// PassScheduled sets the reconcile scheduled gauge (nil-safe).
+func (m *Metrics) PassScheduled(scheduled bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if scheduled {
+		v = 1
+	}
+	m.reconcileDue.Set(v)
 }
 
 // ipamCollector computes the IPAM gauges on scrape from one read of all

@@ -36,4 +36,8 @@ type Metrics interface {
 	Fixed(kind string, n int)
 	// ReconcileRun counts a pass by result (a Result* constant).
 	ReconcileRun(result string)
+	// PassScheduled says whether a pass is due soon, beside the periodic
+	// one: a Docker event's (waiting out its debounce) or a follow-up for
+	// maturing candidates. A host is quiet once none is.
+	PassScheduled(scheduled bool)
 }

@@ -984,3 +984,49 @@ func TestReconcilerUnknownEndpointWarnedOnSecondPass(t *testing.T) {
 		t.Errorf("%d warnings after the endpoint went away and came back for two passes, want 2", n)
 	}
 }
+
+// gaugeValue is the value of a gauge without labels.
+func gaugeValue(t *testing.T, m *plugin.Metrics, name string) float64 {
+	t.Helper()
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no %s", name)
+	return 0
+}
+
+// TestReconcilerReportsScheduledPasses: the loop says when a pass besides
+// the periodic one is due: a follow-up for a pending candidate, a Docker
+// event's pass; and that none is once a pass found nothing due (what a
+// test of an idle host waits for before it measures).
+func TestReconcilerReportsScheduledPasses(t *testing.T) {
+	e := loopEnv(t, 7*time.Second)
+	_, ip := e.container(t, "c1")
+	triggers := runLoop(t, e)
+	await := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 20s (passes %q)", what, triggers())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	scheduled := func() float64 { return gaugeValue(t, e.metrics, plugin.MetricReconcileScheduled) }
+	// The start pass finds the endpoint pending: its follow-up is due.
+	await("a follow-up due after the start pass", func() bool { return len(triggers()) >= 1 && scheduled() == 1 })
+	e.docker.set(view(dockerEP("c1", "net1", ip.String())), nil)
+	e.docker.changes <- struct{}{}
+	// The event's pass finds it live: nothing is due any more.
+	await("nothing due after the event's pass", func() bool { return len(triggers()) >= 2 && scheduled() == 0 })
+	if got := triggers(); !slices.Equal(got, []string{reconcile.PassAtStart, reconcile.PassDockerEvent}) {
+		t.Errorf("passes %q, want start, event", got)
+	}
+}

@@ -125,6 +125,14 @@ func (r *Reconciler) fixed(kind string, n int) {
 	}
 }
 
+// scheduled reports whether an event pass or a follow-up is due (nothing
+// without Metrics).
+func (r *Reconciler) scheduled(due bool) {
+	if r.Metrics != nil {
+		r.Metrics.PassScheduled(due)
+	}
+}
+
 // ran counts a pass (none without Metrics).
 func (r *Reconciler) ran(result string) {
 	if r.Metrics != nil {
@@ -507,6 +515,14 @@ func (r *Reconciler) Run(ctx context.Context) {
 	defer followUp.Stop()
 	var debounce <-chan time.Time
 	var lastPass time.Time
+	// followUpArmed mirrors followUp (a timer cannot be asked).
+	followUpArmed, reported := false, false
+	report := func() {
+		if due := debounce != nil || followUpArmed; due != reported {
+			reported = due
+			r.scheduled(due)
+		}
+	}
 
 	pass := func(trigger string) {
 		lastPass = time.Now()
@@ -525,20 +541,24 @@ func (r *Reconciler) Run(ctx context.Context) {
 		// judged again: left armed, it would run a pass with nothing due
 		// (an idle host's datastore read, a burst of starts after).
 		followUp.Stop()
+		followUpArmed = false
 		// Only while Docker answers: otherwise due candidates would make
 		// this a busy loop, and the ticker retries anyway.
 		if res.DockerKnown && !res.Plan.NextDue.IsZero() {
 			followUp.Reset(max(time.Until(res.Plan.NextDue)+100*time.Millisecond, minFollowUp))
+			followUpArmed = true
 		}
 	}
 	pass(PassAtStart)
 	for {
+		report()
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
 			pass(PassPeriodic)
 		case <-followUp.C:
+			followUpArmed = false
 			pass(PassFollowUp)
 		case _, ok := <-changes:
 			if !ok {

@@ -43,7 +43,7 @@ func TestIdleQuietAndCheap(t *testing.T) {
 		t.Fatalf("serve arguments %v carry no --log-level", args)
 	}
 	args[i+1] = "info"
-	p := h.StartPlugin(t, bin, nil, append(args, "--resync-interval", idleResync.String())...)
+	p := h.StartPlugin(t, bin, nil, append(args, "--resync-interval", idleResync.String(), "--metrics-listen", harness.IdleDaemonMetrics)...)
 	startLog := p.Log()
 	t.Cleanup(func() {
 		if t.Failed() {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/calico-cnm/calico-cnm/plugin"
 	"github.com/calico-cnm/calico-cnm/policy"
 	"github.com/calico-cnm/calico-cnm/policy/api"
 )
@@ -23,6 +24,16 @@ const IdleNetwork = "idlenet"
 // netns (the client URL ServeArgs gives it): the requests are counted
 // where they arrive, whichever part of the daemon sent them.
 const IdleMetricsURL = "http://127.0.0.1:2379/metrics"
+
+// IdleDaemonMetrics is where the scenario's daemon must serve /metrics
+// (--metrics-listen, in the host's netns): StartIdleLoad waits there until
+// no reconcile pass is due. The last starts' Docker events bring a pass
+// seconds later (and perhaps a follow-up for an endpoint Docker did not
+// show yet): the load's own work, which must be done before idleness is
+// measured.
+const IdleDaemonMetrics = "127.0.0.1:9097"
+
+var reconcileScheduled = regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(plugin.MetricReconcileScheduled) + ` (\S+)$`)
 
 // idleRunners is how many `docker run` the scenario keeps in flight: each
 // runner takes the next container as soon as its last one is up, so one
@@ -83,7 +94,7 @@ func (h *Host) StartIdleLoad(t testing.TB, bin string, containers, policies int)
 		t.Fatalf("%s: %v", h.Name, err)
 	}
 	t.Logf("%s: %d containers started in %s", h.Name, containers, time.Since(began).Round(time.Second))
-	Eventually(t, 60*time.Second, 500*time.Millisecond, "every container running and every policy in the kernel", func() error {
+	Eventually(t, 60*time.Second, 500*time.Millisecond, "every container running, every policy in the kernel and no reconcile pass due", func() error {
 		out, err := h.Docker(t, "ps", "-q", "--filter", "status=running", "--filter", "network="+IdleNetwork)
 		if err != nil {
 			return err
@@ -99,6 +110,13 @@ func (h *Host) StartIdleLoad(t testing.TB, bin string, containers, policies int)
 			if c := policy.PolicyChainName(IdlePolicyName(k), api.Ingress); !strings.Contains(table, "chain "+c+" ") {
 				return fmt.Errorf("no chain %s of policy %s yet", c, IdlePolicyName(k))
 			}
+		}
+		metrics, err := h.Exec(t, "curl", "-sS", "-f", "--max-time", "5", "http://"+IdleDaemonMetrics+"/metrics")
+		if err != nil {
+			return fmt.Errorf("the daemon's /metrics (is it started with --metrics-listen %s?): %w", IdleDaemonMetrics, err)
+		}
+		if m := reconcileScheduled.FindStringSubmatch(metrics); m == nil || m[1] != "0" {
+			return fmt.Errorf("a reconcile pass is still due (%s %v)", plugin.MetricReconcileScheduled, m)
 		}
 		return nil
 	})
