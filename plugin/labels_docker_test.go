@@ -343,6 +343,9 @@ func TestLabelLearner(t *testing.T) {
 		fd.failInspect(true)
 		fd.create(t, tc.a, role(tc.roleA))
 		fd.create(t, tc.b, role(tc.roleB))
+		// Both are candidates once described; the learner may describe
+		// them in either order.
+		e.described(t, tc.a+"-id")
 		e.described(t, tc.b+"-id")
 		ep := "e-" + tc.a
 		got, err := e.labels(t, ep)
