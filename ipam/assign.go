@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -651,8 +650,7 @@ type listedBlock struct {
 
 // host is the block's host ("" when it has none, or is not known).
 func (l listedBlock) host() string {
-	h, _ := strings.CutPrefix(l.affinity, "host:")
-	return h
+	return hostOfAffinity(l.affinity)
 }
 
 // decoded is the block, decoded from its record if it was not.

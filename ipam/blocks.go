@@ -66,7 +66,16 @@ type affinityRecord struct {
 }
 
 // affinityOf is the block.Affinity value for a host.
-func affinityOf(host string) string { return "host:" + host }
+func affinityOf(host string) string { return hostAffinityTag + host }
+
+// hostOfAffinity is the host an affinity names ("" when it names none).
+func hostOfAffinity(affinity string) string {
+	h, _ := strings.CutPrefix(affinity, hostAffinityTag)
+	return h
+}
+
+// hostAffinityTag starts a block's affinity to a host.
+const hostAffinityTag = "host:"
 
 // handleRecord counts, per block CIDR, the addresses a handle holds there.
 // It is written in the same transaction as the block(s) it describes.
@@ -188,8 +197,7 @@ func (b *block) clone() *block {
 
 // host is the node the block is affine to, "" when none.
 func (b *block) host() string {
-	h, _ := strings.CutPrefix(b.Affinity, "host:")
-	return h
+	return hostOfAffinity(b.Affinity)
 }
 
 func (b *block) used() int {

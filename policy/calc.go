@@ -314,14 +314,11 @@ func (c *incrementalCalc) takeEndpoint(key string, rec *datastore.Endpoint) {
 	if n, known := c.netByID[ep.Network]; known {
 		ce.netKey = NetworkKey(n)
 	}
-	if a, ok := datastore.ParseEndpointAddr(ep.IPv4); ok && a.Is4() {
-		ce.addrs[0] = a
-	} else if ep.IPv4 != "" {
+	ce.addrs[0], ce.addrs[1] = ep.Addrs()
+	if !ce.addrs[0].IsValid() && ep.IPv4 != "" {
 		ce.warnings = append(ce.warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv4 address %q", dataplane.ShortID(ep.ID), ep.IPv4))
 	}
-	if a, ok := datastore.ParseEndpointAddr(ep.IPv6); ok && a.Is6() {
-		ce.addrs[1] = a
-	} else if ep.IPv6 != "" {
+	if !ce.addrs[1].IsValid() && ep.IPv6 != "" {
 		ce.warnings = append(ce.warnings, fmt.Sprintf("endpoint %s: ignoring invalid IPv6 address %q", dataplane.ShortID(ep.ID), ep.IPv6))
 	}
 	if ep.Node == c.node && ep.Joined {

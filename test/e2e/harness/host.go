@@ -266,13 +266,7 @@ func (h *Host) recordMountNamespace(p *Process) {
 // dockerd takes seconds to answer on a busy machine, polled every 150 ms,
 // and each run of the CLI costs about 0.1 s of CPU.
 func (h *Host) dockerdReady(ctx context.Context) error {
-	c := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", h.DockerSock)
-		},
-		DisableKeepAlives: true,
-	}}
+	c := unixSocketClient(h.DockerSock)
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://docker/version", nil)
@@ -526,17 +520,23 @@ func PluginActivate(ctx context.Context, path string) ([]string, error) {
 	return resp.Implements, nil
 }
 
-// PluginCall POSTs req as JSON to method (e.g. "/NetworkDriver.GetCapabilities")
-// on the plugin socket at path, like dockerd does, and decodes the answer into
-// resp (may be nil). A non-200 answer is an error carrying the body.
-func PluginCall(ctx context.Context, path, method string, req, resp any) error {
-	c := &http.Client{Transport: &http.Transport{
+// unixSocketClient is an HTTP client of the server on the unix socket at
+// path (any host in a URL reaches it).
+func unixSocketClient(path string) *http.Client {
+	return &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", path)
 		},
 		DisableKeepAlives: true,
 	}}
+}
+
+// PluginCall POSTs req as JSON to method (e.g. "/NetworkDriver.GetCapabilities")
+// on the plugin socket at path, like dockerd does, and decodes the answer into
+// resp (may be nil). A non-200 answer is an error carrying the body.
+func PluginCall(ctx context.Context, path, method string, req, resp any) error {
+	c := unixSocketClient(path)
 	body, err := json.Marshal(req)
 	if err != nil {
 		return err
