@@ -15,7 +15,10 @@ import (
 	"runtime/debug"
 	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/sirupsen/logrus"
 
@@ -134,9 +137,18 @@ func (s *Server) Handler(implements ...string) http.Handler {
 		}
 	}
 	s.route(mux, "/", func(r *http.Request) (int, any) {
-		return http.StatusNotFound, errorBody{Err: fmt.Sprintf("calico-cnm does not implement %s on this socket", r.URL.Path)}
+		return http.StatusNotFound, errorBody{Err: fmt.Sprintf("calico-cnm does not implement %s on this socket", printablePath(r.URL.Path))}
 	})
 	return mux
+}
+
+// printablePath keeps the 404 message on one line: a path with a line break
+// or another unprintable rune is quoted, Go style, rather than echoed.
+func printablePath(path string) string {
+	if strings.ContainsFunc(path, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		return strconv.Quote(path)
+	}
+	return path
 }
 
 // route registers path with the uniform wrapping: POST only, body limit,
