@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -43,6 +44,7 @@ type report struct {
 	buffered map[string][]string // package + "\x00" + test -> its output so far
 	summary  []string            // the packages' ok/FAIL/? lines
 	timings  []timing
+	said     []string // failed tests' lines from their _test.go files
 	failed   bool
 }
 
@@ -92,6 +94,9 @@ func (r *report) handle(e event) {
 				}
 			}
 		}
+		if e.Action == "fail" {
+			r.keepSaid(e.Test, r.buffered[key])
+		}
 		delete(r.buffered, key)
 		if !strings.Contains(e.Test, "/") {
 			r.timings = append(r.timings, timing{e.Package, e.Test, e.Action, time.Duration(e.Elapsed * float64(time.Second))})
@@ -101,7 +106,34 @@ func (r *report) handle(e event) {
 	}
 }
 
-// finish prints the slowest n tests and then the package lines.
+// testFileLine is a line a test wrote through t.Log/t.Error from one of its
+// _test.go files (helpers marked t.Helper report their caller's line).
+var testFileLine = regexp.MustCompile(`^\s+\S+_test\.go:\d+: `)
+
+// Bounds of the repeated lines: enough to say why, not a second log.
+const (
+	saidPerTest  = 20
+	saidLineSize = 400
+)
+
+// keepSaid keeps the first saidPerTest test-file lines of failed test name.
+func (r *report) keepSaid(name string, lines []string) {
+	kept := 0
+	for _, l := range lines {
+		if kept == saidPerTest || !testFileLine.MatchString(l) {
+			continue
+		}
+		l = strings.TrimSpace(l)
+		if len(l) > saidLineSize {
+			l = l[:saidLineSize] + " ..."
+		}
+		r.said = append(r.said, name+": "+l)
+		kept++
+	}
+}
+
+// finish prints the slowest n tests, what the failed tests said, and then
+// the package lines.
 func (r *report) finish(n int) {
 	slices.SortFunc(r.timings, func(a, b timing) int { return cmp.Compare(b.Elapsed, a.Elapsed) })
 	if len(r.timings) > n {
@@ -111,6 +143,13 @@ func (r *report) finish(n int) {
 		fmt.Fprintf(r.out, "\nThe %d slowest tests:\n", len(r.timings))
 		for _, t := range r.timings {
 			fmt.Fprintf(r.out, "  %8s  %-4s  %s %s\n", t.Elapsed.Round(100*time.Millisecond), strings.ToUpper(t.Result), t.Package, t.Test)
+		}
+		fmt.Fprintln(r.out)
+	}
+	if len(r.said) > 0 {
+		fmt.Fprintln(r.out, "What the failed tests said:")
+		for _, l := range r.said {
+			fmt.Fprintf(r.out, "  %s\n", l)
 		}
 		fmt.Fprintln(r.out)
 	}

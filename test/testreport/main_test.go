@@ -15,6 +15,7 @@ func TestReport(t *testing.T) {
 		`{"Action":"output","Package":"p/a","Test":"TestFast","Output":"--- PASS: TestFast (0.10s)\n"}`,
 		`{"Action":"pass","Package":"p/a","Test":"TestFast","Elapsed":0.1}`,
 		`{"Action":"output","Package":"p/a","Test":"TestSlow/sub","Output":"    a_test.go:9: broken here\n"}`,
+		`{"Action":"output","Package":"p/a","Test":"TestSlow/sub","Output":"    host.go:3: a harness log line\n"}`,
 		`{"Action":"output","Package":"p/a","Test":"TestSlow/sub","Output":"--- FAIL: TestSlow/sub (30.00s)\n"}`,
 		`{"Action":"fail","Package":"p/a","Test":"TestSlow/sub","Elapsed":30}`,
 		`{"Action":"output","Package":"p/a","Test":"TestSlow","Output":"--- FAIL: TestSlow (31.00s)\n"}`,
@@ -51,6 +52,10 @@ func TestReport(t *testing.T) {
 	slowest := got[strings.Index(got, "The 2 slowest tests:"):]
 	if i, j := strings.Index(slowest, "TestSlow"), strings.Index(slowest, "TestMid"); i < 0 || j < i || strings.Contains(slowest, "TestFast") {
 		t.Errorf("slowest tests not TestSlow then TestMid only:\n%s", slowest)
+	}
+	said := got[strings.Index(got, "What the failed tests said:"):]
+	if !strings.Contains(said, "TestSlow/sub: a_test.go:9: broken here") || strings.Contains(said, "harness log line") || strings.Contains(said, "needs root") {
+		t.Errorf("the failed tests' own lines are not repeated, alone, before the package lines:\n%s", said)
 	}
 	if !strings.HasSuffix(got, "FAIL\tp/a\t31.5s\nok  \tp/b\t2.1s\nFAIL\n") {
 		t.Errorf("output does not end with the package lines:\n%s", got)
