@@ -120,7 +120,10 @@ const (
 func (r *report) keepSaid(name string, lines []string) {
 	kept := 0
 	for _, l := range lines {
-		if kept == saidPerTest || !testFileLine.MatchString(l) {
+		if kept == saidPerTest {
+			break
+		}
+		if !testFileLine.MatchString(l) {
 			continue
 		}
 		l = strings.TrimSpace(l)

@@ -53,7 +53,11 @@ func TestReport(t *testing.T) {
 	if i, j := strings.Index(slowest, "TestSlow"), strings.Index(slowest, "TestMid"); i < 0 || j < i || strings.Contains(slowest, "TestFast") {
 		t.Errorf("slowest tests not TestSlow then TestMid only:\n%s", slowest)
 	}
-	said := got[strings.Index(got, "What the failed tests said:"):]
+	saidAt := strings.Index(got, "What the failed tests said:")
+	if saidAt < 0 {
+		t.Fatalf("no section of what the failed tests said:\n%s", got)
+	}
+	said := got[saidAt:]
 	if !strings.Contains(said, "TestSlow/sub: a_test.go:9: broken here") || strings.Contains(said, "harness log line") || strings.Contains(said, "needs root") {
 		t.Errorf("the failed tests' own lines are not repeated, alone, before the package lines:\n%s", said)
 	}
