@@ -23,16 +23,22 @@ func AfterOps(cur Ruleset, ops []Op, handles map[int]uint64) (Ruleset, bool) {
 //   - want (nil: unknown) is the Ruleset ops are the plan to: a set whose
 //     elements the change makes exactly want's (checked, without copying)
 //     takes want's slice, which nobody changes, instead of a copy;
-//   - derivedOnce: cur will not be derived from again, so a rule added to
-//     one of its chains is appended in place. The arrays are shared, but
-//     every Ruleset holding one sees only its own length, and a deletion
-//     still copies.
+//   - derivedOnce: cur will not be derived from again nor read after
+//     this returns (Conn drops it for the result, or for nothing when ok
+//     is false), so its tables' set and chain arrays are changed in place
+//     and a rule added to one of its chains is appended in place; a rule
+//     deletion still copies the chain's rules.
 func afterOps(cur Ruleset, ops []Op, handles map[int]uint64, want *Ruleset, derivedOnce bool) (Ruleset, bool) {
 	tables := map[Family]*Table{}
 	var order []Family
 	for _, t := range cur.Tables {
 		t := t
-		t.Sets, t.Chains = slices.Clone(t.Sets), slices.Clone(t.Chains)
+		if !derivedOnce {
+			// Otherwise cur is dead once this returns: its arrays are
+			// changed in place, and an Apply at a thousand endpoints does
+			// not copy two thousand chains (and the collector scan them).
+			t.Sets, t.Chains = slices.Clone(t.Sets), slices.Clone(t.Chains)
+		}
 		tables[t.Family] = &t
 		order = append(order, t.Family)
 	}
@@ -275,7 +281,12 @@ func becomes(has, changes, to []string, del bool, before func(a, b string) bool)
 		default:
 			return false
 		}
-		seen[e] = true
+		if in[e] {
+			// Only the changes are looked up: a map of every element
+			// would cost an allocation per element of a set of a
+			// thousand endpoints at each change.
+			seen[e] = true
+		}
 	}
 	if i != len(has) {
 		return false
