@@ -2,11 +2,14 @@ package dataplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"golang.org/x/sys/unix"
 )
 
 // forwardRuleComment marks the rules EnsureForwardAccept owns, so that it
@@ -40,11 +43,10 @@ func (l *Linux) EnsureForwardAccept(ctx context.Context) error {
 		return fmt.Errorf("opening nftables: %w", err)
 	}
 	for _, family := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
-		chains, err := conn.ListChainsOfTableFamily(family)
+		chain, err := forwardChain(conn, family)
 		if err != nil {
-			return fmt.Errorf("listing nftables chains: %w", err)
+			return err
 		}
-		chain := pickForwardChain(chains)
 		if chain == nil {
 			continue
 		}
@@ -76,22 +78,30 @@ func (l *Linux) EnsureForwardAccept(ctx context.Context) error {
 	return nil
 }
 
-// pickForwardChain prefers Docker's DOCKER-USER chain of table "filter",
-// then that table's FORWARD chain.
-func pickForwardChain(chains []*nftables.Chain) *nftables.Chain {
-	var forward *nftables.Chain
-	for _, c := range chains {
-		if c.Table == nil || c.Table.Name != "filter" {
-			continue
-		}
-		switch c.Name {
-		case "DOCKER-USER":
-			return c
-		case "FORWARD":
-			forward = c
+// forwardChain is where the accept rules go in family's table "filter":
+// Docker's DOCKER-USER chain, else FORWARD, else nil (no such table or
+// chain). It asks for the two chains by name: Join calls it, and a listing
+// of the family's chains would read every chain of the host's tables,
+// this daemon's thousands of policy chains included.
+func forwardChain(conn *nftables.Conn, family nftables.TableFamily) (*nftables.Chain, error) {
+	filter := &nftables.Table{Name: "filter", Family: family}
+	for _, name := range []string{"DOCKER-USER", "FORWARD"} {
+		c, err := conn.ListChain(filter, name)
+		switch {
+		case err == nil:
+			c.Table = filter
+			return c, nil
+		case !chainMissing(err):
+			return nil, fmt.Errorf("reading nftables chain filter/%s: %w", name, err)
 		}
 	}
-	return forward
+	return nil, nil
+}
+
+// chainMissing: the kernel answered that the table or chain asked for does
+// not exist. The library flattens the errno into its message.
+func chainMissing(err error) bool {
+	return errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), unix.ENOENT.Error())
 }
 
 func hasForwardRules(rules []*nftables.Rule) bool {
