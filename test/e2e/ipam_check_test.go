@@ -18,7 +18,10 @@ import (
 // unreachable nothing is released.
 func TestIPAMCheckAsksDocker(t *testing.T) {
 	t.Parallel()
-	h := newCalicoHost(t, "ipamcheck")
+	// Only `ipam check` may release the orphan: the daemon's own reconcile
+	// would, once the orphan is older than its grace (on a loaded machine
+	// the check came 97 s after the request, and found nothing left).
+	h := newFaultHost(t, "ipamcheck", harness.HostOptions{}, nil, "--reconcile-grace", "1h")
 	h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "net1")
 	h.MustDocker(t, "run", "-d", "--name", "c1", "--net", "net1", harness.Image, "sleep", "3600")
 	ip := h.containerIP(t, "c1", "net1")
