@@ -88,6 +88,28 @@ func TestBecomes(t *testing.T) {
 	}
 }
 
+// TestBecomesCostsNothingPerElement: adding one interface to a set of a
+// thousand (a Join on a full host) allocates the same few maps as adding
+// it to a set of two; it once built a map of every element, each Join.
+func TestBecomesCostsNothingPerElement(t *testing.T) {
+	names, _ := elementOrder(SetIfname)
+	allocs := func(n int) float64 {
+		var has []string
+		for i := range n {
+			has = append(has, fmt.Sprintf("cali%05d", 2*i))
+		}
+		added := fmt.Sprintf("cali%05d", 2*(n/2)+1)
+		to := slices.Insert(slices.Clone(has), n/2+1, added)
+		if !becomes(has, []string{added}, to, false, names) {
+			t.Fatalf("with %d elements: the added element in order is not recognised", n)
+		}
+		return testing.AllocsPerRun(20, func() { becomes(has, []string{added}, to, false, names) })
+	}
+	if small, large := allocs(2), allocs(1000); large > small {
+		t.Errorf("becomes allocates %.0f times with 1000 elements, %.0f with 2: it should not grow with the set", large, small)
+	}
+}
+
 // TestCanonicalSetOfANewSet: a set added whole is made canonical (sorted,
 // each element once, of the table's family), however few its elements.
 func TestCanonicalSetOfANewSet(t *testing.T) {
