@@ -595,7 +595,8 @@ func (n *Conn) Resync(name string) {
 // Known is what the next Apply of the tables called name will diff
 // against instead of reading the kernel; ok is false when it will read
 // the kernel. It lets a test check that what Apply remembers is what the
-// kernel has.
+// kernel has. rs is valid until the next Apply, which changes its arrays
+// in place.
 func (n *Conn) Known(name string) (rs Ruleset, ok bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
