@@ -635,6 +635,11 @@ func (n *Conn) applyFromKernel(ctx context.Context, name string, want Ruleset) (
 		n.remember(name, cur, ops, handles, &want)
 		return len(ops), nil
 	}
+	if ctx.Err() != nil {
+		// The daemon is stopping (or the caller gave up): nothing to
+		// rewrite, and nothing to warn of.
+		return 0, err
+	}
 	n.log.WithError(err).WithField("table", name).Warn("updating the nftables tables in place failed; rewriting them")
 	var full []Op
 	for _, t := range want.sortedTables() {

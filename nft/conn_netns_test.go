@@ -2,10 +2,13 @@ package nft
 
 import (
 	"context"
+	"errors"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 
 	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/calico-cnm/calico-cnm/internal/netnstest"
 )
@@ -145,5 +148,52 @@ func TestConnAppliesTablesIntegration(t *testing.T) {
 	}
 	if got, err := policy.Dump(ctx, IPv4, IPv6); err != nil || len(got.Tables) != 2 {
 		t.Errorf("deleting t-ports took t-policy: %v, %v", got.Render(), err)
+	}
+}
+
+// endsAfter is a context that ends once its Err has been asked n times:
+// between the reading of the kernel and the change, as a daemon that stops
+// at that moment would.
+type endsAfter struct {
+	context.Context
+	asked atomic.Int32
+	n     int32
+}
+
+func (c *endsAfter) Err() error {
+	if c.asked.Add(1) > c.n {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestConnApplyCancelledIsQuiet: an Apply whose context ends after it read
+// the kernel (the daemon stopping during its first Apply) returns the
+// context's error, logs no warning and leaves the kernel as it was; it
+// once warned that the update failed and tried a rewrite.
+func TestConnApplyCancelledIsQuiet(t *testing.T) {
+	ns := netnstest.NewNamed(t, "nfttest", "the nftables encoder, decoder and diff against the kernel")
+	log, hook := logtest.NewNullLogger()
+	c, err := New("/var/run/netns/"+ns, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := &endsAfter{Context: context.Background(), n: 1} // Dump asks once
+	ports := c.Tables("t-ports")
+	_, err = ports.Apply(ctx, both(func(f Family) Table { return portsLike(f, []binding{{8080, 80, "10.66.0.5"}}) }))
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Apply with a context that ended = %v, want context.Canceled", err)
+	}
+	if ctx.asked.Load() < 2 {
+		t.Fatalf("the context was asked %d times: Apply never got past reading the kernel, so this test proves nothing", ctx.asked.Load())
+	}
+	for _, e := range hook.AllEntries() {
+		if e.Level <= logrus.WarnLevel {
+			t.Errorf("logged at %s: %s (%v)", e.Level, e.Message, e.Data)
+		}
+	}
+	if got, err := ports.Dump(context.Background(), IPv4, IPv6); err != nil || len(got.Tables) != 0 {
+		t.Errorf("the kernel has %d of the tables after a cancelled Apply (%v), want none", len(got.Tables), err)
 	}
 }
