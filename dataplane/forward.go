@@ -89,7 +89,6 @@ func forwardChain(conn *nftables.Conn, family nftables.TableFamily) (*nftables.C
 		c, err := conn.ListChain(filter, name)
 		switch {
 		case err == nil:
-			c.Table = filter
 			return c, nil
 		case !chainMissing(err):
 			return nil, fmt.Errorf("reading nftables chain filter/%s: %w", name, err)
