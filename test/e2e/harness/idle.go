@@ -56,15 +56,7 @@ func IdlePolicyName(k int) string { return fmt.Sprintf("idle-%d", k) }
 func (h *Host) StartIdleLoad(t testing.TB, bin string, containers, policies int) {
 	t.Helper()
 	h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", IdleNetwork)
-	var docs []string
-	for k := range policies {
-		docs = append(docs, fmt.Sprintf(idlePolicy, IdlePolicyName(k), 100+k, IdleRole(k, policies)))
-	}
-	file := filepath.Join(h.Dir, "idle-policies.yaml")
-	if err := os.WriteFile(file, []byte(strings.Join(docs, "---\n")), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	h.MustExec(t, bin, "apply", "-f", file)
+	h.ApplyIdlePolicies(t, bin, policies)
 
 	defer StartingCrowd(t)()
 	began := time.Now()
@@ -77,7 +69,7 @@ func (h *Host) StartIdleLoad(t testing.TB, bin string, containers, policies int)
 			defer wg.Done()
 			for i := range next {
 				_, err := h.DockerWithin(CrowdCommandTimeout, "run", "-d", "--name", fmt.Sprintf("idle%03d", i), "--net", IdleNetwork,
-					"--label", policy.LabelPrefix+"role="+IdleRole(i, policies), Image, "sleep", "1000000")
+					"--label", IdleLabel(i, policies), Image, "sleep", "1000000")
 				if err != nil {
 					errs <- fmt.Errorf("container %d: %w", i, err)
 				}
@@ -94,8 +86,36 @@ func (h *Host) StartIdleLoad(t testing.TB, bin string, containers, policies int)
 		t.Fatalf("%s: %v", h.Name, err)
 	}
 	t.Logf("%s: %d containers started in %s", h.Name, containers, time.Since(began).Round(time.Second))
+	h.AwaitIdleSettled(t, IdleNetwork, containers, policies)
+}
+
+// IdleLabel is the label (--label) of container i of the idle scenario:
+// its role among policies policies.
+func IdleLabel(i, policies int) string { return policy.LabelPrefix + "role=" + IdleRole(i, policies) }
+
+// ApplyIdlePolicies applies the idle scenario's `policies` policies with
+// the CLI (bin) on h.
+func (h *Host) ApplyIdlePolicies(t testing.TB, bin string, policies int) {
+	t.Helper()
+	var docs []string
+	for k := range policies {
+		docs = append(docs, fmt.Sprintf(idlePolicy, IdlePolicyName(k), 100+k, IdleRole(k, policies)))
+	}
+	file := filepath.Join(h.Dir, "idle-policies.yaml")
+	if err := os.WriteFile(file, []byte(strings.Join(docs, "---\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h.MustExec(t, bin, "apply", "-f", file)
+}
+
+// AwaitIdleSettled waits until the idle scenario's work is done on h:
+// `containers` containers run on network, the chain of each of the
+// `policies` policies is in the kernel, and the daemon (serving /metrics
+// at IdleDaemonMetrics) has no reconcile pass due.
+func (h *Host) AwaitIdleSettled(t testing.TB, network string, containers, policies int) {
+	t.Helper()
 	Eventually(t, 60*time.Second, 500*time.Millisecond, "every container running, every policy in the kernel and no reconcile pass due", func() error {
-		out, err := h.Docker(t, "ps", "-q", "--filter", "status=running", "--filter", "network="+IdleNetwork)
+		out, err := h.Docker(t, "ps", "-q", "--filter", "status=running", "--filter", "network="+network)
 		if err != nil {
 			return err
 		}
