@@ -3,6 +3,7 @@ package harness
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/docker/docker/client"
 )
 
 // HostOptions tune a simulated Docker host.
@@ -61,6 +64,9 @@ type Host struct {
 	// mntHolder keeps the LiveRestore host's mount namespace alive between
 	// dockerd incarnations.
 	mntHolder *Process
+
+	apiMu sync.Mutex
+	api   *client.Client // of dockerAPI, made at its first use
 
 	mu       sync.Mutex
 	mntInos  []uint64   // mount namespaces of every dockerd incarnation
@@ -343,7 +349,10 @@ func (h *Host) DockerHost() string { return "unix://" + h.DockerSock }
 
 // Docker runs /usr/bin/docker -H <this host> args... (bounded by
 // CommandTimeout) and returns stdout without surrounding white space. The
-// error carries the exit status and stderr.
+// error carries the exit status and stderr. The most frequent commands
+// (run -d, exec, rm -f, inspect -f, ps -q) are answered in-process through
+// the Engine API with the same stdout and error text (see dockerapi.go;
+// CNME2E_DOCKER_CLI=1 runs the CLI for all).
 func (h *Host) Docker(t testing.TB, args ...string) (string, error) {
 	t.Helper()
 	return h.DockerCtx(context.Background(), args...)
@@ -360,7 +369,11 @@ func (h *Host) DockerWithin(timeout time.Duration, args ...string) (string, erro
 }
 
 func (h *Host) dockerWithin(ctx context.Context, timeout time.Duration, args ...string) (string, error) {
-	out, err := runCmdTimeout(ctx, timeout, dockerEnv(), append([]string{DockerPath, "-H", h.DockerHost()}, args...)...)
+	argv := append([]string{DockerPath, "-H", h.DockerHost()}, args...)
+	out, err := h.dockerAPI(ctx, timeout, argv, args)
+	if errors.Is(err, errUseCLI) {
+		out, err = runCmdTimeout(ctx, timeout, dockerEnv(), argv...)
+	}
 	return strings.TrimSpace(out), err
 }
 
@@ -666,6 +679,7 @@ func (h *Host) cleanup() {
 			}
 		})
 	}
+	h.closeAPIClient()
 	if h.mntHolder != nil {
 		step("stop the mount namespace holder", func() { h.mntHolder.stop(StopTimeout) })
 	}
