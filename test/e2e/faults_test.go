@@ -56,18 +56,36 @@ func (h *calicoHost) leftovers(t *testing.T) error {
 	return fmt.Errorf("%s", strings.Join(problems, "; "))
 }
 
-// TestKill9DaemonDuringChurn: a loop of 50 `docker run` + `docker rm -f`,
-// with the daemon SIGKILLed at random moments (about one iteration in two,
-// at a random point of the run/rm pair) and restarted each time: at once
-// (as systemd would), or twice only after Docker's calls gave up.
+// TestKill9DaemonDuringChurn: 50 `docker run` + `docker rm -f` (a loop of
+// 25 on each of two hosts), with the daemon SIGKILLed at random moments
+// (about one iteration in two, at a random point of the run/rm pair) and
+// restarted each time: at once (as systemd would), or twice (once per
+// host) only after Docker's calls gave up.
 // Docker calls that hit the dead daemon may fail; what must hold is that
 // once every container is gone, the daemon (its reconcile with Docker) has
 // left no leaked address (`ipam check` clean, 0 allocated), no orphan
 // veth and no orphan route.
 func TestKill9DaemonDuringChurn(t *testing.T) {
 	t.Parallel()
-	const iterations = 50
-	h := newFaultHost(t, "kill9", harness.HostOptions{}, nil, "--reconcile-grace", "3s", "--resync-interval", "3s")
+	// Two hosts churn side by side, each half the iterations and one of
+	// the late restarts: the same faults as one host doing all of them,
+	// in half the time (most of a late restart is waiting out Docker's
+	// retries).
+	const hosts, iterations, late = 2, 50, 2
+	for k := range hosts {
+		name := fmt.Sprintf("kill9%c", 'a'+k)
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			kill9DuringChurn(t, name, iterations/hosts, late/hosts)
+		})
+	}
+}
+
+// kill9DuringChurn is TestKill9DaemonDuringChurn on one host (name):
+// iterations run/rm pairs, of which at most maxLate restart the daemon only
+// after Docker gave up.
+func kill9DuringChurn(t *testing.T, name string, iterations, maxLate int) {
+	h := newFaultHost(t, name, harness.HostOptions{}, nil, "--reconcile-grace", "3s", "--resync-interval", "3s")
 	h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.0.0/16", "calico-net")
 
 	seed := uint64(time.Now().UnixNano())
@@ -95,10 +113,10 @@ func TestKill9DaemonDuringChurn(t *testing.T) {
 			// calls RequestAddress, CreateEndpoint and Join.
 			time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond)
 			h.plugin.Kill9(t)
-			// Twice per run the daemon stays down until Docker gave up
-			// (its retries last ~30 s): the calls fail and whatever they
-			// left is for the restarted daemon to find.
-			late = lateRestarts < 2 && rng.IntN(4) == 0
+			// maxLate times per run the daemon stays down until Docker
+			// gave up (its retries last ~30 s): the calls fail and
+			// whatever they left is for the restarted daemon to find.
+			late = lateRestarts < maxLate && rng.IntN(4) == 0
 			if late {
 				lateRestarts++
 			} else {

@@ -44,12 +44,15 @@ type report struct {
 	buffered map[string][]string // package + "\x00" + test -> its output so far
 	summary  []string            // the packages' ok/FAIL/? lines
 	timings  []timing
-	said     []string // failed tests' lines from their _test.go files
-	failed   bool
+	// longestSub: package + "\x00" + top-level test -> its longest
+	// subtest so far.
+	longestSub map[string]time.Duration
+	said       []string // failed tests' lines from their _test.go files
+	failed     bool
 }
 
 func newReport(out io.Writer) *report {
-	return &report{out: out, buffered: map[string][]string{}}
+	return &report{out: out, buffered: map[string][]string{}, longestSub: map[string]time.Duration{}}
 }
 
 // isSummary: the one line go test prints per package when it is done.
@@ -98,9 +101,17 @@ func (r *report) handle(e event) {
 			r.keepSaid(e.Test, r.buffered[key])
 		}
 		delete(r.buffered, key)
-		if !strings.Contains(e.Test, "/") {
-			r.timings = append(r.timings, timing{e.Package, e.Test, e.Action, time.Duration(e.Elapsed * float64(time.Second))})
+		elapsed := time.Duration(e.Elapsed * float64(time.Second))
+		top, _, sub := strings.Cut(e.Test, "/")
+		topKey := e.Package + "\x00" + top
+		if sub {
+			// A test whose subtests run in parallel reports itself as
+			// taking no time: it lasted as long as its longest subtest.
+			r.longestSub[topKey] = max(r.longestSub[topKey], elapsed)
+			break
 		}
+		r.timings = append(r.timings, timing{e.Package, e.Test, e.Action, max(elapsed, r.longestSub[topKey])})
+		delete(r.longestSub, topKey)
 	case "build-fail":
 		r.failed = true
 	}

@@ -68,3 +68,31 @@ func TestReport(t *testing.T) {
 		t.Error("a failed test did not fail the report")
 	}
 }
+
+// TestReportParallelSubtests: a test whose subtests run in parallel
+// reports itself as taking no time; the slowest tests show it as long as
+// its longest subtest.
+func TestReportParallelSubtests(t *testing.T) {
+	stream := strings.Join([]string{
+		`{"Action":"pass","Package":"p/a","Test":"TestSplit/a","Elapsed":90}`,
+		`{"Action":"pass","Package":"p/a","Test":"TestSplit/b","Elapsed":120}`,
+		`{"Action":"pass","Package":"p/a","Test":"TestSplit","Elapsed":0}`,
+		`{"Action":"pass","Package":"p/a","Test":"TestOther","Elapsed":100}`,
+		`{"Action":"pass","Package":"p/b","Test":"TestSplit","Elapsed":1}`,
+		`{"Action":"output","Package":"p/a","Output":"ok  \tp/a\t120s\n"}`,
+		`{"Action":"pass","Package":"p/a","Elapsed":120}`,
+	}, "\n")
+	var out strings.Builder
+	r := newReport(&out)
+	if err := r.consume(strings.NewReader(stream)); err != nil {
+		t.Fatal(err)
+	}
+	r.finish(3)
+	got := out.String()
+	slowest := got[strings.Index(got, "The 3 slowest tests:"):]
+	lines := strings.Split(strings.TrimSpace(slowest), "\n")
+	if len(lines) < 4 || !strings.Contains(lines[1], "2m0s") || !strings.HasSuffix(lines[1], "p/a TestSplit") ||
+		!strings.HasSuffix(lines[2], "p/a TestOther") || !strings.Contains(lines[3], "1s") || !strings.HasSuffix(lines[3], "p/b TestSplit") {
+		t.Errorf("slowest tests not p/a TestSplit (2m0s, its longest subtest), TestOther, then p/b TestSplit (1s):\n%s", slowest)
+	}
+}
