@@ -29,11 +29,13 @@ build:
 # busy for the two minutes before the e2e package's turn came.
 # -vet=off: the go vet above already ran every analyzer go test's own vet
 # step would (a subset), on the same packages and test files.
+# TESTREPORT_FLAGS="-json FILE" keeps go test's -json stream (every test's
+# start and end) for a timeline of the run.
 TEST_PARALLEL ?= 4
 TEST_PACKAGES ?= 4
 test:
 	$(GO) vet $(PKGS)
-	$(GO) run ./test/testreport -- $(GO) test -json -count=1 -vet=off -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $(PKGS)
+	$(GO) run ./test/testreport $(TESTREPORT_FLAGS) -- $(GO) test -json -count=1 -vet=off -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $(PKGS)
 
 # Tests that need neither root nor dockerd: every package but the e2e suite;
 # under -short the tests that need root or a netns skip, saying so.

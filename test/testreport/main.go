@@ -193,8 +193,9 @@ func (r *report) consume(in io.Reader) error {
 
 func main() {
 	n := flag.Int("n", 10, "how many of the slowest tests to print")
+	keep := flag.String("json", "", "also write go test's -json stream to this file (each test's start, end and output, for a timeline)")
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: testreport [-n N] -- go test -json [flags] [packages]")
+		fmt.Fprintln(os.Stderr, "usage: testreport [-n N] [-json FILE] -- go test -json [flags] [packages]")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -213,8 +214,20 @@ func main() {
 		fmt.Fprintln(os.Stderr, "testreport:", err)
 		os.Exit(2)
 	}
+	var in io.Reader = stdout
+	var kept *os.File
+	if *keep != "" {
+		if kept, err = os.Create(*keep); err != nil {
+			fmt.Fprintln(os.Stderr, "testreport:", err)
+			os.Exit(2)
+		}
+		in = io.TeeReader(stdout, kept)
+	}
 	r := newReport(os.Stdout)
-	readErr := r.consume(stdout)
+	readErr := r.consume(in)
+	if kept != nil {
+		readErr = cmp.Or(readErr, kept.Close())
+	}
 	err = cmd.Wait()
 	r.finish(*n)
 	var exit *exec.ExitError
