@@ -162,9 +162,11 @@ type Plan struct {
 	Reclaim []AddressReclaim
 	// Rebuild are the records of Unknown endpoints whose addresses no
 	// assignment held either (the datastore lost them, rather than the
-	// node being renamed): written once their addresses are reclaimed,
-	// with the reclaimed handles, labels to be learnt (LabelsUnknown, see
-	// the policy's relearn loop).
+	// node being renamed), or only a reclaim for that very endpoint (an
+	// earlier pass's, which could not rebuild): written once their
+	// addresses are reclaimed, with the reclaimed handles (Handles holds
+	// the earlier passes'), labels to be learnt (LabelsUnknown, see the
+	// policy's relearn loop).
 	Rebuild []datastore.Endpoint
 	// Pending are the stale candidates still inside their grace period,
 	// with when they were first seen: the next pass's FirstSeen.
@@ -303,15 +305,27 @@ func MakePlan(in Input) Plan {
 			plan.Unknown = append(plan.Unknown, id)
 		}
 		lost := len(de.IPs) > 0
+		var reclaimed []string // handles an earlier pass's reclaim made for it
 		for _, ip := range de.IPs {
-			if _, held := idx.holders[ip]; held {
+			if a, held := idx.holders[ip]; held {
+				if reclaimedFor(a, in.Node, id) {
+					// Lost, and re-assigned by an earlier pass that could
+					// not rebuild the record: its view of the records
+					// was older than the loss (the syncer had not
+					// re-listed a restored datastore yet), or the daemon
+					// stopped in between.
+					reclaimed = append(reclaimed, a.HandleID)
+					continue
+				}
 				lost = false
 				continue
 			}
 			plan.Reclaim = append(plan.Reclaim, AddressReclaim{IP: ip, Endpoint: id, Network: de.Network})
 		}
 		if lost && !idx.known[id] {
-			plan.Rebuild = append(plan.Rebuild, rebuiltEndpoint(in.Node, in.Docker.EngineID, de))
+			ep := rebuiltEndpoint(in.Node, in.Docker.EngineID, de)
+			ep.Handles = reclaimed
+			plan.Rebuild = append(plan.Rebuild, ep)
 		}
 	}
 	slices.SortFunc(plan.Rebuild, func(a, b datastore.Endpoint) int { return strings.Compare(a.ID, b.ID) })
@@ -325,6 +339,12 @@ func MakePlan(in Input) Plan {
 // view tells it: what the kernel has (veth name, addresses) and what
 // Docker says (network, MAC). Labels are learnt later; the gateway index
 // and extra routes are the single-network defaults.
+// reclaimedFor: a is the assignment a reclaim made on node for the Docker
+// endpoint id.
+func reclaimedFor(a ipam.Allocation, node, id string) bool {
+	return a.Attrs[ipam.AttrReclaimedFor] == id && a.Attrs[ipam.AttrNode] == node
+}
+
 func rebuiltEndpoint(node, engineID string, de DockerEndpoint) datastore.Endpoint {
 	ep := datastore.Endpoint{ID: de.ID, Network: de.Network, Node: node, MAC: de.MAC, HostIfName: dataplane.HostIfName(de.ID),
 		Joined: true, EngineID: engineID, LabelsUnknown: true}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -387,7 +388,9 @@ func (r *Reconciler) reclaim(ctx context.Context, addrs []AddressReclaim, fixes 
 func (r *Reconciler) rebuild(ctx context.Context, eps []datastore.Endpoint, handles map[string][]string, fixes map[string]int) []error {
 	var errs []error
 	for _, ep := range eps {
-		ep.Handles = handles[ep.ID]
+		// The plan's handles are of earlier passes' reclaims, these of
+		// this pass's.
+		ep.Handles = append(slices.Clip(ep.Handles), handles[ep.ID]...)
 		if len(ep.Handles) != len(endpointAddrs(ep)) {
 			continue // an address was taken meanwhile: not lost after all
 		}

@@ -19,8 +19,10 @@ func TestPlanReconcileReclaims(t *testing.T) {
 		allocs []ipam.Allocation
 		docker *reconcile.DockerView
 		want   []string // "ip endpoint-tag"
-		// rebuilt are the tags of the records to rebuild.
+		// rebuilt are the tags of the records to rebuild, handles the
+		// handles they come with (by tag).
 		rebuilt []string
+		handles map[string][]string
 	}{
 		{
 			name:   "a live endpoint's address no assignment holds is reclaimed, with or without its record",
@@ -34,6 +36,17 @@ func TestPlanReconcileReclaims(t *testing.T) {
 			name:   "an unknown endpoint whose address is still held (a renamed node's) is not rebuilt",
 			allocs: []ipam.Allocation{alloc("10.0.0.2", "h2", "old-name")},
 			docker: view(dockerEP("a2", "net1", "10.0.0.2")),
+		},
+		{
+			// An earlier pass reclaimed it with a view of the records
+			// older than the loss (or the daemon stopped before the
+			// rebuild): the record is rebuilt with that handle.
+			name:    "an unknown endpoint whose address a reclaim holds for it is rebuilt",
+			allocs:  []ipam.Allocation{reclaimedAlloc("10.0.0.2", "h2", host, epID("a2")), reclaimedAlloc("10.0.0.3", "h3", host, epID("a2"))},
+			docker:  view(dockerEP("a2", "net1", "10.0.0.2", "10.0.0.4"), dockerEP("a3", "net1", "10.0.0.3")),
+			want:    []string{"10.0.0.4 a2"},
+			rebuilt: []string{"a2"},
+			handles: map[string][]string{"a2": {"h2"}},
 		},
 		{
 			name:   "held by anyone (another node, the swarm manager) is not reclaimed",
@@ -63,14 +76,28 @@ func TestPlanReconcileReclaims(t *testing.T) {
 				t.Errorf("reclaim = %v, want %v", got, tc.want)
 			}
 			var rebuilt []string
+			handles := map[string][]string{}
 			for _, ep := range plan.Rebuild {
 				rebuilt = append(rebuilt, tagOf(ep.ID))
+				if len(ep.Handles) > 0 {
+					handles[tagOf(ep.ID)] = ep.Handles
+				}
 			}
 			if !reflect.DeepEqual(rebuilt, tc.rebuilt) {
 				t.Errorf("rebuild = %v, want %v", rebuilt, tc.rebuilt)
 			}
+			if want := tc.handles; len(want)+len(handles) > 0 && !reflect.DeepEqual(handles, want) {
+				t.Errorf("rebuilt with handles %v, want %v", handles, want)
+			}
 		})
 	}
+}
+
+// reclaimedAlloc is the assignment a reclaim made on node for endpoint id.
+func reclaimedAlloc(ip, handle, node, id string) ipam.Allocation {
+	a := alloc(ip, handle, node)
+	a.Attrs[ipam.AttrReclaimedFor] = id
+	return a
 }
 
 // TestReconcilerAfterRestore: a backup taken with c1 and c2 running, c3
