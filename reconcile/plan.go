@@ -335,16 +335,16 @@ func MakePlan(in Input) Plan {
 	return plan
 }
 
-// rebuiltEndpoint is the record of a joined endpoint as far as Docker's
-// view tells it: what the kernel has (veth name, addresses) and what
-// Docker says (network, MAC). Labels are learnt later; the gateway index
-// and extra routes are the single-network defaults.
 // reclaimedFor: a is the assignment a reclaim made on node for the Docker
 // endpoint id.
 func reclaimedFor(a ipam.Allocation, node, id string) bool {
 	return a.Attrs[ipam.AttrReclaimedFor] == id && a.Attrs[ipam.AttrNode] == node
 }
 
+// rebuiltEndpoint is the record of a joined endpoint as far as Docker's
+// view tells it: what the kernel has (veth name, addresses) and what
+// Docker says (network, MAC). Labels are learnt later; the gateway index
+// and extra routes are the single-network defaults.
 func rebuiltEndpoint(node, engineID string, de DockerEndpoint) datastore.Endpoint {
 	ep := datastore.Endpoint{ID: de.ID, Network: de.Network, Node: node, MAC: de.MAC, HostIfName: dataplane.HostIfName(de.ID),
 		Joined: true, EngineID: engineID, LabelsUnknown: true}
