@@ -203,6 +203,16 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
+	// The file first: a failure to create it must not leave go test
+	// running.
+	var kept *os.File
+	if *keep != "" {
+		var err error
+		if kept, err = os.Create(*keep); err != nil {
+			fmt.Fprintln(os.Stderr, "testreport:", err)
+			os.Exit(2)
+		}
+	}
 	cmd := exec.Command(flag.Arg(0), flag.Args()[1:]...)
 	cmd.Stdin, cmd.Stderr = os.Stdin, os.Stderr
 	stdout, err := cmd.StdoutPipe()
@@ -215,12 +225,7 @@ func main() {
 		os.Exit(2)
 	}
 	var in io.Reader = stdout
-	var kept *os.File
-	if *keep != "" {
-		if kept, err = os.Create(*keep); err != nil {
-			fmt.Fprintln(os.Stderr, "testreport:", err)
-			os.Exit(2)
-		}
+	if kept != nil {
 		in = io.TeeReader(stdout, kept)
 	}
 	r := newReport(os.Stdout)
