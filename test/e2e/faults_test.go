@@ -20,11 +20,18 @@ import (
 // daemon flags.
 func newFaultHost(t *testing.T, name string, opts harness.HostOptions, env []string, extra ...string) *calicoHost {
 	t.Helper()
+	return startCalicoHost(t, name, opts, env, func(h *harness.Host) []string { return append(h.ServeArgs(env), extra...) })
+}
+
+// startCalicoHost is newCalicoHost with host options, plugin env and the
+// daemon's whole command line, made from the host.
+func startCalicoHost(t *testing.T, name string, opts harness.HostOptions, env []string, args func(*harness.Host) []string) *calicoHost {
+	t.Helper()
 	harness.RequirePrereqs(t)
 	bin := harness.BuildBinary(t)
 	h := harness.NewFabric(t, "").AddHost(t, name, opts)
 	h.ImportBusybox(t)
-	p := h.StartPlugin(t, bin, env, append(h.ServeArgs(env), extra...)...)
+	p := h.StartPlugin(t, bin, env, args(h)...)
 	t.Cleanup(func() {
 		if t.Failed() {
 			h.DumpLogs(t, 120)

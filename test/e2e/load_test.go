@@ -79,18 +79,9 @@ func sampleErrors(errs []error, max int) (n int, sample []string) {
 func TestLoad100ConcurrentContainers(t *testing.T) {
 	t.Parallel()
 	const n = idleContainers
-	harness.RequirePrereqs(t)
-	bin := harness.BuildBinary(t)
-	hh := harness.NewFabric(t, "").AddHost(t, "load", harness.HostOptions{})
-	hh.ImportBusybox(t)
-	p := hh.StartPlugin(t, bin, nil, idleServeArgs(t, hh)...)
+	h := startCalicoHost(t, "load", harness.HostOptions{}, nil, func(h *harness.Host) []string { return idleServeArgs(t, h) })
+	p := h.plugin
 	startLog := p.Log()
-	t.Cleanup(func() {
-		if t.Failed() {
-			hh.DumpLogs(t, 80)
-		}
-	})
-	h := &calicoHost{Host: hh, bin: bin, plugin: p}
 	h.MustDocker(t, "network", "create", "--driver", "calico", "--ipam-driver", "calico-ipam", "--subnet", "192.168.0.0/16", "calico-net")
 
 	names := make([]string, n)
@@ -162,7 +153,7 @@ func TestLoad100ConcurrentContainers(t *testing.T) {
 	}
 
 	t.Run("idle with 100 containers and 10 policies is quiet and cheap", func(t *testing.T) {
-		h.ApplyIdlePolicies(t, bin, idlePolicies)
+		h.ApplyIdlePolicies(t, h.bin, idlePolicies)
 		h.AwaitIdleSettled(t, "calico-net", n, idlePolicies)
 		assertIdleQuietAndCheap(t, h.Host, p)
 	})
