@@ -160,33 +160,71 @@ func (jn *joinNet) call(t *testing.T, sock, method string, req, resp any) {
 }
 
 // fill adds n endpoints (RequestAddress, CreateEndpoint, Join) and
-// returns each Join's latency. Endpoint i has the driver-option labels
+// returns each Join's latency, and the probes' Joins with 10 endpoints on
+// the host and with all n. Endpoint i has the driver-option labels
 // role=r<i mod joinRoles> and ep=<i>.
-func (jn *joinNet) fill(t *testing.T, n int) []time.Duration {
+func (jn *joinNet) fill(t *testing.T, n int) ([]time.Duration, JoinProbes) {
 	t.Helper()
 	joins := make([]time.Duration, 0, n)
+	var probes JoinProbes
 	start := time.Now()
 	for i := 0; i < n; i++ {
-		var addr struct{ Address string }
-		jn.call(t, jn.isock, "/IpamDriver.RequestAddress", map[string]any{"PoolID": jn.poolID}, &addr)
-		e := joinEndpoint{id: randomID(t), addr: addr.Address}
-		jn.eps = append(jn.eps, e)
-		opts := map[string]any{policy.LabelPrefix + "role": fmt.Sprintf("r%d", i%joinRoles), policy.LabelPrefix + "ep": strconv.Itoa(i)}
-		jn.call(t, jn.nsock, "/NetworkDriver.CreateEndpoint", map[string]any{"NetworkID": jn.netID, "EndpointID": e.id, "Options": opts, "Interface": map[string]any{"Address": e.addr}}, nil)
-		t0 := time.Now()
-		var join struct{ InterfaceName struct{ SrcName string } }
-		jn.call(t, jn.nsock, "/NetworkDriver.Join", map[string]any{"NetworkID": jn.netID, "EndpointID": e.id, "SandboxKey": "/var/run/docker/netns/bench" + strconv.Itoa(i), "Options": map[string]any{}}, &join)
-		joins = append(joins, time.Since(t0))
-		if join.InterfaceName.SrcName == "" {
-			t.Fatalf("Join of endpoint %d answered no interface", i)
-		}
+		e := jn.add(t, i, strconv.Itoa(i))
+		joins = append(joins, e.join)
 		if i == 0 {
 			jn.requireLabels(t, e.id)
 		}
+		switch i + 1 {
+		case 10:
+			probes.At10 = jn.probe(t)
+		case n:
+			probes.AtFull = jn.probe(t)
+		}
 	}
-	t.Logf("%d endpoints joined in %s; Join median of first 10 %s, of last 10 %s", n, time.Since(start).Round(time.Millisecond), joinWindow(joins, 1, 10), joinWindow(joins, n-9, n))
+	t.Logf("%d endpoints joined in %s; Join median of first 10 %s, of last 10 %s; probes at 10 %s, at %d %s", n, time.Since(start).Round(time.Millisecond),
+		joinWindow(joins, 1, 10), joinWindow(joins, n-9, n), Median(probes.At10), n, Median(probes.AtFull))
 	if got := countCali(t, jn.h); got != n {
 		t.Errorf("%d cali veths on the host with %d endpoints joined", got, n)
+	}
+	return joins, probes
+}
+
+// joinedEndpoint is an endpoint add made, with its Join's latency.
+type joinedEndpoint struct {
+	joinEndpoint
+	join time.Duration
+}
+
+// add requests an address, creates endpoint i with the labels role=r<i mod
+// joinRoles> and ep=<name>, and joins it, timing the Join.
+func (jn *joinNet) add(t *testing.T, i int, name string) joinedEndpoint {
+	t.Helper()
+	var addr struct{ Address string }
+	jn.call(t, jn.isock, "/IpamDriver.RequestAddress", map[string]any{"PoolID": jn.poolID}, &addr)
+	e := joinEndpoint{id: randomID(t), addr: addr.Address}
+	jn.eps = append(jn.eps, e)
+	opts := map[string]any{policy.LabelPrefix + "role": fmt.Sprintf("r%d", i%joinRoles), policy.LabelPrefix + "ep": name}
+	jn.call(t, jn.nsock, "/NetworkDriver.CreateEndpoint", map[string]any{"NetworkID": jn.netID, "EndpointID": e.id, "Options": opts, "Interface": map[string]any{"Address": e.addr}}, nil)
+	t0 := time.Now()
+	var join struct{ InterfaceName struct{ SrcName string } }
+	jn.call(t, jn.nsock, "/NetworkDriver.Join", map[string]any{"NetworkID": jn.netID, "EndpointID": e.id, "SandboxKey": "/var/run/docker/netns/bench-" + name, "Options": map[string]any{}}, &join)
+	took := time.Since(t0)
+	if join.InterfaceName.SrcName == "" {
+		t.Fatalf("Join of endpoint %s answered no interface", name)
+	}
+	return joinedEndpoint{joinEndpoint: e, join: took}
+}
+
+// probe joins JoinProbeCount probe endpoints one after another, each
+// removed (Leave, DeleteEndpoint, ReleaseAddress) before the next, and
+// returns their Joins: the Join at the host's present size.
+func (jn *joinNet) probe(t *testing.T) []time.Duration {
+	t.Helper()
+	joins := make([]time.Duration, 0, JoinProbeCount)
+	for k := range JoinProbeCount {
+		e := jn.add(t, k, "probe"+strconv.Itoa(k))
+		joins = append(joins, e.join)
+		jn.removeLast(t)
 	}
 	return joins
 }
@@ -216,15 +254,21 @@ func (jn *joinNet) labelsKnown(id string) error {
 func (jn *joinNet) empty(t *testing.T) {
 	t.Helper()
 	for len(jn.eps) > 0 {
-		e := jn.eps[len(jn.eps)-1]
-		jn.call(t, jn.nsock, "/NetworkDriver.Leave", map[string]any{"NetworkID": jn.netID, "EndpointID": e.id}, nil)
-		jn.call(t, jn.nsock, "/NetworkDriver.DeleteEndpoint", map[string]any{"NetworkID": jn.netID, "EndpointID": e.id}, nil)
-		jn.call(t, jn.isock, "/IpamDriver.ReleaseAddress", map[string]any{"PoolID": jn.poolID, "Address": e.addr}, nil)
-		jn.eps = jn.eps[:len(jn.eps)-1]
+		jn.removeLast(t)
 	}
 	if n := countCali(t, jn.h); n != 0 {
 		t.Errorf("%d cali veths left after removing every endpoint", n)
 	}
+}
+
+// removeLast removes the endpoint added last.
+func (jn *joinNet) removeLast(t *testing.T) {
+	t.Helper()
+	e := jn.eps[len(jn.eps)-1]
+	jn.call(t, jn.nsock, "/NetworkDriver.Leave", map[string]any{"NetworkID": jn.netID, "EndpointID": e.id}, nil)
+	jn.call(t, jn.nsock, "/NetworkDriver.DeleteEndpoint", map[string]any{"NetworkID": jn.netID, "EndpointID": e.id}, nil)
+	jn.call(t, jn.isock, "/IpamDriver.ReleaseAddress", map[string]any{"PoolID": jn.poolID, "Address": e.addr}, nil)
+	jn.eps = jn.eps[:len(jn.eps)-1]
 }
 
 // removeAll is empty without checks, for a measurement that failed.
@@ -516,7 +560,7 @@ func joinBench(t *testing.T, h *harness.Host, p *harness.Process, res *Results, 
 	defer cancel()
 	jn := newJoinNet(ctx, t, h)
 	n := joinCount(t)
-	res.Joins = jn.fill(t, n)
+	res.Joins, res.JoinProbes = jn.fill(t, n)
 	res.RSSLoadedKiB = rssKiB(t, p.Pid())
 	jn.empty(t)
 	if !rows {
@@ -524,7 +568,7 @@ func joinBench(t *testing.T, h *harness.Host, p *harness.Process, res *Results, 
 	}
 
 	jn.applyJoinPolicies(t)
-	res.JoinsWithPolicies = jn.fill(t, n)
+	res.JoinsWithPolicies, res.JoinProbesWithPolicies = jn.fill(t, n)
 	requirePolicyChains(t, h)
 	res.Add(Series{Plot: PlotMemory, Name: fmt.Sprintf("%d endpoints, %d policies", n, JoinPolicies), YLabel: "MiB", Y: []float64{float64(rssKiB(t, p.Pid())) / 1024}, Kind: Bars})
 

@@ -63,7 +63,11 @@ func (b *block) appendJSON(out []byte) ([]byte, error) {
 			if i > 0 {
 				out = append(out, ',')
 			}
-			out = appendAttributeJSON(out, a)
+			if a.encoded != nil {
+				out = append(out, a.encoded...)
+			} else {
+				out = appendAttributeJSON(out, a)
+			}
 		}
 		out = append(out, ']')
 	}

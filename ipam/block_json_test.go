@@ -47,6 +47,13 @@ func TestBlockJSONMatchesEncodingJSON(t *testing.T) {
 			b.release(b.ordinalsOf(b.Attributes[0].HandleID), time.Unix(0, 0))
 		}
 		blocks = append(blocks, b, b.clone())
+		// A block read back from its record encodes its attributes from
+		// what decodeBlock kept, not from the ones allocate made.
+		read, err := decodeBlock("block", b.value())
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocks = append(blocks, read)
 	}
 	for i, b := range blocks {
 		want, err := json.Marshal((*plainBlock)(b))
