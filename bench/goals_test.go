@@ -147,9 +147,9 @@ func TestJoinRatioByProbes(t *testing.T) {
 		t.Errorf("goals:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	requireMarkdown(t, r,
-		"Join of a probe endpoint with 1000 endpoints on the host vs with 10 (medians of 50 and 50 probes): 23.0 ms vs 21.0 ms, 1.10x: meets the target (<= 1.20x).",
+		"Join of a probe endpoint on a host with 1000 endpoints vs on a host with 10, in turns (medians of 50 and 50 probes): 23.0 ms vs 21.0 ms, 1.10x: meets the target (<= 1.20x).",
 		"The same pass by its own endpoints: endpoint 1000 vs endpoint 10 (medians of 10): 1.50x; medians of 50: first 50 10.0 ms, last 50 10.0 ms, 1.00x.",
-		"With 50 policies selecting every endpoint (the host filled again from empty): Join of a probe endpoint with 1000 endpoints on the host vs with 10 (medians of 50 and 50 probes): 14.0 ms vs 10.0 ms, 1.40x: **misses the target** (<= 1.30x).",
+		"With 50 policies selecting every endpoint (the host filled again from empty): Join of a probe endpoint on a host with 1000 endpoints vs on a host with 10, in turns (medians of 50 and 50 probes): 14.0 ms vs 10.0 ms, 1.40x: **misses the target** (<= 1.30x).",
 		"| Join: at 1000 endpoints / at 10 | 1.10x | <= 1.20x | meets |",
 	)
 }

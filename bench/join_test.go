@@ -49,6 +49,9 @@ const (
 	benchMetricsAddr = "127.0.0.1:9091"
 	// policyUpdates is how many policy changes are timed to the kernel.
 	policyUpdates = 20
+	// refEndpoints is what the reference host holds while its probes
+	// measure the Join at 10 endpoints (the probe is not counted).
+	refEndpoints = 10
 )
 
 // Plot titles of the issue-20 rows measured here.
@@ -160,13 +163,11 @@ func (jn *joinNet) call(t *testing.T, sock, method string, req, resp any) {
 }
 
 // fill adds n endpoints (RequestAddress, CreateEndpoint, Join) and
-// returns each Join's latency, and the probes' Joins with 10 endpoints on
-// the host and with all n. Endpoint i has the driver-option labels
+// returns each Join's latency. Endpoint i has the driver-option labels
 // role=r<i mod joinRoles> and ep=<i>.
-func (jn *joinNet) fill(t *testing.T, n int) ([]time.Duration, JoinProbes) {
+func (jn *joinNet) fill(t *testing.T, n int) []time.Duration {
 	t.Helper()
 	joins := make([]time.Duration, 0, n)
-	var probes JoinProbes
 	start := time.Now()
 	for i := 0; i < n; i++ {
 		e := jn.add(t, i, strconv.Itoa(i))
@@ -174,19 +175,12 @@ func (jn *joinNet) fill(t *testing.T, n int) ([]time.Duration, JoinProbes) {
 		if i == 0 {
 			jn.requireLabels(t, e.id)
 		}
-		switch i + 1 {
-		case 10:
-			probes.At10 = jn.probe(t)
-		case n:
-			probes.AtFull = jn.probe(t)
-		}
 	}
-	t.Logf("%d endpoints joined in %s; Join median of first 10 %s, of last 10 %s; probes at 10 %s, at %d %s", n, time.Since(start).Round(time.Millisecond),
-		joinWindow(joins, 1, 10), joinWindow(joins, n-9, n), Median(probes.At10), n, Median(probes.AtFull))
-	if got := countCali(t, jn.h); got != n {
-		t.Errorf("%d cali veths on the host with %d endpoints joined", got, n)
+	t.Logf("%d endpoints joined on %s in %s; Join median of first 10 %s, of last 10 %s", n, jn.h.Name, time.Since(start).Round(time.Millisecond), joinWindow(joins, 1, 10), joinWindow(joins, n-9, n))
+	if got := countCali(t, jn.h); got != len(jn.eps) {
+		t.Errorf("%d cali veths on %s with %d endpoints joined", got, jn.h.Name, len(jn.eps))
 	}
-	return joins, probes
+	return joins
 }
 
 // joinedEndpoint is an endpoint add made, with its Join's latency.
@@ -215,18 +209,29 @@ func (jn *joinNet) add(t *testing.T, i int, name string) joinedEndpoint {
 	return joinedEndpoint{joinEndpoint: e, join: took}
 }
 
-// probe joins JoinProbeCount probe endpoints one after another, each
-// removed (Leave, DeleteEndpoint, ReleaseAddress) before the next, and
-// returns their Joins: the Join at the host's present size.
-func (jn *joinNet) probe(t *testing.T) []time.Duration {
+// interleavedProbes joins JoinProbeCount probe endpoints on full (the
+// host filled up) and as many on ref (a host holding 10 endpoints), in
+// turns, each removed (Leave, DeleteEndpoint, ReleaseAddress) before the
+// next: the Join at each size, measured over the same minute. Measured one
+// after the other, a host's busy spell (a disk flush, another process)
+// lands on one size only, and moved the ratio by half either way.
+func interleavedProbes(t *testing.T, full, ref *joinNet) JoinProbes {
 	t.Helper()
-	joins := make([]time.Duration, 0, JoinProbeCount)
+	var p JoinProbes
 	for k := range JoinProbeCount {
-		e := jn.add(t, k, "probe"+strconv.Itoa(k))
-		joins = append(joins, e.join)
-		jn.removeLast(t)
+		p.AtFull = append(p.AtFull, full.probe(t, k))
+		p.At10 = append(p.At10, ref.probe(t, k))
 	}
-	return joins
+	t.Logf("probe Joins: median %s with %d endpoints on %s, %s with %d on %s", Median(p.AtFull), len(full.eps), full.h.Name, Median(p.At10), len(ref.eps), ref.h.Name)
+	return p
+}
+
+// probe joins probe endpoint k, removes it, and returns its Join's latency.
+func (jn *joinNet) probe(t *testing.T, k int) time.Duration {
+	t.Helper()
+	e := jn.add(t, k, "probe"+strconv.Itoa(k))
+	jn.removeLast(t)
+	return e.join
 }
 
 // requireLabels fails unless the endpoint was joined with known labels:
@@ -548,19 +553,25 @@ func addStart(res *Results, st startTimes) {
 }
 
 // joinBench is the Join passes and what is measured with the host full:
-//   - pass 1: the host filled with endpoints without policies (res.Joins,
-//     res.RSSLoadedKiB), then emptied;
-//   - with rows, pass 2: JoinPolicies policies applied, the host filled
-//     again (res.JoinsWithPolicies); the daemon's RSS then; policy updates
-//     timed to the kernel; the daemon restarted and timed to serving; the
-//     host emptied.
-func joinBench(t *testing.T, h *harness.Host, p *harness.Process, res *Results, rows bool) {
+//   - ref, a second host, is given refEndpoints endpoints;
+//   - pass 1: h filled with endpoints without policies (res.Joins), probe
+//     Joins on h and ref in turns (res.JoinProbes), the daemon's RSS
+//     (res.RSSLoadedKiB); h emptied;
+//   - with rows, pass 2: JoinPolicies policies applied on both hosts, h
+//     filled again (res.JoinsWithPolicies) and probed in turns with ref
+//     again (res.JoinProbesWithPolicies); the daemon's RSS then; policy
+//     updates timed to the kernel; the daemon restarted and timed to
+//     serving; h emptied.
+func joinBench(t *testing.T, h, ref *harness.Host, p *harness.Process, res *Results, rows bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	jn := newJoinNet(ctx, t, h)
+	jr := newJoinNet(ctx, t, ref)
+	jr.fill(t, refEndpoints)
 	n := joinCount(t)
-	res.Joins, res.JoinProbes = jn.fill(t, n)
+	res.Joins = jn.fill(t, n)
+	res.JoinProbes = interleavedProbes(t, jn, jr)
 	res.RSSLoadedKiB = rssKiB(t, p.Pid())
 	jn.empty(t)
 	if !rows {
@@ -568,7 +579,9 @@ func joinBench(t *testing.T, h *harness.Host, p *harness.Process, res *Results, 
 	}
 
 	jn.applyJoinPolicies(t)
-	res.JoinsWithPolicies, res.JoinProbesWithPolicies = jn.fill(t, n)
+	jr.applyJoinPolicies(t)
+	res.JoinsWithPolicies = jn.fill(t, n)
+	res.JoinProbesWithPolicies = interleavedProbes(t, jn, jr)
 	requirePolicyChains(t, h)
 	res.Add(Series{Plot: PlotMemory, Name: fmt.Sprintf("%d endpoints, %d policies", n, JoinPolicies), YLabel: "MiB", Y: []float64{float64(rssKiB(t, p.Pid())) / 1024}, Kind: Bars})
 

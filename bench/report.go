@@ -125,11 +125,12 @@ func lastToTenth(joins []time.Duration) float64 {
 }
 
 // JoinProbes are Joins of one probe endpoint after another (each removed
-// before the next joins) with 10 endpoints on the host and with the host
-// full. A window of 10 consecutive endpoints' Joins moves by a fifth
-// either way on this machine even when the Join cost is flat, so a ratio
-// of two such windows says little about growth; JoinProbeCount probes at
-// each point measure the Join at that size.
+// before the next joins): AtFull on the host filled up, At10 on a second
+// host holding 10 endpoints, in turns. A window of 10 consecutive
+// endpoints' Joins moves by a fifth either way on this machine even when
+// the Join cost is flat, and a busy spell of the machine lands on
+// whichever size is being measured then: JoinProbeCount probes of each,
+// taken in turns over the same minute, measure the Join at each size.
 type JoinProbes struct{ At10, AtFull []time.Duration }
 
 // JoinProbeCount is how many probes measure the Join at each point.
@@ -275,7 +276,7 @@ func (r Results) WriteMarkdown(w io.Writer, pngName string) error {
 func (r Results) markdownJoinRatio(p func(format string, a ...any), lead string, joins []time.Duration, probes JoinProbes, target float64) {
 	n := len(joins)
 	if probes.ok() {
-		p("%sJoin of a probe endpoint with %d endpoints on the host vs with 10 (medians of %d and %d probes): %s vs %s, %.2fx: %s.", lead, n,
+		p("%sJoin of a probe endpoint on a host with %d endpoints vs on a host with 10, in turns (medians of %d and %d probes): %s vs %s, %.2fx: %s.", lead, n,
 			len(probes.AtFull), len(probes.At10), ms(Median(probes.AtFull)), ms(Median(probes.At10)), probes.ratio(), verdict(probes.ratio(), target))
 		lead = "The same pass by its own endpoints: "
 	}
