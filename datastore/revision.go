@@ -16,6 +16,7 @@ import (
 type revisionGuard struct {
 	mu      sync.Mutex
 	max     int64
+	resets  int64 // times the revision went back
 	nextID  int
 	watches map[int]context.CancelFunc
 }
@@ -33,6 +34,17 @@ func (s *Store) SeenRevision() int64 {
 	return g.max
 }
 
+// RevisionResets counts the times this client saw the datastore's
+// revision go back. What a reader keeps by ModRevision (a record it need not
+// read again while its revision is unchanged) is void once this moves: a
+// restored store reuses revisions for other contents.
+func (s *Store) RevisionResets() int64 {
+	g := &s.revs
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.resets
+}
+
 // observe records the revision of a response to a request sent when
 // SeenRevision was begin. Only a revision below begin is a store that went
 // back: requests in flight together may be answered out of order, so a
@@ -47,6 +59,7 @@ func (s *Store) observe(begin, rev int64) {
 	}
 	old := g.max
 	g.max = rev
+	g.resets++
 	cancels := g.watches
 	g.watches = nil
 	g.mu.Unlock()
