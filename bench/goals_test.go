@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"image"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -34,7 +35,7 @@ BenchmarkMultiHostPolicyUpdate-2   	1	1 ns/op	16.1 p50-ms	50 p50-target-ms	27.9 
 	}
 	var got []string
 	for _, g := range r.Goals() {
-		got = append(got, g.Name+" "+map[bool]string{true: "met", false: "missed"}[g.Met()])
+		got = append(got, g.Name+" "+verdictWord(g))
 	}
 	want := []string{
 		"docker run: calico / user-defined bridge met",
@@ -44,9 +45,7 @@ BenchmarkMultiHostPolicyUpdate-2   	1	1 ns/op	16.1 p50-ms	50 p50-target-ms	27.9 
 		"MultiHostJoinWithPolicies (ratio): ratio missed",
 		"MultiHostPolicyUpdate (ms): p50 met",
 	}
-	if strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("goals:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
+	requireLines(t, "goals", got, want)
 	requireMarkdown(t, r,
 		"## Targets",
 		"| docker run: calico / default bridge | 1.15x | <= 1.10x | **misses** |",
@@ -102,16 +101,14 @@ func TestIdleRows(t *testing.T) {
 		Requests: map[string]float64{"Range": 2, "Txn": 1, "LeaseKeepAlive": 10}, CPU: 150 * time.Millisecond})
 	var got []string
 	for _, g := range r.Goals() {
-		got = append(got, fmt.Sprintf("%s %s %.2f", g.Name, map[bool]string{true: "met", false: "missed"}[g.Met()], g.share()))
+		got = append(got, fmt.Sprintf("%s %s %.2f", g.Name, verdictWord(g), g.share()))
 	}
 	want := []string{
 		PlotIdle + ": Range requests missed 1.50",
 		PlotIdle + " (CPU): daemon CPU met 0.50",
 		PlotIdle + " (log): warning lines met 0.00",
 	}
-	if strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("goals:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
+	requireLines(t, "goals", got, want)
 	requireMarkdown(t, r,
 		"| "+PlotIdle+": Range requests | 4 /min | <= 0 /min | **misses** |",
 		"| "+PlotIdle+" | LeaseKeepAlive requests | 1 | 20 /min |",
@@ -136,16 +133,14 @@ func TestJoinRatioByProbes(t *testing.T) {
 	var got []string
 	for _, g := range r.Goals() {
 		if strings.HasPrefix(g.Name, "Join") {
-			got = append(got, fmt.Sprintf("%s %s %.3g", g.Name, map[bool]string{true: "met", false: "missed"}[g.Met()], g.Value))
+			got = append(got, fmt.Sprintf("%s %s %.3g", g.Name, verdictWord(g), g.Value))
 		}
 	}
 	want := []string{
 		"Join: at 1000 endpoints / at 10 met 1.1",
 		"Join with 50 policies: at 1000 endpoints / at 10 missed 1.4",
 	}
-	if strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("goals:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
+	requireLines(t, "goals", got, want)
 	requireMarkdown(t, r,
 		"Join of a probe endpoint on a host with 1000 endpoints vs on a host with 10, in turns (medians of 50 and 50 probes): 23.0 ms vs 21.0 ms, 1.10x: meets the target (<= 1.20x).",
 		"The same pass by its own endpoints: endpoint 1000 vs endpoint 10 (medians of 10): 1.50x; medians of 50: first 50 10.0 ms, last 50 10.0 ms, 1.00x.",
@@ -181,7 +176,7 @@ func TestIssue20Rows(t *testing.T) {
 	}
 	var got []string
 	for _, g := range r.Goals() {
-		got = append(got, fmt.Sprintf("%s %s %.3g", g.Name, map[bool]string{true: "met", false: "missed"}[g.Met()], g.Value))
+		got = append(got, fmt.Sprintf("%s %s %.3g", g.Name, verdictWord(g), g.Value))
 	}
 	want := []string{
 		"Join: endpoint 1000 / endpoint 10 met 1.1",
@@ -193,9 +188,7 @@ func TestIssue20Rows(t *testing.T) {
 		"BGPScale32HostsMesh (x): vs-gobgpd met 1.24",
 		"BGPScale64Hosts2Reflectors (s): routes missed 2.65",
 	}
-	if strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("goals:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
+	requireLines(t, "goals", got, want)
 	requireMarkdown(t, r,
 		"| Join with 50 policies: endpoint 1000 / endpoint 10 | 1.50x | <= 1.30x | **misses** |",
 		"| Join: endpoint 1000 / endpoint 10 | 1.10x | <= 1.20x | meets |",
@@ -218,5 +211,21 @@ func TestIssue20Rows(t *testing.T) {
 	}
 	if gp.X.Max > goalShareMax*1.1 {
 		t.Errorf("the panel's axis runs to %.1f, past the longest bar %.1f", gp.X.Max, goalShareMax)
+	}
+}
+
+// verdictWord is how these tests write whether a goal was met.
+func verdictWord(g Goal) string {
+	if g.Met() {
+		return "met"
+	}
+	return "missed"
+}
+
+// requireLines fails unless got and want are the same lines.
+func requireLines(t *testing.T, what string, got, want []string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("%s:\n%s\nwant:\n%s", what, strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

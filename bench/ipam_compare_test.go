@@ -258,13 +258,11 @@ PASS
 	addIPAMCompare(&r, olds, news)
 	var got []string
 	for _, g := range r.Goals() {
-		got = append(got, fmt.Sprintf("%s %.2f %s", g.Name, g.Value, map[bool]string{true: "met", false: "missed"}[g.Met()]))
+		got = append(got, fmt.Sprintf("%s %.2f %s", g.Name, g.Value, verdictWord(g)))
 	}
 	// Medians: old 500 / 600, new 560 / 700.
 	want := []string{PlotIPAMRatio + ": 1 host 1.12 met", PlotIPAMRatio + ": 3 hosts 1.17 met"}
-	if strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("goals:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
+	requireLines(t, "goals", got, want)
 	requireMarkdown(t, r,
 		"| "+PlotIPAMRatio+": 1 host | 1.12x | >= 1.00x | meets |",
 		"| "+PlotIPAMRounds+" | "+IPAMBaseline+", 1 host (by round: 500, 520, 480) | 3 | 500 assignments/s |",
