@@ -4,8 +4,10 @@ package etcdtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,29 +33,46 @@ type Member struct {
 	Config datastore.Config
 }
 
+// startAttempts bounds Start's tries with fresh ports.
+const startAttempts = 5
+
 // Start runs an embedded member and returns a store on it; both stop when
-// the test ends.
+// the test ends. The ports FreePort picks are free when picked, not when
+// the member binds them: with test packages running side by side another
+// process may take one in between, so a bind refused as in use is tried
+// again on new ports.
 func Start(t testing.TB) *Member {
 	t.Helper()
-	cfg := datastore.Config{
-		Embedded:          true,
-		DataDir:           t.TempDir(),
-		EmbeddedClientURL: fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)),
-		EmbeddedPeerURL:   fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)),
-		RequestTimeout:    10 * time.Second,
-		// Shutdown races in etcd log at error level; tests need none of it.
-		EmbeddedLogLevel: "fatal",
+	var err error
+	for range startAttempts {
+		cfg := datastore.Config{
+			Embedded:          true,
+			DataDir:           t.TempDir(),
+			EmbeddedClientURL: fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)),
+			EmbeddedPeerURL:   fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)),
+			RequestTimeout:    10 * time.Second,
+			// Shutdown races in etcd log at error level; tests need none of it.
+			EmbeddedLogLevel: "fatal",
+		}
+		var s *datastore.Store
+		if s, err = open(cfg); err == nil {
+			t.Cleanup(func() { _ = s.Close() })
+			return &Member{Store: s, Config: cfg}
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
 	}
+	t.Fatalf("starting embedded etcd: %v", err)
+	return nil
+}
+
+func open(cfg datastore.Config) (*datastore.Store, error) {
 	log := logrus.New()
 	log.SetLevel(logrus.WarnLevel)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	s, err := datastore.Open(ctx, cfg, log)
-	if err != nil {
-		t.Fatalf("starting embedded etcd: %v", err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return &Member{Store: s, Config: cfg}
+	return datastore.Open(ctx, cfg, log)
 }
 
 // Client opens another client store on the same member, as a second host
