@@ -75,15 +75,12 @@ func TestBenchReport(t *testing.T) {
 
 	fab := harness.NewFabric(t, "")
 	h, p := startBenchHost(t, fab, bin, "bench")
-	// The Join at 10 endpoints is taken on a host of its own, in turns
-	// with the Join at 1000 on h (joinBench).
-	ref, _ := startBenchHost(t, fab, bin, "bench10")
 	res.Dockerd = h.MustDocker(t, "version", "--format", "{{.Server.Version}}")
 	time.Sleep(2 * time.Second) // let start-up work (reconcile pass, etcd) settle
 	res.RSSIdleKiB = rssKiB(t, p.Pid())
 
 	if partial {
-		joinBench(t, h, ref, p, &res, rowsOnly)
+		joinBench(t, fab, bin, h, p, &res, rowsOnly)
 		n := len(res.Joins)
 		for _, c := range JoinCheckpoints {
 			switch {
@@ -102,7 +99,7 @@ func TestBenchReport(t *testing.T) {
 		return
 	}
 	dockerRunBench(t, h, &res)
-	joinBench(t, h, ref, p, &res, true)
+	joinBench(t, fab, bin, h, p, &res, true)
 	benchOutputs(t, &res)
 	idleBench(t, fab, bin, &res)
 

@@ -212,15 +212,23 @@ func (jn *joinNet) add(t *testing.T, i int, name string) joinedEndpoint {
 // interleavedProbes joins JoinProbeCount probe endpoints on full (the
 // host filled up) and as many on ref (a host holding 10 endpoints), in
 // turns, each removed (Leave, DeleteEndpoint, ReleaseAddress) before the
-// next: the Join at each size, measured over the same minute. Measured one
+// next: the Join at each size, measured over the same minute, each host
+// first in half of the turns. Measured one
 // after the other, a host's busy spell (a disk flush, another process)
 // lands on one size only, and moved the ratio by half either way.
 func interleavedProbes(t *testing.T, full, ref *joinNet) JoinProbes {
 	t.Helper()
 	var p JoinProbes
 	for k := range JoinProbeCount {
-		p.AtFull = append(p.AtFull, full.probe(t, k))
-		p.At10 = append(p.At10, ref.probe(t, k))
+		// Each host goes first in every other turn: the removal of one
+		// host's probe overlaps the other's Join equally often both ways.
+		if k%2 == 0 {
+			p.AtFull = append(p.AtFull, full.probe(t, k))
+			p.At10 = append(p.At10, ref.probe(t, k))
+		} else {
+			p.At10 = append(p.At10, ref.probe(t, k))
+			p.AtFull = append(p.AtFull, full.probe(t, k))
+		}
 	}
 	t.Logf("probe Joins: median %s with %d endpoints on %s, %s with %d on %s", Median(p.AtFull), len(full.eps), full.h.Name, Median(p.At10), len(ref.eps), ref.h.Name)
 	return p
@@ -553,7 +561,8 @@ func addStart(res *Results, st startTimes) {
 }
 
 // joinBench is the Join passes and what is measured with the host full:
-//   - ref, a second host, is given refEndpoints endpoints;
+//   - a second host, ref, is started and given refEndpoints endpoints
+//     (removed when joinBench returns);
 //   - pass 1: h filled with endpoints without policies (res.Joins), probe
 //     Joins on h and ref in turns (res.JoinProbes), the daemon's RSS
 //     (res.RSSLoadedKiB); h emptied;
@@ -562,12 +571,19 @@ func addStart(res *Results, st startTimes) {
 //     again (res.JoinProbesWithPolicies); the daemon's RSS then; policy
 //     updates timed to the kernel; the daemon restarted and timed to
 //     serving; h emptied.
-func joinBench(t *testing.T, h, ref *harness.Host, p *harness.Process, res *Results, rows bool) {
+func joinBench(t *testing.T, fab *harness.Fabric, bin string, h *harness.Host, p *harness.Process, res *Results, rows bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	jn := newJoinNet(ctx, t, h)
+	ref, _ := startBenchHost(t, fab, bin, "bench10")
 	jr := newJoinNet(ctx, t, ref)
+	defer func() {
+		// Removed, and checked, before what the bench measures next.
+		if !t.Failed() {
+			jr.empty(t)
+		}
+	}()
 	jr.fill(t, refEndpoints)
 	n := joinCount(t)
 	res.Joins = jn.fill(t, n)

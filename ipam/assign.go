@@ -109,6 +109,7 @@ func (e *Engine) AutoAssign(ctx context.Context, a AutoAssignArgs) (net.IPNet, e
 		return net.IPNet{}, err
 	}
 	defer hs.unlock()
+	e.syncResets()
 	addr, err := e.autoAssign(ctx, req, hs)
 	if err != nil {
 		return net.IPNet{}, err
@@ -743,16 +744,21 @@ type knownBlock struct {
 // made a claim's cost grow with every address of the cluster. aff is the
 // listing host's affinity (see listedBlock).
 func (e *Engine) listBlocks(ctx context.Context, aff string) (map[netip.Prefix]listedBlock, error) {
+	before := e.syncResets()
 	keys, err := e.store.ListKeys(ctx, blocksPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("listing IPAM blocks: %w", err)
 	}
-	// Read after the listing: a reset it noticed voids what is known.
 	resets := e.store.RevisionResets()
 	all := make(map[netip.Prefix]listedBlock, len(keys))
 	var unread []string
 	e.mu.Lock()
-	trusted := e.knownResets == resets
+	// The revision went back during the listing: its keys may be the
+	// store's from before, and so may what is cached or known.
+	trusted := resets == before
+	if !trusted {
+		e.forgetBlocksLocked()
+	}
 	for _, kv := range keys {
 		p, ok := blockPrefixOfKey(kv.Key)
 		switch {
@@ -789,22 +795,23 @@ func (e *Engine) listBlocks(ctx context.Context, aff string) (map[netip.Prefix]l
 // listAllBlocks reads every block record, for a borrow: it looks for free
 // addresses in other hosts' blocks, which listBlocks does not read.
 func (e *Engine) listAllBlocks(ctx context.Context, aff string) (map[netip.Prefix]listedBlock, error) {
+	before := e.syncResets()
 	kvs, err := e.store.List(ctx, blocksPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("listing IPAM blocks: %w", err)
 	}
-	resets := e.store.RevisionResets()
 	all := e.decodeListed(kvs, aff)
-	e.rememberBlocks(all, resets)
+	e.rememberBlocks(all, before)
 	return all, nil
 }
 
 // rememberBlocks keeps the revision and affinity of every listed block
-// for the next listBlocks; resets is the store's RevisionResets when the
-// listing was read. A listing holds every block, so what it replaces
-// includes the blocks deleted since; with several hosts listing at once
-// the last one wins, and a block it has at an older revision is read
-// again next time.
+// for the next listBlocks; resets is the store's RevisionResets before the
+// listing's reads. A listing during which the revision went back is not
+// kept: its records may come from the store before. A listing holds every
+// block, so what it replaces includes the blocks deleted since; with
+// several hosts listing at once the last one wins, and a block it has at
+// an older revision is read again next time.
 func (e *Engine) rememberBlocks(all map[netip.Prefix]listedBlock, resets int64) {
 	known := make(map[string]knownBlock, len(all))
 	for _, c := range all {
@@ -814,7 +821,35 @@ func (e *Engine) rememberBlocks(all map[netip.Prefix]listedBlock, resets int64) 
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.known, e.knownResets = known, resets
+	if e.store.RevisionResets() != resets || e.cacheResets != resets {
+		return
+	}
+	e.known = known
+}
+
+// syncResets drops every cached block and what listings knew once the
+// store's revision went back (etcd wiped and restored, see
+// datastore.Store.RevisionResets): a restored store reuses revisions for
+// other contents, and a write guarded by a cached revision could then
+// overwrite a block it never read. It returns the count it synced to.
+func (e *Engine) syncResets() int64 {
+	resets := e.store.RevisionResets()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if resets != e.cacheResets {
+		e.forgetBlocksLocked()
+		e.cacheResets = resets
+	}
+	return resets
+}
+
+// forgetBlocksLocked drops every cached block and what listings knew.
+// e.mu held.
+func (e *Engine) forgetBlocksLocked() {
+	for p := range e.blocks {
+		e.dropBlockLocked(p)
+	}
+	e.known = nil
 }
 
 // AssignIP assigns one specific address. It must lie in a pool (enabled)
@@ -842,6 +877,7 @@ func (e *Engine) AssignIP(ctx context.Context, a AssignIPArgs) error {
 		return err
 	}
 	defer hs.unlock()
+	e.syncResets()
 
 	fresh := false
 	for attempt := 0; attempt < maxAttempts; attempt++ {

@@ -147,10 +147,12 @@ type Engine struct {
 	// config is the IPAM configuration as a claim last read it (nil: read
 	// it); see claimConfig.
 	config *cachedConfig
-	// known are other hosts' blocks (by key) as listings last read them,
-	// valid while the store's RevisionResets is knownResets (listBlocks).
-	known       map[string]knownBlock
-	knownResets int64
+	// known are the blocks (by key) as the last listing read them
+	// (listBlocks).
+	known map[string]knownBlock
+	// cacheResets is the store's RevisionResets that blocks and known
+	// were read under (syncResets).
+	cacheResets int64
 
 	// lostClaims counts block claims lost to another host (tests, logs).
 	lostClaims atomic.Int64

@@ -109,7 +109,8 @@ func (t *faultTxn) note(ops []clientv3.Op) {
 }
 
 // Commit fails a transaction of reads only (Store.GetMany) as Get fails
-// while reads are down, and hits a transaction with the armed fault.
+// while reads are down; the armed fault, a commit's answer lost, hits the
+// next transaction that writes or compares.
 func (t *faultTxn) Commit() (*clientv3.TxnResponse, error) {
 	if !t.writes {
 		t.f.mu.Lock()
@@ -118,6 +119,7 @@ func (t *faultTxn) Commit() (*clientv3.TxnResponse, error) {
 		if err != nil {
 			return nil, err
 		}
+		return t.Txn.Commit()
 	}
 	resp, err := t.Txn.Commit()
 	if err != nil || !t.f.armed.CompareAndSwap(true, false) {
