@@ -285,62 +285,6 @@ func (s *Store) ListWithRevision(ctx context.Context, prefix string) ([]KV, int6
 	return out, resp.Header.Revision, nil
 }
 
-// ListKeys reads the keys under a relative prefix with their ModRevision,
-// sorted by key, without their values (KV.Value is nil): for a reader that
-// keeps what it decoded of each record and needs only the records that
-// changed since (GetMany).
-func (s *Store) ListKeys(ctx context.Context, prefix string) ([]KV, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	s.reads.Add(1)
-	begin := s.SeenRevision()
-	resp, err := s.client.Get(ctx, s.abs(prefix), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
-	if err != nil {
-		return nil, s.wrap(err)
-	}
-	s.observe(begin, resp.Header.Revision)
-	out := make([]KV, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		out = append(out, KV{Key: s.rel(string(kv.Key)), ModRevision: kv.ModRevision})
-	}
-	return out, nil
-}
-
-// MaxGetMany is the most keys one GetMany reads: etcd refuses a
-// transaction of more operations than its --max-txn-ops, 128 by default.
-const MaxGetMany = 128
-
-// GetMany reads the records of keys in one round trip, at one revision,
-// in the order given; a key that does not exist is left out.
-func (s *Store) GetMany(ctx context.Context, keys []string) ([]KV, error) {
-	if len(keys) > MaxGetMany {
-		return nil, fmt.Errorf("reading %d records at once: at most %d", len(keys), MaxGetMany)
-	}
-	if len(keys) == 0 {
-		return nil, nil
-	}
-	gets := make([]clientv3.Op, 0, len(keys))
-	for _, k := range keys {
-		gets = append(gets, clientv3.OpGet(s.abs(k)))
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	s.reads.Add(1)
-	begin := s.SeenRevision()
-	resp, err := s.client.Txn(ctx).Then(gets...).Commit()
-	if err != nil {
-		return nil, s.wrap(err)
-	}
-	s.observe(begin, resp.Header.Revision)
-	out := make([]KV, 0, len(keys))
-	for _, r := range resp.Responses {
-		for _, kv := range r.GetResponseRange().GetKvs() {
-			out = append(out, KV{Key: s.rel(string(kv.Key)), Value: kv.Value, ModRevision: kv.ModRevision})
-		}
-	}
-	return out, nil
-}
-
 type opKind int
 
 const (

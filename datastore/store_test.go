@@ -59,50 +59,6 @@ func TestGuardedTransactions(t *testing.T) {
 	}
 }
 
-// TestListKeysAndGetMany: ListKeys gives every key under the prefix, in
-// order, with its revision and no value; GetMany reads the records of the
-// keys asked for in one transaction, leaving out those that do not exist,
-// and refuses more keys than etcd takes in one transaction.
-func TestListKeysAndGetMany(t *testing.T) {
-	m := etcdtest.Start(t)
-	s := m.Store
-	ctx := context.Background()
-	for _, k := range []string{"p/b", "p/a", "p/c", "q/x"} {
-		if err := s.Txn(ctx, datastore.Create(k, []byte("value of "+k))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	full, err := s.List(ctx, "p/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, err := s.ListKeys(ctx, "p/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(keys) != len(full) {
-		t.Fatalf("ListKeys = %+v, List = %+v", keys, full)
-	}
-	for i, kv := range keys {
-		if kv.Key != full[i].Key || kv.ModRevision != full[i].ModRevision || kv.Value != nil {
-			t.Errorf("ListKeys[%d] = %+v, want key %s at revision %d without a value", i, kv, full[i].Key, full[i].ModRevision)
-		}
-	}
-	got, err := s.GetMany(ctx, []string{"p/c", "p/missing", "q/x"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 2 || got[0].Key != "p/c" || string(got[0].Value) != "value of p/c" || got[1].Key != "q/x" || string(got[1].Value) != "value of q/x" || got[0].ModRevision != full[2].ModRevision {
-		t.Errorf("GetMany = %+v, want p/c and q/x with their values", got)
-	}
-	if got, err := s.GetMany(ctx, nil); err != nil || len(got) != 0 {
-		t.Errorf("GetMany of no keys = %+v, %v", got, err)
-	}
-	if _, err := s.GetMany(ctx, make([]string, datastore.MaxGetMany+1)); err == nil {
-		t.Errorf("GetMany of %d keys: no error", datastore.MaxGetMany+1)
-	}
-}
-
 // TestRevisionResets: a client that sees the datastore's revision go
 // back (etcd wiped and restored) counts it, once.
 func TestRevisionResets(t *testing.T) {

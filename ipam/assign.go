@@ -359,11 +359,6 @@ func (e *Engine) claimOrBorrow(ctx context.Context, req assignReq, all map[netip
 			"no free address in %s for host %s: %s, and strictAffinity forbids borrowing from other hosts' blocks; add a pool, release addresses, or turn strictAffinity off (`calico-cnm ipam configure --strict-affinity=false`)",
 			describePools(pools, req.within), req.host, why)
 	}
-	// The listing read only the blocks that changed: borrowing looks
-	// into other hosts' blocks, so it reads them all.
-	if all, err = e.listAllBlocks(ctx, affinityOf(req.host)); err != nil {
-		return netip.Addr{}, err
-	}
 	return e.borrow(ctx, req, pools, all, why)
 }
 
@@ -576,11 +571,13 @@ func (e *Engine) borrow(ctx context.Context, req assignReq, pools []poolEntry, a
 // The block record is the source of truth for ownership; the affinity
 // records are what routing watches. It returns all blocks.
 func (e *Engine) reloadHost(ctx context.Context, host string) (map[netip.Prefix]listedBlock, error) {
-	aff := affinityOf(host)
-	affs, all, err := e.listHostAndBlocks(ctx, host)
+	e.syncResets()
+	affs, kvs, err := e.listHostAndBlocks(ctx, host)
 	if err != nil {
 		return nil, err
 	}
+	aff := affinityOf(host)
+	all := e.decodeListed(kvs, aff)
 	e.mu.Lock()
 	for _, p := range slices.Clone(e.affine[aff]) {
 		e.dropBlockLocked(p)
@@ -711,7 +708,7 @@ func (e *Engine) decodeListed(kvs []datastore.KV, aff string) map[netip.Prefix]l
 // listHostAndBlocks lists the host's affinities and all blocks at once: a
 // cold claim waits for both, and when many hosts claim at the same moment
 // etcd answers each round trip slowly.
-func (e *Engine) listHostAndBlocks(ctx context.Context, host string) (affs []datastore.KV, all map[netip.Prefix]listedBlock, err error) {
+func (e *Engine) listHostAndBlocks(ctx context.Context, host string) (affs, blocks []datastore.KV, err error) {
 	lists, lctx := errgroup.WithContext(ctx)
 	lists.Go(func() (err error) {
 		if affs, err = e.store.List(lctx, hostAffinityPrefix(host)); err != nil {
@@ -720,119 +717,20 @@ func (e *Engine) listHostAndBlocks(ctx context.Context, host string) (affs []dat
 		return nil
 	})
 	lists.Go(func() (err error) {
-		all, err = e.listBlocks(lctx, affinityOf(host))
-		return err
+		if blocks, err = e.store.List(lctx, blocksPrefix); err != nil {
+			return fmt.Errorf("listing IPAM blocks: %w", err)
+		}
+		return nil
 	})
 	err = lists.Wait()
-	return affs, all, err
+	return affs, blocks, err
 }
 
-// knownBlock is what a listing learnt of a block: its revision then, and
-// its affinity.
-type knownBlock struct {
-	rev      int64
-	affinity string
-}
-
-// listBlocks lists every block of the cluster, as a cold claim needs (which
-// addresses are taken, which blocks are the host's), reading the records
-// only of blocks whose revision this engine has not seen: the keys and
-// revisions of all blocks come first, and a block cached here (the host's)
-// or known from an earlier listing at the same revision is not read again.
-// A cluster's blocks are most of its IPAM data, every one rewritten whole
-// with a stamp per address in use, and reading all of them at each claim
-// made a claim's cost grow with every address of the cluster. aff is the
-// listing host's affinity (see listedBlock).
-func (e *Engine) listBlocks(ctx context.Context, aff string) (map[netip.Prefix]listedBlock, error) {
-	before := e.syncResets()
-	keys, err := e.store.ListKeys(ctx, blocksPrefix)
-	if err != nil {
-		return nil, fmt.Errorf("listing IPAM blocks: %w", err)
-	}
-	resets := e.store.RevisionResets()
-	all := make(map[netip.Prefix]listedBlock, len(keys))
-	var unread []string
-	e.mu.Lock()
-	// The revision went back during the listing: its keys may be the
-	// store's from before, and so may what is cached or known.
-	trusted := resets == before
-	if !trusted {
-		e.forgetBlocksLocked()
-	}
-	for _, kv := range keys {
-		p, ok := blockPrefixOfKey(kv.Key)
-		switch {
-		case !ok || !trusted:
-		case e.blocks[p].b != nil && e.blocks[p].rev == kv.ModRevision:
-			c := e.blocks[p]
-			all[p] = listedBlock{cachedBlock: c, affinity: c.b.Affinity, key: kv.Key}
-			continue
-		case e.known[kv.Key].rev == kv.ModRevision && e.known[kv.Key].affinity != aff:
-			// Another host's: only its affinity counts here. A block of
-			// the listing host's is decoded whole (cached, or read).
-			all[p] = listedBlock{cachedBlock: cachedBlock{rev: kv.ModRevision}, affinity: e.known[kv.Key].affinity, key: kv.Key}
-			continue
-		}
-		unread = append(unread, kv.Key)
-	}
-	e.mu.Unlock()
-	var kvs []datastore.KV
-	if len(unread) > datastore.MaxGetMany || !trusted {
-		if kvs, err = e.store.List(ctx, blocksPrefix); err != nil {
-			return nil, fmt.Errorf("listing IPAM blocks: %w", err)
-		}
-		clear(all)
-	} else if kvs, err = e.store.GetMany(ctx, unread); err != nil {
-		return nil, fmt.Errorf("reading IPAM blocks: %w", err)
-	}
-	// A block deleted between the two reads is missing from both: free
-	// to claim, which the claim's guard settles either way.
-	maps.Copy(all, e.decodeListed(kvs, aff))
-	e.rememberBlocks(all, resets)
-	return all, nil
-}
-
-// listAllBlocks reads every block record, for a borrow: it looks for free
-// addresses in other hosts' blocks, which listBlocks does not read.
-func (e *Engine) listAllBlocks(ctx context.Context, aff string) (map[netip.Prefix]listedBlock, error) {
-	before := e.syncResets()
-	kvs, err := e.store.List(ctx, blocksPrefix)
-	if err != nil {
-		return nil, fmt.Errorf("listing IPAM blocks: %w", err)
-	}
-	all := e.decodeListed(kvs, aff)
-	e.rememberBlocks(all, before)
-	return all, nil
-}
-
-// rememberBlocks keeps the revision and affinity of every listed block
-// for the next listBlocks; resets is the store's RevisionResets before the
-// listing's reads. A listing during which the revision went back is not
-// kept: its records may come from the store before. A listing holds every
-// block, so what it replaces includes the blocks deleted since; with
-// several hosts listing at once the last one wins, and a block it has at
-// an older revision is read again next time.
-func (e *Engine) rememberBlocks(all map[netip.Prefix]listedBlock, resets int64) {
-	known := make(map[string]knownBlock, len(all))
-	for _, c := range all {
-		if c.key != "" && c.rev != 0 {
-			known[c.key] = knownBlock{rev: c.rev, affinity: c.affinity}
-		}
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.store.RevisionResets() != resets || e.cacheResets != resets {
-		return
-	}
-	e.known = known
-}
-
-// syncResets drops every cached block and what listings knew once the
-// store's revision went back (etcd wiped and restored, see
-// datastore.Store.RevisionResets): a restored store reuses revisions for
-// other contents, and a write guarded by a cached revision could then
-// overwrite a block it never read. It returns the count it synced to.
-func (e *Engine) syncResets() int64 {
+// syncResets drops every cached block once the store's revision went
+// back (etcd wiped and restored, see datastore.Store.RevisionResets): a
+// restored store reuses revisions for other contents, and a write guarded
+// by a cached revision could then overwrite a block it never read.
+func (e *Engine) syncResets() {
 	resets := e.store.RevisionResets()
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -840,16 +738,13 @@ func (e *Engine) syncResets() int64 {
 		e.forgetBlocksLocked()
 		e.cacheResets = resets
 	}
-	return resets
 }
 
-// forgetBlocksLocked drops every cached block and what listings knew.
-// e.mu held.
+// forgetBlocksLocked drops every cached block. e.mu held.
 func (e *Engine) forgetBlocksLocked() {
 	for p := range e.blocks {
 		e.dropBlockLocked(p)
 	}
-	e.known = nil
 }
 
 // AssignIP assigns one specific address. It must lie in a pool (enabled)

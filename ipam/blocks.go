@@ -31,16 +31,6 @@ const (
 func poolKey(p netip.Prefix) string  { return PoolsPrefix + escapeCIDR(p) }
 func blockKey(p netip.Prefix) string { return blocksPrefix + escapeCIDR(p) }
 func handleKey(id string) string     { return handlesPrefix + id }
-
-// blockPrefixOfKey is the block a key names; false for any other key.
-func blockPrefixOfKey(key string) (netip.Prefix, bool) {
-	s, ok := strings.CutPrefix(key, blocksPrefix)
-	if !ok {
-		return netip.Prefix{}, false
-	}
-	p, ok := unescapeCIDR(s)
-	return p, ok && blockKey(p) == key
-}
 func hostAffinityPrefix(host string) string {
 	return affinityPrefix + host + "/"
 }

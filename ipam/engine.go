@@ -147,11 +147,8 @@ type Engine struct {
 	// config is the IPAM configuration as a claim last read it (nil: read
 	// it); see claimConfig.
 	config *cachedConfig
-	// known are the blocks (by key) as the last listing read them
-	// (listBlocks).
-	known map[string]knownBlock
-	// cacheResets is the store's RevisionResets that blocks and known
-	// were read under (syncResets).
+	// cacheResets is the store's RevisionResets that blocks were read
+	// under (syncResets).
 	cacheResets int64
 
 	// lostClaims counts block claims lost to another host (tests, logs).

@@ -80,47 +80,14 @@ func (f *Faults) Txn(ctx context.Context) clientv3.Txn {
 
 type faultTxn struct {
 	clientv3.Txn
-	f      *Faults
-	writes bool // a compare or an op other than a read
+	f *Faults
 }
 
-func (t *faultTxn) If(cs ...clientv3.Cmp) clientv3.Txn {
-	t.writes = t.writes || len(cs) > 0
-	t.Txn = t.Txn.If(cs...)
-	return t
-}
+func (t *faultTxn) If(cs ...clientv3.Cmp) clientv3.Txn   { t.Txn = t.Txn.If(cs...); return t }
+func (t *faultTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
+func (t *faultTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
 
-func (t *faultTxn) Then(ops ...clientv3.Op) clientv3.Txn {
-	t.note(ops)
-	t.Txn = t.Txn.Then(ops...)
-	return t
-}
-
-func (t *faultTxn) Else(ops ...clientv3.Op) clientv3.Txn {
-	t.note(ops)
-	t.Txn = t.Txn.Else(ops...)
-	return t
-}
-
-func (t *faultTxn) note(ops []clientv3.Op) {
-	for _, op := range ops {
-		t.writes = t.writes || !op.IsGet()
-	}
-}
-
-// Commit fails a transaction of reads only (Store.GetMany) as Get fails
-// while reads are down; the armed fault, a commit's answer lost, hits the
-// next transaction that writes or compares.
 func (t *faultTxn) Commit() (*clientv3.TxnResponse, error) {
-	if !t.writes {
-		t.f.mu.Lock()
-		err := t.f.readErr
-		t.f.mu.Unlock()
-		if err != nil {
-			return nil, err
-		}
-		return t.Txn.Commit()
-	}
 	resp, err := t.Txn.Commit()
 	if err != nil || !t.f.armed.CompareAndSwap(true, false) {
 		return resp, err
