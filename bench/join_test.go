@@ -213,9 +213,9 @@ func (jn *joinNet) add(t *testing.T, i int, name string) joinedEndpoint {
 // host filled up) and as many on ref (a host holding 10 endpoints), in
 // turns, each removed (Leave, DeleteEndpoint, ReleaseAddress) before the
 // next: the Join at each size, measured over the same minute, each host
-// first in half of the turns. Measured one
-// after the other, a host's busy spell (a disk flush, another process)
-// lands on one size only, and moved the ratio by half either way.
+// first in half of the turns. Measured one after the other, a host's busy
+// spell (a disk flush, another process) lands on one size only, and moved
+// the ratio by half either way.
 func interleavedProbes(t *testing.T, full, ref *joinNet) JoinProbes {
 	t.Helper()
 	var p JoinProbes

@@ -280,12 +280,11 @@ func (r Results) markdownJoinRatio(p func(format string, a ...any), lead string,
 			len(probes.AtFull), len(probes.At10), ms(Median(probes.AtFull)), ms(Median(probes.At10)), probes.ratio(), verdict(probes.ratio(), target))
 		lead = "The same pass by its own endpoints: "
 	}
-	line := fmt.Sprintf("endpoint %d vs endpoint 10 (medians of 10): %.2fx", n, lastToTenth(joins))
+	endpoint := "endpoint"
 	if lead == "" {
-		line = "E" + line[1:]
-	} else {
-		line = lead + line
+		endpoint = "Endpoint" // the sentence starts here
 	}
+	line := fmt.Sprintf("%s%s %d vs endpoint 10 (medians of 10): %.2fx", lead, endpoint, n, lastToTenth(joins))
 	if !probes.ok() {
 		line += ": " + verdict(lastToTenth(joins), target)
 	}

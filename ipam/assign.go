@@ -571,7 +571,6 @@ func (e *Engine) borrow(ctx context.Context, req assignReq, pools []poolEntry, a
 // The block record is the source of truth for ownership; the affinity
 // records are what routing watches. It returns all blocks.
 func (e *Engine) reloadHost(ctx context.Context, host string) (map[netip.Prefix]listedBlock, error) {
-	e.syncResets()
 	affs, kvs, err := e.listHostAndBlocks(ctx, host)
 	if err != nil {
 		return nil, err

@@ -177,7 +177,7 @@ func decodeBlock(key string, value []byte) (*block, error) {
 	}
 	b.prefix = p
 	for i, a := range b.Attributes {
-		b.Attributes[i].encoded = appendAttributeJSON(nil, a)
+		b.Attributes[i] = newAttribute(a.HandleID, a.Secondary)
 	}
 	return &b, nil
 }

@@ -45,15 +45,7 @@ func Start(t testing.TB) *Member {
 	t.Helper()
 	var err error
 	for range startAttempts {
-		cfg := datastore.Config{
-			Embedded:          true,
-			DataDir:           t.TempDir(),
-			EmbeddedClientURL: fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)),
-			EmbeddedPeerURL:   fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)),
-			RequestTimeout:    10 * time.Second,
-			// Shutdown races in etcd log at error level; tests need none of it.
-			EmbeddedLogLevel: "fatal",
-		}
+		cfg := memberConfig(t, fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)))
 		var s *datastore.Store
 		if s, err = open(cfg); err == nil {
 			t.Cleanup(func() { _ = s.Close() })
@@ -65,6 +57,20 @@ func Start(t testing.TB) *Member {
 	}
 	t.Fatalf("starting embedded etcd: %v", err)
 	return nil
+}
+
+// memberConfig is the config of an embedded member serving clients at
+// clientURL, with a fresh data directory and peer port.
+func memberConfig(t testing.TB, clientURL string) datastore.Config {
+	return datastore.Config{
+		Embedded:          true,
+		DataDir:           t.TempDir(),
+		EmbeddedClientURL: clientURL,
+		EmbeddedPeerURL:   fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)),
+		RequestTimeout:    10 * time.Second,
+		// Shutdown races in etcd log at error level; tests need none of it.
+		EmbeddedLogLevel: "fatal",
+	}
 }
 
 func open(cfg datastore.Config) (*datastore.Store, error) {

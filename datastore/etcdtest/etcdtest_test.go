@@ -3,7 +3,6 @@ package etcdtest
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"syscall"
 	"testing"
@@ -21,14 +20,7 @@ func TestPortInUseIsEADDRINUSE(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	cfg := datastore.Config{
-		Embedded:          true,
-		DataDir:           t.TempDir(),
-		EmbeddedClientURL: "http://" + l.Addr().String(),
-		EmbeddedPeerURL:   fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)),
-		RequestTimeout:    10 * time.Second,
-		EmbeddedLogLevel:  "fatal",
-	}
+	cfg := memberConfig(t, "http://"+l.Addr().String())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := datastore.Open(ctx, cfg, nil)
