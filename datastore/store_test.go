@@ -151,7 +151,7 @@ func TestWatchSeesChanges(t *testing.T) {
 
 func TestUnreachableDatastoreFailsFastWithTypedError(t *testing.T) {
 	cfg := datastore.Config{
-		Endpoints:      []string{"http://127.0.0.1:" + strconv.Itoa(etcdtest.FreePort(t))},
+		Endpoints:      []string{"http://127.0.0.1:" + strconv.Itoa(etcdtest.DeadPort(t))},
 		RequestTimeout: 500 * time.Millisecond,
 		DialTimeout:    200 * time.Millisecond,
 	}

@@ -681,7 +681,7 @@ func TestJoinLeave(t *testing.T) {
 // A datastore that does not answer gives the user a message naming etcd.
 func TestDatastoreUnreachable(t *testing.T) {
 	cfg := datastore.Config{
-		Endpoints:      []string{fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))},
+		Endpoints:      []string{fmt.Sprintf("http://127.0.0.1:%d", etcdtest.DeadPort(t))},
 		RequestTimeout: 300 * time.Millisecond,
 		DialTimeout:    300 * time.Millisecond,
 	}

@@ -46,7 +46,8 @@ func (e *Engine) settleAmbiguous(ctx context.Context, req assignReq, p netip.Pre
 		log.WithField("readBack", rerr.Error()).Warn("etcd did not answer an assignment and cannot be read back: answering failure; the assignment, if it landed, is released when etcd answers again")
 		return netip.Addr{}, 0, err
 	}
-	if h, taken := b.handleAt(ord); !exists || !taken || h != req.handle {
+	// A claim that did not land leaves no block at all: b is nil then.
+	if !exists || !b.heldBy(ord, req.handle) {
 		log.Info("etcd did not answer an assignment, and it did not land: answering failure")
 		return netip.Addr{}, 0, err
 	}

@@ -126,3 +126,64 @@ func TestAmbiguousTimeoutUnreadableReleasedLater(t *testing.T) {
 		t.Fatalf("ReleaseAbandoned touched another assignment: warmup holds %v", held)
 	}
 }
+
+// A timeout whose transaction never reached etcd: the engine reads back,
+// finds nothing of the request (for a block claim: no block at all) and
+// answers failure, leaving nothing behind; the next request works. The
+// claim case panicked once (the read-back's missing block was looked into).
+func TestAmbiguousTimeoutNotCommitted(t *testing.T) {
+	cases := []struct {
+		name     string
+		warm     bool // the host already owns a block
+		specific bool // AssignIP of 10.7.0.9 instead of AutoAssign
+	}{
+		{name: "auto, warm block", warm: true},
+		{name: "auto, block claim"},
+		{name: "specific address, block claim", specific: true},
+		{name: "specific address, warm block", warm: true, specific: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			v := newEnv(t, Options{})
+			v.pool("10.7.0.0/16", 26)
+			store, fault := v.m.FaultyClient(t)
+			e := New(store, Options{Log: quietLog()})
+			if tc.warm {
+				if _, err := e.AutoAssign(v.ctx, AutoAssignArgs{Host: "h1", HandleID: "warmup"}); err != nil {
+					t.Fatalf("warm-up assignment: %v", err)
+				}
+			}
+			assign := func(handle string) error {
+				if tc.specific {
+					return e.AssignIP(v.ctx, AssignIPArgs{IP: net.ParseIP("10.7.0.9"), Host: "h1", HandleID: handle})
+				}
+				_, err := e.AutoAssign(v.ctx, AutoAssignArgs{Host: "h1", HandleID: handle})
+				return err
+			}
+			fault.TimeoutWithoutCommit(nil)
+			err := assign("h-lost")
+			if !fault.Fired() {
+				t.Fatal("the fault never fired: the test exercised nothing")
+			}
+			if err == nil {
+				t.Fatal("the transaction never reached etcd, yet the assignment reported success")
+			}
+			if held := v.heldBy("h-lost"); len(held) != 0 {
+				t.Fatalf("the assignment never committed, but handle h-lost holds %v", held)
+			}
+			if err := assign("h-next"); err != nil {
+				t.Fatalf("the assignment after the lost one: %v", err)
+			}
+			if held := v.heldBy("h-next"); len(held) != 1 {
+				t.Fatalf("handle h-next holds %v, want one address", held)
+			}
+			rep, err := v.e.Check(v.ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Problems() != 0 {
+				t.Fatalf("ipam check after the lost transaction: %+v", rep)
+			}
+		})
+	}
+}

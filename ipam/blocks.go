@@ -247,6 +247,12 @@ func (b *block) handleAt(ordinal int) (string, bool) {
 	return b.Attributes[*a].HandleID, true
 }
 
+// heldBy tells whether ordinal is assigned to handleID.
+func (b *block) heldBy(ordinal int, handleID string) bool {
+	h, taken := b.handleAt(ordinal)
+	return taken && h == handleID
+}
+
 // allocate takes ordinal for handleID. The caller checked it is free.
 func (b *block) allocate(ordinal int, handleID string, attrs map[string]string) {
 	idx := -1

@@ -152,7 +152,7 @@ func startWithEmptyList(t *testing.T, noun, header string) (*datastore.Store, st
 func TestCLIUsage(t *testing.T) {
 	// An endpoint nobody listens on: a command line that got as far as
 	// connecting would fail with exit 1, not 2.
-	env := map[string]string{"ETCD_ENDPOINTS": fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))}
+	env := map[string]string{"ETCD_ENDPOINTS": fmt.Sprintf("http://127.0.0.1:%d", etcdtest.DeadPort(t))}
 	cases := []struct {
 		name   string
 		args   []string
@@ -728,7 +728,7 @@ func TestCLIEnvEndpoints(t *testing.T) {
 // TestCLIUnreachableEtcd: every datastore command fails with exit 1 and one
 // sentence, within about --timeout, when nothing answers.
 func TestCLIUnreachableEtcd(t *testing.T) {
-	dead := fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))
+	dead := fmt.Sprintf("http://127.0.0.1:%d", etcdtest.DeadPort(t))
 	for _, args := range [][]string{
 		{"pool", "list"},
 		{"pool", "add", "10.70.0.0/16"},

@@ -245,7 +245,7 @@ func TestDiagsNothingAnswers(t *testing.T) {
 	tmp := t.TempDir()
 	writeFiles(t, tmp, map[string]string{"key.pem": "Key-Content-8\n", "cert.pem": "Cert-Content-9\n"})
 	env := map[string]string{
-		"ETCD_ENDPOINTS": fmt.Sprintf("https://127.0.0.1:%d", etcdtest.FreePort(t)),
+		"ETCD_ENDPOINTS": fmt.Sprintf("https://127.0.0.1:%d", etcdtest.DeadPort(t)),
 		"ETCD_KEY_FILE":  filepath.Join(tmp, "key.pem"),
 		"ETCD_CERT_FILE": filepath.Join(tmp, "cert.pem"),
 	}

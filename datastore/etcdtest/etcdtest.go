@@ -27,6 +27,28 @@ func FreePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// DeadPort is a loopback TCP port that refuses every connection until the
+// test ends: the port is bound, so nobody else can listen on it, but never
+// listened on. An endpoint meant to be unreachable needs it: a port
+// FreePort picked can be taken meanwhile by a member of another test
+// package, which then answers.
+func DeadPort(t testing.TB) int {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("socket for a dead port: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatalf("binding a dead port: %v", err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatalf("reading the dead port: %v", err)
+	}
+	return sa.(*syscall.SockaddrInet4).Port
+}
+
 // Member is a running embedded etcd plus the config to reach it.
 type Member struct {
 	Store  *datastore.Store

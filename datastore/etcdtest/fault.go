@@ -12,15 +12,18 @@ import (
 )
 
 // Faults is a datastore fault injector over one client's etcd KV. Armed,
-// the next transaction is applied by etcd and then reported as a timeout:
-// what a client sees when a commit's answer is lost (leader change, an
-// overloaded member). With ReadsDown, every read times out; with
-// FailReads, every read fails with a given error.
+// the next transaction is reported as a timeout, either after etcd applied
+// it (CommitThenTimeout: the commit's answer was lost) or without sending
+// it (TimeoutWithoutCommit: the request was lost): a client cannot tell the
+// two apart, as after a leader change or with an overloaded member. With
+// ReadsDown, every read times out; with FailReads, every read fails with a
+// given error.
 type Faults struct {
 	clientv3.KV
 	armed   atomic.Bool
 	mu      sync.Mutex
 	onFault func()
+	commit  bool  // guarded by mu: the armed fault lets etcd apply the transaction
 	readErr error // guarded by mu; nil: reads reach etcd
 }
 
@@ -35,9 +38,16 @@ func (m *Member) FaultyClient(t testing.TB) (*datastore.Store, *Faults) {
 
 // CommitThenTimeout arms the fault for the next transaction; then, if not
 // nil, runs just before the timeout is returned.
-func (f *Faults) CommitThenTimeout(then func()) {
+func (f *Faults) CommitThenTimeout(then func()) { f.arm(true, then) }
+
+// TimeoutWithoutCommit arms the fault for the next transaction, which etcd
+// never sees; then, if not nil, runs just before the timeout is returned.
+func (f *Faults) TimeoutWithoutCommit(then func()) { f.arm(false, then) }
+
+func (f *Faults) arm(commit bool, then func()) {
 	f.mu.Lock()
 	f.onFault = then
+	f.commit = commit
 	f.mu.Unlock()
 	f.armed.Store(true)
 }
@@ -88,13 +98,24 @@ func (t *faultTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(op
 func (t *faultTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
 
 func (t *faultTxn) Commit() (*clientv3.TxnResponse, error) {
+	t.f.mu.Lock()
+	lose := !t.f.commit
+	t.f.mu.Unlock()
+	if lose && t.f.armed.CompareAndSwap(true, false) {
+		return t.f.fire()
+	}
 	resp, err := t.Txn.Commit()
-	if err != nil || !t.f.armed.CompareAndSwap(true, false) {
+	if err != nil || lose || !t.f.armed.CompareAndSwap(true, false) {
 		return resp, err
 	}
-	t.f.mu.Lock()
-	then := t.f.onFault
-	t.f.mu.Unlock()
+	return t.f.fire()
+}
+
+// fire runs the armed fault's hook and answers the timeout.
+func (f *Faults) fire() (*clientv3.TxnResponse, error) {
+	f.mu.Lock()
+	then := f.onFault
+	f.mu.Unlock()
 	if then != nil {
 		then()
 	}
