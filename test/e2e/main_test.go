@@ -11,7 +11,13 @@ import (
 	"github.com/calico-cnm/calico-cnm/test/e2e/harness"
 )
 
-// TestMain sweeps what crashed earlier runs left behind and, after the
-// tests, removes the process-wide temp files. Keep the only TestMain of
-// package e2e here.
-func TestMain(m *testing.M) { os.Exit(harness.Main(m)) }
+// TestMain builds calico-cnm once before the tests (as root, where they
+// run; see harness.PrebuildBinary), sweeps what crashed earlier runs left
+// behind and, after the tests, removes the process-wide temp files. Keep
+// the only TestMain of package e2e here.
+func TestMain(m *testing.M) {
+	if os.Geteuid() == 0 {
+		harness.PrebuildBinary()
+	}
+	os.Exit(harness.Main(m))
+}

@@ -153,6 +153,15 @@ var (
 // busybox tarball, docker CLI config). Main removes it.
 func processDir(t testing.TB) string {
 	t.Helper()
+	dir, err := makeProcessDir()
+	if err != nil {
+		t.Fatalf("harness: %v", err)
+	}
+	return dir
+}
+
+// makeProcessDir makes the process-wide temp dir once.
+func makeProcessDir() (string, error) {
 	procDirOnce.Do(func() {
 		procDir, procDirErr = os.MkdirTemp("", NamePrefix+"-proc-")
 		if procDirErr == nil {
@@ -160,9 +169,9 @@ func processDir(t testing.TB) string {
 		}
 	})
 	if procDirErr != nil {
-		t.Fatalf("harness: temp dir: %v", procDirErr)
+		return "", fmt.Errorf("temp dir: %w", procDirErr)
 	}
-	return procDir
+	return procDir, nil
 }
 
 // Main wraps m.Run: it sweeps what crashed earlier runs left behind, runs the
@@ -201,17 +210,25 @@ func randHex(n int) string {
 // by walking up from the working directory.
 func ModuleRoot(t testing.TB) string {
 	t.Helper()
+	dir, err := moduleRoot()
+	if err != nil {
+		t.Fatalf("harness: %v", err)
+	}
+	return dir
+}
+
+func moduleRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
-		t.Fatalf("harness: getwd: %v", err)
+		return "", fmt.Errorf("getwd: %w", err)
 	}
 	for {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
+			return dir, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			t.Fatalf("harness: no go.mod above the working directory")
+			return "", errors.New("no go.mod above the working directory")
 		}
 		dir = parent
 	}
@@ -232,7 +249,7 @@ var (
 // returns the path of the binary.
 func BuildBinary(t testing.TB) string {
 	t.Helper()
-	return BuildPackage(t, "./cmd/calico-cnm")
+	return BuildPackage(t, binaryPackage)
 }
 
 // BuildPackage builds a main package given relative to the module root (e.g.
@@ -240,6 +257,35 @@ func BuildBinary(t testing.TB) string {
 // A failed build fails the test with the compiler output.
 func BuildPackage(t testing.TB, pkg string) string {
 	t.Helper()
+	path, took, err := buildOnce(pkg)
+	if err != nil {
+		t.Fatalf("harness: %v", err)
+	}
+	if took > 0 {
+		t.Logf("harness: built %s in %s", pkg, took.Round(time.Millisecond))
+	}
+	return path
+}
+
+// PrebuildBinary builds ./cmd/calico-cnm before the tests start, for a
+// TestMain. Every calico-cnm build of the tests (this one, make build, the
+// plugin's and the versioned ones) compiles with the same flags, so after
+// it they only link. Started together by the first parallel tests, each
+// compiled the whole tree again from a cold cache: four times at once, a
+// minute of both cores. A failed build is reported to the tests that need
+// the binary.
+func PrebuildBinary() {
+	if _, took, err := buildOnce(binaryPackage); err == nil {
+		fmt.Fprintf(os.Stderr, "harness: built %s in %s before the tests\n", binaryPackage, took.Round(time.Millisecond))
+	}
+}
+
+// binaryPackage is calico-cnm's main package, relative to the module root.
+const binaryPackage = "./cmd/calico-cnm"
+
+// buildOnce builds pkg the first time it is asked for; took is zero for a
+// build made before.
+func buildOnce(pkg string) (path string, took time.Duration, err error) {
 	buildsMu.Lock()
 	r := builds[pkg]
 	if r == nil {
@@ -248,30 +294,37 @@ func BuildPackage(t testing.TB, pkg string) string {
 	}
 	buildsMu.Unlock()
 	r.once.Do(func() {
-		root := ModuleRoot(t)
-		out := filepath.Join(processDir(t), "bin", filepath.Base(pkg))
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		// -trimpath as make build and scripts/build-plugin.sh: they then
-		// reuse these compiled packages from the build cache and only
-		// link (without it the managed-plugin tests compile everything
-		// again, minutes on a small machine).
-		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, pkg)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		start := time.Now()
-		b, err := cmd.CombinedOutput()
-		if err != nil {
-			r.err = fmt.Errorf("go build %s (in %s): %v\n%s", pkg, root, err, b)
-			return
-		}
-		r.path = out
-		t.Logf("harness: built %s in %s", pkg, time.Since(start).Round(time.Millisecond))
+		r.path, r.err = goBuild(pkg)
+		took = time.Since(start)
 	})
-	if r.err != nil {
-		t.Fatalf("harness: %v", r.err)
+	return r.path, took, r.err
+}
+
+// goBuild runs go build for pkg into the process dir.
+func goBuild(pkg string) (string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
 	}
-	return r.path
+	dir, err := makeProcessDir()
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "bin", filepath.Base(pkg))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	// -trimpath as make build and scripts/build-plugin.sh: they then
+	// reuse these compiled packages from the build cache and only
+	// link (without it the managed-plugin tests compile everything
+	// again, minutes on a small machine).
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, pkg)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build %s (in %s): %w\n%s", pkg, root, err, b)
+	}
+	return out, nil
 }
 
 // ---------------------------------------------------------------- commands
