@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"math/big"
 	"net"
 	"net/netip"
@@ -253,9 +252,10 @@ func (e *Engine) commitAssign(ctx context.Context, req assignReq, b *block, rev 
 	if err != nil {
 		return netip.Addr{}, 0, err
 	}
-	b.allocate(ord, req.handle, e.stamped(req.attrs))
+	b.allocate(ord, req.handle, req.attrs)
 	h := e.handleOptimistic(req.handle)
 	h.rec.add(b.prefix, 1)
+	h.rec.Assigned = e.stamp()
 	ops := make([]datastore.Op, 0, 3+len(extra)+len(guard))
 	ops = append(ops, datastore.Write(blockKey(b.prefix), b.value(), rev))
 	if op, ok := h.op(); ok {
@@ -304,13 +304,11 @@ func (e *Engine) guard(ctx context.Context, req assignReq) ([]datastore.Op, erro
 	return a.ops, nil
 }
 
-// stamped is attrs with AttrAssigned set to now: every assignment carries
-// its age, which the leak checks need.
-func (e *Engine) stamped(attrs map[string]string) map[string]string {
-	out := make(map[string]string, len(attrs)+1)
-	maps.Copy(out, attrs)
-	out[AttrAssigned] = e.now().UTC().Format(time.RFC3339Nano)
-	return out
+// stamp is the AttrAssigned value of an assignment committed now: every
+// assignment carries its age (in its handle record), which the leak checks
+// need.
+func (e *Engine) stamp() string {
+	return e.now().UTC().Format(time.RFC3339Nano)
 }
 
 // claimOrBorrow runs steps 2 and 3 of AutoAssign on a fresh view of all

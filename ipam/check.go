@@ -215,7 +215,7 @@ func (s *snapshot) allocationsByHandle() map[string][]Allocation {
 	for _, c := range s.blocks {
 		for o := range c.b.Allocations {
 			if h, ok := c.b.handleAt(o); ok {
-				out[h] = append(out[h], c.b.allocation(o))
+				out[h] = append(out[h], withStamp(c.b.allocation(o), s.handles[h].rec))
 			}
 		}
 	}
@@ -258,8 +258,8 @@ func (e *Engine) Allocations(ctx context.Context) ([]Allocation, error) {
 	var out []Allocation
 	for _, c := range s.sortedBlocks() {
 		for o := range c.b.Allocations {
-			if _, ok := c.b.handleAt(o); ok {
-				out = append(out, c.b.allocation(o))
+			if h, ok := c.b.handleAt(o); ok {
+				out = append(out, withStamp(c.b.allocation(o), s.handles[h].rec))
 			}
 		}
 	}
@@ -390,7 +390,7 @@ func (e *Engine) Fix(ctx context.Context, r Report) error {
 		e.uncacheHandle(h)
 		// Every assignment or release rewrites the handle, so guarding on
 		// its revision also guards the counts we derived from the blocks.
-		txn("rewrite handle "+h, datastore.Write(handleKey(h), datastore.MustJSON(handleRecord{Blocks: want}), st.rev))
+		txn("rewrite handle "+h, datastore.Write(handleKey(h), datastore.MustJSON(handleRecord{Blocks: want, Assigned: st.rec.Assigned}), st.rev))
 	}
 	for _, h := range r.LeakedHandles {
 		if err := e.ReleaseByHandle(ctx, h); err != nil {

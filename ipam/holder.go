@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 
@@ -45,16 +46,22 @@ func (e *Engine) AddressHolder(ctx context.Context, ip net.IP) (a Allocation, fo
 	if err != nil || !exists {
 		return Allocation{}, false, err
 	}
-	if _, taken := b.handleAt(ord); !taken {
+	h, taken := b.handleAt(ord)
+	if !taken {
 		return Allocation{}, false, nil
 	}
-	return b.allocation(ord), true, nil
+	hs, err := e.readHandle(ctx, h)
+	if err != nil {
+		return Allocation{}, false, err
+	}
+	return withStamp(b.allocation(ord), hs.rec), true, nil
 }
 
 // UpdateHolder lets decide look at the assignment holding ip and, in the
-// same transaction (guarded by the block's revision), replace its
-// attributes: decide returns the new attributes (the engine stamps them
-// with AttrAssigned), nil to leave them, or an error to refuse, which
+// same transaction (guarded by the block's and the handle's revisions),
+// replace its attributes: decide returns the new attributes (the engine
+// stamps the assignment anew, see handleRecord), nil to leave them, or an
+// error to refuse, which
 // UpdateHolder returns. found is false when the address is free (decide is
 // not called). The swarm manager uses it to take over, after a restart, an
 // assignment its previous life made.
@@ -68,25 +75,50 @@ func (e *Engine) UpdateHolder(ctx context.Context, ip net.IP, decide func(Alloca
 		if err != nil || !exists {
 			return Allocation{}, false, err
 		}
-		if _, taken := b.handleAt(ord); !taken {
+		h, taken := b.handleAt(ord)
+		if !taken {
 			return Allocation{}, false, nil
 		}
-		a := b.allocation(ord)
+		hs, err := e.readHandle(ctx, h)
+		if err != nil {
+			return Allocation{}, false, err
+		}
+		a := withStamp(b.allocation(ord), hs.rec)
 		attrs, err := decide(a)
 		if err != nil || attrs == nil {
 			return a, true, err
 		}
-		b.relabel(ord, e.stamped(attrs))
-		newRev, err := e.store.TxnRev(ctx, datastore.Update(blockKey(bp), b.value(), rev))
+		attrs = maps.Clone(attrs)
+		if hs.rev != 0 {
+			delete(attrs, AttrAssigned)
+			hs.rec.Assigned = e.stamp()
+		} else {
+			// No handle record (ipam check repairs that): the stamp
+			// goes with the block's attributes, as it did before
+			// handle records carried it.
+			attrs[AttrAssigned] = e.stamp()
+		}
+		b.relabel(ord, attrs)
+		ops := []datastore.Op{datastore.Update(blockKey(bp), b.value(), rev)}
+		if hs.rev != 0 {
+			ops = append(ops, datastore.Update(handleKey(h), datastore.MustJSON(hs.rec), hs.rev))
+		}
+		newRev, err := e.store.TxnRev(ctx, ops...)
 		if errors.Is(err, datastore.ErrConflict) {
+			e.uncacheHandle(h)
 			continue
 		}
 		if err != nil {
 			e.uncacheBlock(bp)
+			e.uncacheHandle(h)
 			return a, true, err
 		}
 		e.cacheBlock(b, newRev)
-		return b.allocation(ord), true, nil
+		if hs.rev != 0 {
+			hs.rev = newRev
+			e.cacheHandle(hs)
+		}
+		return withStamp(b.allocation(ord), hs.rec), true, nil
 	}
 	return Allocation{}, false, fmt.Errorf("updating the assignment of %s: still conflicting after %d attempts: %w", addr, maxAttempts, datastore.ErrConflict)
 }
