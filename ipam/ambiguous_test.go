@@ -45,10 +45,13 @@ func TestAmbiguousTimeoutAfterCommit(t *testing.T) {
 			v.pool("10.7.0.0/16", 26)
 			store, fault := v.m.FaultyClient(t)
 			e := New(store, Options{Log: quietLog()})
+			var warm net.IP
 			if tc.warm {
-				if _, err := e.AutoAssign(v.ctx, AutoAssignArgs{Host: "h1", HandleID: "warmup", Attrs: map[string]string{}}); err != nil {
+				n, err := e.AutoAssign(v.ctx, AutoAssignArgs{Host: "h1", HandleID: "warmup", Attrs: map[string]string{}})
+				if err != nil {
 					t.Fatalf("warm-up assignment: %v", err)
 				}
+				warm = n.IP
 			}
 			ctx, cancel := context.WithCancel(v.ctx)
 			defer cancel()
@@ -60,7 +63,7 @@ func TestAmbiguousTimeoutAfterCommit(t *testing.T) {
 			var got net.IP
 			var err error
 			if tc.specific {
-				got = net.ParseIP("10.7.0.9")
+				got = specificTarget(t, warm)
 				err = e.AssignIP(ctx, AssignIPArgs{IP: got, Host: "h1", HandleID: "h-req"})
 			} else {
 				var n net.IPNet
@@ -148,14 +151,18 @@ func TestAmbiguousTimeoutNotCommitted(t *testing.T) {
 			v.pool("10.7.0.0/16", 26)
 			store, fault := v.m.FaultyClient(t)
 			e := New(store, Options{Log: quietLog()})
+			var warm net.IP
 			if tc.warm {
-				if _, err := e.AutoAssign(v.ctx, AutoAssignArgs{Host: "h1", HandleID: "warmup"}); err != nil {
+				n, err := e.AutoAssign(v.ctx, AutoAssignArgs{Host: "h1", HandleID: "warmup"})
+				if err != nil {
 					t.Fatalf("warm-up assignment: %v", err)
 				}
+				warm = n.IP
 			}
+			target := specificTarget(t, warm)
 			assign := func(handle string) error {
 				if tc.specific {
-					return e.AssignIP(v.ctx, AssignIPArgs{IP: net.ParseIP("10.7.0.9"), Host: "h1", HandleID: handle})
+					return e.AssignIP(v.ctx, AssignIPArgs{IP: target, Host: "h1", HandleID: handle})
 				}
 				_, err := e.AutoAssign(v.ctx, AutoAssignArgs{Host: "h1", HandleID: handle})
 				return err
@@ -186,4 +193,20 @@ func TestAmbiguousTimeoutNotCommitted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// specificTarget is the address the specific cases assign: 10.7.0.9, in a
+// block nobody has claimed, or with a warm-up assignment an address of the
+// warm-up's block, so that the fault hits a write to an existing block.
+func specificTarget(t *testing.T, warm net.IP) net.IP {
+	t.Helper()
+	if warm == nil {
+		return net.ParseIP("10.7.0.9")
+	}
+	w := mustAddr(t, warm)
+	target := w.Next().Next()
+	if blockOf(target, 26) != blockOf(w, 26) {
+		t.Fatalf("%s is not in the warm-up block of %s", target, w)
+	}
+	return net.IP(target.AsSlice())
 }

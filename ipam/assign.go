@@ -637,7 +637,7 @@ func (e *Engine) reloadHost(ctx context.Context, host string) (map[netip.Prefix]
 // listing host are decoded (b); another host's block is kept as its record
 // (raw), with its affinity read from the record's head, and decoded only
 // if the host borrows from it: a cold claim lists every block of the
-// cluster, and decoding them all (a map per stamped address) was a tenth
+// cluster, and decoding them all (a map per address) was a tenth
 // of the assignments' CPU with three hosts assigning. The zero value is a
 // block known to exist and nothing more (a claim lost to another host).
 type listedBlock struct {

@@ -16,7 +16,10 @@ const (
 	// again, and only the manager releases it.
 	AttrSwarm = "swarm"
 	// AttrAssigned is when the assignment was committed (RFC 3339, UTC).
-	// The engine stamps every assignment with it: an address is only ever
+	// The engine stamps every assignment with it, in the assignment's
+	// handle record (older versions: in the block's attributes; both are
+	// read, see withStamp), and Allocations report it among the
+	// attributes. An address is only ever
 	// a leak once it is older than the window in which Docker legitimately
 	// holds an address no endpoint records yet (RequestAddress before
 	// CreateEndpoint, plus dockerd's retries).

@@ -11,8 +11,8 @@ import (
 
 // MarshalJSON writes the block exactly as encoding/json would from its
 // field tags, without reflection: every assignment writes its whole block,
-// and with a stamped attribute per address the reflective encoder was a
-// large share of an assignment's CPU. TestBlockJSONMatchesEncodingJSON
+// and with an attribute map per address the reflective encoder was a large
+// share of an assignment's CPU. TestBlockJSONMatchesEncodingJSON
 // holds the two to the same bytes.
 func (b *block) MarshalJSON() ([]byte, error) {
 	// Room for a full block of stamped assignments: no growing copies.

@@ -134,9 +134,9 @@ type attribute struct {
 	Secondary map[string]string `json:"secondary,omitempty"`
 	// encoded is the attribute as the block's record holds it, made once
 	// when the attribute is made or read. Every assignment writes its
-	// whole block, and each holder's attributes carry their own stamp:
-	// encoding every holder's map again at each write was the largest
-	// part of an assignment's CPU that the stamps added.
+	// whole block: encoding every holder's map again at each write was a
+	// large part of an assignment's CPU while each holder carried its own
+	// stamp (as assignments made before handleRecord.Assigned still do).
 	encoded []byte
 }
 
@@ -207,8 +207,8 @@ func decodeBlock(key string, value []byte) (*block, error) {
 
 // clone is a copy the caller may change. Attributes' Secondary maps are
 // shared: nothing changes one in place (allocate and relabel make a new
-// attribute), and copying them was most of an assignment's CPU once every
-// assignment carries its own stamped attributes.
+// attribute), and copying them was most of an assignment's CPU while every
+// assignment carried its own stamped attributes.
 func (b *block) clone() *block {
 	c := *b
 	c.Allocations = make([]*int, len(b.Allocations))

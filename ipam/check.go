@@ -96,7 +96,7 @@ func (r *LeakRules) verdict(h string, as []Allocation) (leaked bool, sus *Suspec
 		case tunnel && stamped:
 			// The VTEP's node record is gone: nothing uses the address.
 		case !stamped:
-			why = "its age is unknown (assigned before calico-cnm recorded assignment times)"
+			why = "its age is unknown (no assignment time recorded: assigned by an older calico-cnm, or its handle record rewritten by one)"
 		case !r.Verified(node) && node == "":
 			why = "no node is recorded as its owner"
 		case !r.Verified(node):
@@ -388,9 +388,17 @@ func (e *Engine) Fix(ctx context.Context, r Report) error {
 			continue
 		}
 		e.uncacheHandle(h)
+		// A handle record made (or kept) without an assignment time gets
+		// now: its addresses then count as young, which errs toward
+		// keeping them, where no time would let reconcile take them for
+		// assignments older than handle records.
+		assigned := st.rec.Assigned
+		if assigned == "" {
+			assigned = e.stamp()
+		}
 		// Every assignment or release rewrites the handle, so guarding on
 		// its revision also guards the counts we derived from the blocks.
-		txn("rewrite handle "+h, datastore.Write(handleKey(h), datastore.MustJSON(handleRecord{Blocks: want, Assigned: st.rec.Assigned}), st.rev))
+		txn("rewrite handle "+h, datastore.Write(handleKey(h), datastore.MustJSON(handleRecord{Blocks: want, Assigned: assigned}), st.rev))
 	}
 	for _, h := range r.LeakedHandles {
 		if err := e.ReleaseByHandle(ctx, h); err != nil {

@@ -33,6 +33,9 @@ func (e *Engine) locateAddress(ctx context.Context, ip net.IP) (addr netip.Addr,
 // AddressHolder returns the assignment holding ip, read from etcd (not the
 // cache: another host may have assigned it a moment ago); found is false
 // when the address is free. An address outside every pool is ErrNotInPool.
+// Its attributes are the block's: no AttrAssigned for an assignment that
+// keeps its time in its handle record, which is not read (CreateEndpoint
+// asks for every address; UpdateHolder and Allocations give the time).
 //
 // The swarm path needs it: the manager assigns a task's address, and the
 // node that runs the task must tell that address (which it uses without
@@ -46,15 +49,10 @@ func (e *Engine) AddressHolder(ctx context.Context, ip net.IP) (a Allocation, fo
 	if err != nil || !exists {
 		return Allocation{}, false, err
 	}
-	h, taken := b.handleAt(ord)
-	if !taken {
+	if _, taken := b.handleAt(ord); !taken {
 		return Allocation{}, false, nil
 	}
-	hs, err := e.readHandle(ctx, h)
-	if err != nil {
-		return Allocation{}, false, err
-	}
-	return withStamp(b.allocation(ord), hs.rec), true, nil
+	return b.allocation(ord), true, nil
 }
 
 // UpdateHolder lets decide look at the assignment holding ip and, in the
@@ -99,9 +97,10 @@ func (e *Engine) UpdateHolder(ctx context.Context, ip net.IP, decide func(Alloca
 			attrs[AttrAssigned] = e.stamp()
 		}
 		b.relabel(ord, attrs)
-		ops := []datastore.Op{datastore.Update(blockKey(bp), b.value(), rev)}
+		ops := []datastore.Op{datastore.Update(blockKey(bp), b.value(), rev),
+			datastore.Check(handleKey(h), 0)} // still none
 		if hs.rev != 0 {
-			ops = append(ops, datastore.Update(handleKey(h), datastore.MustJSON(hs.rec), hs.rev))
+			ops[1] = datastore.Update(handleKey(h), datastore.MustJSON(hs.rec), hs.rev)
 		}
 		newRev, err := e.store.TxnRev(ctx, ops...)
 		if errors.Is(err, datastore.ErrConflict) {

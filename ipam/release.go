@@ -101,7 +101,8 @@ func (e *Engine) ReleaseIP(ctx context.Context, ip net.IP) error {
 // says so of its holder. keep sees the assignment as the releasing
 // transaction's guard saw it, so nothing can change between the decision
 // and the write (the swarm paths use it: a node never frees the manager's
-// assignments, the manager only frees its own).
+// assignments, the manager only frees its own). It sees the block's
+// attributes only: no AttrAssigned (see AddressHolder).
 func (e *Engine) ReleaseIPUnless(ctx context.Context, ip net.IP, keep func(Allocation) bool) error {
 	addr, ok := addrFromIP(ip)
 	if !ok {

@@ -478,8 +478,9 @@ func otherEngine(ep datastore.Endpoint, docker *DockerView) bool {
 // ownsAssignment tells whether assignment a, which holds one of ep's
 // addresses, is ep's own. A record names its handles; one written before
 // handles were recorded owns only assignments that predate the engine's
-// timestamps: a stamped assignment was made by a daemon that records
-// handles, so it belongs to a newer endpoint.
+// timestamps: a stamped assignment (its time in its block or, since then,
+// in its handle record; Allocations report both) was made by a daemon that
+// records handles, so it belongs to a newer endpoint.
 func ownsAssignment(ep datastore.Endpoint, a ipam.Allocation) bool {
 	if len(ep.Handles) > 0 {
 		return slices.Contains(ep.Handles, a.HandleID)
