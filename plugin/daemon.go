@@ -3,7 +3,6 @@ package plugin
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -372,13 +371,18 @@ func syncBlackholes(ctx context.Context, engine *ipam.Engine, dp blockRouter, cf
 	events := engine.WatchHostBlocks(ctx, cfg.NodeName)
 	ticker := time.NewTicker(cfg.ResyncInterval)
 	defer ticker.Stop()
+	// A pass cut short by the daemon's stop is not a fault: the error then
+	// says only that the context ended (as the datastore's own error, not
+	// always context.Canceled), so the context is asked instead.
 	resync := func() {
 		if n, err := engine.ReleaseEmptyBlocks(ctx, cfg.NodeName); err != nil {
-			log.WithError(err).Warn("releasing empty blocks")
+			if ctx.Err() == nil {
+				log.WithError(err).Warn("releasing empty blocks")
+			}
 		} else if n > 0 {
 			log.WithField("blocks", n).Info("released empty blocks")
 		}
-		if err := ReconcileBlackholes(ctx, engine, dp, cfg.NodeName, log); err != nil && !errors.Is(err, context.Canceled) {
+		if err := ReconcileBlackholes(ctx, engine, dp, cfg.NodeName, log); err != nil && ctx.Err() == nil {
 			log.WithError(err).Warn("reconciling blackhole routes")
 		}
 	}
