@@ -48,6 +48,13 @@ type Link interface {
 	Implementation() string
 	Configure(cfg wgtypes.Config) error
 	State() (DeviceState, error)
+	// Greet starts a handshake with each of peers now, instead of at the
+	// first packet routed to it. A device made by this process holds no
+	// session: without a greeting, a peer that keeps sending on the
+	// session it had with the daemon before (a TCP stream across a
+	// restart) is not answered until its own WireGuard gives up on that
+	// session, 15 s after it last heard from us.
+	Greet(peers []wgtypes.Key) error
 	// Close removes the device.
 	Close() error
 	// Detach lets go of the device and leaves it, with its routes, for
@@ -136,6 +143,11 @@ func (k *kernelLink) State() (DeviceState, error) {
 	}
 	return st, nil
 }
+
+// Greet does nothing on a kernel device: it lives in the kernel, its
+// sessions outlive the daemon, and the kernel handshakes with a peer
+// added later at its first packet.
+func (k *kernelLink) Greet([]wgtypes.Key) error { return nil }
 
 func (k *kernelLink) Close() error {
 	_ = k.client.Close()
@@ -235,6 +247,24 @@ func (u *userspaceLink) State() (DeviceState, error) {
 		return DeviceState{}, err
 	}
 	return decodeUAPI(s)
+}
+
+// Greet sends each peer a keepalive, which, with no session, makes
+// wireguard-go send a handshake initiation first.
+func (u *userspaceLink) Greet(peers []wgtypes.Key) error {
+	var unknown []string
+	for _, k := range peers {
+		p := u.dev.LookupPeer(device.NoisePublicKey(k))
+		if p == nil {
+			unknown = append(unknown, k.String())
+			continue
+		}
+		p.SendKeepalive()
+	}
+	if len(unknown) > 0 {
+		return fmt.Errorf("greeting peers of %s: not configured: %s", Device, strings.Join(unknown, ", "))
+	}
+	return nil
 }
 
 func (u *userspaceLink) Close() error {

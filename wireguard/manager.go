@@ -497,6 +497,7 @@ func (m *Manager) syncPeers(want Desired, have DeviceState, removes bool) error 
 		haveBy[p.PublicKey] = p
 	}
 	var cfg wgtypes.Config
+	var added []wgtypes.Key
 	if removes {
 		wanted := map[wgtypes.Key]bool{}
 		for _, p := range want.Peers {
@@ -518,6 +519,9 @@ func (m *Manager) syncPeers(want Desired, have DeviceState, removes bool) error 
 				pc.AllowedIPs = append(pc.AllowedIPs, net.IPNet{IP: a.Addr().AsSlice(), Mask: net.CIDRMask(a.Bits(), a.Addr().BitLen())})
 			}
 			cfg.Peers = append(cfg.Peers, pc)
+			if _, ok := haveBy[p.PublicKey]; !ok {
+				added = append(added, p.PublicKey)
+			}
 		}
 	}
 	if len(cfg.Peers) == 0 {
@@ -525,6 +529,13 @@ func (m *Manager) syncPeers(want Desired, have DeviceState, removes bool) error 
 	}
 	m.mu.Lock()
 	err := m.link.Configure(cfg)
+	if err == nil && len(added) > 0 {
+		// A peer new to the device has no session with it; after a
+		// restart the peer may still be sending on the old one.
+		if gerr := m.link.Greet(added); gerr != nil {
+			m.log.WithError(gerr).WithField("device", Device).Info("WireGuard peers not greeted: they handshake at their first packet")
+		}
+	}
 	m.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("configuring the peers of %s: %w", Device, err)

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -121,6 +122,7 @@ type fakeLink struct {
 	port    int
 	peers   map[wgtypes.Key]PeerState
 	touched []wgtypes.Key // peers added or changed, in order
+	greeted []wgtypes.Key // peers asked for a handshake, in order
 	closed  bool
 	// detached: let go of, left in place (Release).
 	detached bool
@@ -162,6 +164,17 @@ func (l *fakeLink) State() (DeviceState, error) {
 		st.Peers = append(st.Peers, p)
 	}
 	return st, nil
+}
+func (l *fakeLink) Greet(peers []wgtypes.Key) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, k := range peers {
+		if _, ok := l.peers[k]; !ok {
+			return fmt.Errorf("greeting %s: not a peer", k)
+		}
+	}
+	l.greeted = append(l.greeted, peers...)
+	return nil
 }
 func (l *fakeLink) Close() error  { l.closed = true; return nil }
 func (l *fakeLink) Detach() error { l.detached = true; return nil }
@@ -521,5 +534,44 @@ func TestDeviceDeletedBehindTheManager(t *testing.T) {
 	}
 	if !f.logged("WireGuard device disappeared") {
 		t.Error("the log does not say the device disappeared")
+	}
+}
+
+// TestNewPeersAreGreeted: the manager asks the device for a handshake
+// with every peer it adds (all of them on a device it just made, as after
+// a restart), and not with a peer it only changes: that one keeps its
+// session.
+func TestNewPeersAreGreeted(t *testing.T) {
+	f := newManagerFixture(t)
+	p := netip.MustParsePrefix
+	kb := f.onWithPeerB(t)
+	if !slices.Equal(f.link.greeted, []wgtypes.Key{kb}) {
+		t.Fatalf("greeted %v after the first pass, want b", f.link.greeted)
+	}
+
+	f.blocks.owners[p("10.0.4.0/26")] = "b"
+	f.link.touched, f.link.greeted = nil, nil
+	f.sync(t)
+	if len(f.link.touched) != 1 || len(f.link.greeted) != 0 {
+		t.Errorf("b changed (a second block): touched %v, greeted %v; want b touched, nobody greeted", f.link.touched, f.link.greeted)
+	}
+
+	kc := mustKey(t)
+	f.blocks.owners[p("10.0.2.0/26")] = "c"
+	f.putNode(t, datastore.Node{Name: "c", WireGuardPublicKey: kc.String(), WireGuardAddr: "172.16.1.3"})
+	f.sync(t)
+	if !slices.Equal(f.link.greeted, []wgtypes.Key{kc}) {
+		t.Errorf("c joined: greeted %v, want c alone", f.link.greeted)
+	}
+
+	// A device made again has no session with anyone.
+	f.kernel.gone = true
+	f.sync(t)
+	got := slices.Clone(f.link.greeted)
+	slices.SortFunc(got, func(x, y wgtypes.Key) int { return strings.Compare(x.String(), y.String()) })
+	want := []wgtypes.Key{kb, kc}
+	slices.SortFunc(want, func(x, y wgtypes.Key) int { return strings.Compare(x.String(), y.String()) })
+	if f.opened != 2 || !slices.Equal(got, want) {
+		t.Errorf("device made again (opened %d): greeted %v, want b and c", f.opened, got)
 	}
 }
