@@ -33,11 +33,17 @@ build:
 # step would (a subset), on the same packages and test files.
 # TESTREPORT_FLAGS="-json FILE" keeps go test's -json stream (every test's
 # start and end) for a timeline of the run.
+# TEST_BUILD: the tests compile with the flags of `make build` (static,
+# -trimpath), so the packages they compile are the ones the e2e tests'
+# builds of calico-cnm (make build, the plugin, the versioned binaries)
+# reuse from the build cache: with other flags the tree was compiled twice
+# in every run, on a machine whose cores the e2e package keeps busy.
 TEST_PARALLEL ?= 5
 TEST_PACKAGES ?= 4
+TEST_BUILD := CGO_ENABLED=0
 test:
-	$(GO) vet $(PKGS)
-	$(GO) run ./test/testreport $(TESTREPORT_FLAGS) -- $(GO) test -json -count=1 -vet=off -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $(PKGS)
+	$(TEST_BUILD) $(GO) vet -trimpath $(PKGS)
+	$(TEST_BUILD) $(GO) run ./test/testreport $(TESTREPORT_FLAGS) -- $(GO) test -trimpath -json -count=1 -vet=off -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $(PKGS)
 
 # Tests that need neither root nor dockerd: every package but the e2e suite;
 # under -short the tests that need root or a netns skip, saying so.
