@@ -6,10 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 
 	"github.com/sirupsen/logrus"
 	"github.com/vishvananda/netns"
+
+	"github.com/calico-cnm/calico-cnm/internal/nsthread"
 )
 
 // inNetNS runs fn on an OS thread that is inside target, and returns fn's
@@ -17,45 +18,13 @@ import (
 //
 // Netlink does not need this (its sockets are bound to the namespace they were
 // opened in), but /proc/sys/net shows the namespace of the thread that opens
-// the file, and namespaces belong to threads, not to the process. So fn runs
-// on a fresh goroutine locked to its thread: the caller's goroutine and thread
-// never change namespace, and no other goroutine can be scheduled onto the
-// thread while it is inside target (the pattern of
-// containernetworking/plugins/pkg/ns).
-//
-// If switching back fails, the thread stays locked: when the goroutine exits
-// the Go runtime then terminates the thread instead of reusing it in the wrong
-// namespace.
+// the file (see nsthread).
 func inNetNS(target netns.NsHandle, log logrus.FieldLogger, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		// origin is this thread's namespace: the one it must return to.
-		origin, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("opening the current network namespace: %w", err)
-			return
-		}
-		defer origin.Close()
-
-		if err := netns.Set(target); err != nil {
-			// setns failed, so the thread is still where it was.
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("entering network namespace %s: %w", target, err)
-			return
-		}
-		fnErr := fn()
-		if err := netns.Set(origin); err != nil {
-			// Deliberately no UnlockOSThread: see above.
-			log.WithError(err).Error("Failed to restore the thread's network namespace; the thread will be terminated")
-			errc <- errors.Join(fnErr, fmt.Errorf("restoring network namespace %s: %w", origin, err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- fnErr
-	}()
-	return <-errc
+	err := nsthread.Do(target, fn)
+	if errors.Is(err, nsthread.ErrNotRestored) {
+		log.WithError(err).Error("Failed to restore the thread's network namespace; the thread will be terminated")
+	}
+	return err
 }
 
 // sysctl is one /proc/sys setting.

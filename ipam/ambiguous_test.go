@@ -4,6 +4,8 @@ import (
 	"context"
 	"net"
 	"testing"
+
+	"github.com/calico-cnm/calico-cnm/datastore/etcdtest"
 )
 
 // heldBy lists the addresses held by handle, read fresh from etcd.
@@ -41,18 +43,7 @@ func TestAmbiguousTimeoutAfterCommit(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			v := newEnv(t, Options{})
-			v.pool("10.7.0.0/16", 26)
-			store, fault := v.m.FaultyClient(t)
-			e := New(store, Options{Log: quietLog()})
-			var warm net.IP
-			if tc.warm {
-				n, err := e.AutoAssign(v.ctx, AutoAssignArgs{Host: "h1", HandleID: "warmup", Attrs: map[string]string{}})
-				if err != nil {
-					t.Fatalf("warm-up assignment: %v", err)
-				}
-				warm = n.IP
-			}
+			v, fault, e, warm := faultyEngine(t, tc.warm)
 			ctx, cancel := context.WithCancel(v.ctx)
 			defer cancel()
 			var then func()
@@ -147,18 +138,7 @@ func TestAmbiguousTimeoutNotCommitted(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			v := newEnv(t, Options{})
-			v.pool("10.7.0.0/16", 26)
-			store, fault := v.m.FaultyClient(t)
-			e := New(store, Options{Log: quietLog()})
-			var warm net.IP
-			if tc.warm {
-				n, err := e.AutoAssign(v.ctx, AutoAssignArgs{Host: "h1", HandleID: "warmup"})
-				if err != nil {
-					t.Fatalf("warm-up assignment: %v", err)
-				}
-				warm = n.IP
-			}
+			v, fault, e, warm := faultyEngine(t, tc.warm)
 			target := specificTarget(t, warm)
 			assign := func(handle string) error {
 				if tc.specific {
@@ -193,6 +173,25 @@ func TestAmbiguousTimeoutNotCommitted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// faultyEngine is an engine on a pool 10.7.0.0/16 whose etcd client takes
+// faults; with warm, host h1 already holds an address (warm) of a block it
+// owns, so that a fault hits a write to that block rather than a claim.
+func faultyEngine(t *testing.T, warm bool) (*env, *etcdtest.Faults, *Engine, net.IP) {
+	t.Helper()
+	v := newEnv(t, Options{})
+	v.pool("10.7.0.0/16", 26)
+	store, fault := v.m.FaultyClient(t)
+	e := New(store, Options{Log: quietLog()})
+	if !warm {
+		return v, fault, e, nil
+	}
+	n, err := e.AutoAssign(v.ctx, AutoAssignArgs{Host: "h1", HandleID: "warmup"})
+	if err != nil {
+		t.Fatalf("warm-up assignment: %v", err)
+	}
+	return v, fault, e, n.IP
 }
 
 // specificTarget is the address the specific cases assign: 10.7.0.9, in a

@@ -38,6 +38,18 @@ func (w warnings) Levels() []logrus.Level {
 }
 func (w warnings) Fire(e *logrus.Entry) error { w <- e; return nil }
 
+// blackholeService is the blackhole service's logger, which hands what it
+// logs at warning or above to seen, and its config for node.
+func blackholeService(node string) (*logrus.Logger, warnings, Config) {
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	seen := make(warnings, 16)
+	log.AddHook(seen)
+	cfg := DefaultConfig(func(string) string { return "" })
+	cfg.NodeName = node
+	return log, seen, cfg
+}
+
 // A daemon's clean stop must log no warning (TestStartAndCleanStopLogNoWarning
 // end to end): a blackhole pass that the stop cuts short, before or during
 // its datastore calls, ends quietly, while a pass that fails on a live
@@ -70,12 +82,7 @@ func TestBlackholePassCutShortByStopLogsNoWarning(t *testing.T) {
 			if tc.stopBefore {
 				cancel()
 			}
-			log := logrus.New()
-			log.SetOutput(io.Discard)
-			seen := make(warnings, 16)
-			log.AddHook(seen)
-			cfg := DefaultConfig(func(string) string { return "" })
-			cfg.NodeName = "stopping-host"
+			log, seen, cfg := blackholeService("stopping-host")
 
 			err := syncBlackholes(ctx, engine, dp, cfg, log)
 			if !errors.Is(err, context.Canceled) {
@@ -91,12 +98,7 @@ func TestBlackholePassCutShortByStopLogsNoWarning(t *testing.T) {
 	t.Run("failing on a live daemon", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		dp := &blackholeRouter{listErr: errors.New("netlink: route dump interrupted")}
-		log := logrus.New()
-		log.SetOutput(io.Discard)
-		seen := make(warnings, 16)
-		log.AddHook(seen)
-		cfg := DefaultConfig(func(string) string { return "" })
-		cfg.NodeName = "live-host"
+		log, seen, cfg := blackholeService("live-host")
 		done := make(chan error, 1)
 		go func() { done <- syncBlackholes(ctx, engine, dp, cfg, log) }()
 		defer func() {

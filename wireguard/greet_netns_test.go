@@ -1,10 +1,8 @@
 package wireguard
 
 import (
-	"fmt"
 	"net"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -14,44 +12,19 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/calico-cnm/calico-cnm/internal/netnstest"
+	"github.com/calico-cnm/calico-cnm/internal/nsthread"
 )
 
 // inNamespace runs fn on a thread inside the namespace called name, so
 // that the TUN and the UDP sockets fn makes belong to it.
 func inNamespace(t *testing.T, name string, fn func() error) {
 	t.Helper()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		origin, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer origin.Close()
-		target, err := netns.GetFromName(name)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		fnErr := fn()
-		if err := netns.Set(origin); err != nil {
-			// The thread stays locked and dies with its goroutine.
-			errc <- fmt.Errorf("returning to the test's namespace: %w", err)
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- fnErr
-	}()
-	if err := <-errc; err != nil {
+	target, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	if err := nsthread.Do(target, fn); err != nil {
 		t.Fatal(err)
 	}
 }

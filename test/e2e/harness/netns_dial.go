@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"runtime"
 	"sync"
 	"testing"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/calico-cnm/calico-cnm/internal/nsthread"
 )
 
 // DialContext connects to addr from inside the host's network namespace,
@@ -17,44 +18,27 @@ import (
 // /healthz, the embedded etcd member) is then reached without spawning a
 // process per request, which would load the machine being measured.
 func (h *Host) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
-	type dialed struct {
-		c   net.Conn
-		err error
+	target, err := netns.GetFromPath(h.NetnsPath)
+	if err != nil {
+		return nil, fmt.Errorf("harness: %s: %w", h.NetnsPath, err)
 	}
-	ch := make(chan dialed, 1)
-	go func() {
-		// A socket belongs to the namespace of the thread that creates it
-		// and stays there; the thread goes back to its own namespace
-		// before other goroutines may run on it.
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- dialed{err: fmt.Errorf("harness: this thread's network namespace: %w", err)}
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromPath(h.NetnsPath)
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- dialed{err: fmt.Errorf("harness: %s: %w", h.NetnsPath, err)}
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			ch <- dialed{err: fmt.Errorf("harness: entering %s: %w", h.NetnsPath, err)}
-			return
-		}
+	defer target.Close()
+	// A socket belongs to the namespace of the thread that creates it and
+	// stays there.
+	var c net.Conn
+	err = nsthread.Do(target, func() error {
 		var d net.Dialer
-		c, err := d.DialContext(ctx, network, addr)
-		if rerr := netns.Set(orig); rerr == nil {
-			runtime.UnlockOSThread()
-		} // else the thread stays locked and ends with this goroutine
-		ch <- dialed{c: c, err: err}
-	}()
-	r := <-ch
-	return r.c, r.err
+		var derr error
+		c, derr = d.DialContext(ctx, network, addr)
+		return derr
+	})
+	if err != nil {
+		if c != nil {
+			c.Close()
+		}
+		return nil, err
+	}
+	return c, nil
 }
 
 // Forward listens on a loopback port of the test process's namespace and
