@@ -293,7 +293,7 @@ func (d *daemon) startLoops(socketPaths []string, alive datastore.Alive, lease c
 	kick := make(chan struct{}, 1)
 	d.reconciler.Kick = kick
 	d.sup.Service("datastore format", func(ctx context.Context) error {
-		followFormat(ctx, d.syncer, kick, d.log)
+		followFormat(ctx, subscribeFormat(ctx, d.syncer), kick, d.log)
 		return ctx.Err()
 	})
 	d.sup.Service("heartbeat", func(ctx context.Context) error {

@@ -80,13 +80,18 @@ func retryUnavailable(ctx context.Context, d time.Duration, fn func(context.Cont
 	}
 }
 
+// subscribeFormat is the subscription followFormat reads: its first
+// batch is the format record as the syncer holds it when subscribing.
+func subscribeFormat(ctx context.Context, records *datastore.Syncer) *datastore.Subscription {
+	return records.Subscribe(ctx, "datastore format", datastore.FormatKey)
+}
+
 // followFormat kicks the reconciler whenever the datastore format record
 // is rewritten after the first time it was seen (a restore ends by
 // rewriting it), until ctx is done. It follows the record through the
 // syncer, which re-lists after a broken watch, so a rewrite while no watch
 // ran is seen too.
-func followFormat(ctx context.Context, records *datastore.Syncer, kick chan<- struct{}, log logrus.FieldLogger) {
-	sub := records.Subscribe(ctx, "datastore format", datastore.FormatKey)
+func followFormat(ctx context.Context, sub *datastore.Subscription, kick chan<- struct{}, log logrus.FieldLogger) {
 	// The first batch is what the record held when the daemon started
 	// (the reconciler runs at start anyway).
 	for initial := true; ; initial = false {

@@ -51,7 +51,10 @@ func TestFollowFormatKicksOnRestore(t *testing.T) {
 	kick := make(chan struct{}, 1)
 	fctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { defer close(done); followFormat(fctx, runSyncer(t, fctx, store), kick, quietLogger()) }()
+	go func() {
+		defer close(done)
+		followFormat(fctx, subscribeFormat(fctx, runSyncer(t, fctx, store)), kick, quietLogger())
+	}()
 	defer func() { stop(); <-done }()
 	// The follower reads the record once when it starts; a restore made
 	// before that read is its starting point, so restore until it kicks.
@@ -146,10 +149,23 @@ func TestFollowFormatSeesARestoreWhileItsWatchWasDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rev, err := daemon.Revision(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	kick := make(chan struct{}, 1)
 	fctx, stop := context.WithCancel(ctx)
+	// The follower starts from the old member's records: the syncer has
+	// read them and the subscription holds them before the member goes
+	// (a follower that first reads the restored records has nothing to
+	// follow: the reconciler runs at a daemon's start anyway).
+	records := runSyncer(t, fctx, daemon)
+	if err := records.WaitRevision(ctx, rev); err != nil {
+		t.Fatal(err)
+	}
+	sub := subscribeFormat(fctx, records)
 	done := make(chan struct{})
-	go func() { defer close(done); followFormat(fctx, runSyncer(t, fctx, daemon), kick, quietLogger()) }()
+	go func() { defer close(done); followFormat(fctx, sub, kick, quietLogger()) }()
 	defer func() { stop(); <-done }()
 
 	m.Wipe(t)
