@@ -3,6 +3,11 @@ GO        ?= go
 BIN       := bin/calico-cnm
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.Version=$(VERSION)
+# How calico-cnm is compiled: static, without build paths. The tests
+# compile with the same (see test), and so do the e2e harness's builds
+# (test/e2e/harness/harness.go goBuild) and scripts/build-plugin.sh.
+BUILD_ENV   := CGO_ENABLED=0
+BUILD_FLAGS := -trimpath
 PKGS      := ./...
 TEST_TIMEOUT ?= 50m
 
@@ -11,7 +16,7 @@ TEST_TIMEOUT ?= 50m
 all: build
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/calico-cnm
+	$(BUILD_ENV) $(GO) build $(BUILD_FLAGS) -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/calico-cnm
 
 # Every test: unit, netns integration and end-to-end with a real dockerd
 # (the e2e tests start their own dockerd in throw-away network namespaces).
@@ -33,17 +38,16 @@ build:
 # step would (a subset), on the same packages and test files.
 # TESTREPORT_FLAGS="-json FILE" keeps go test's -json stream (every test's
 # start and end) for a timeline of the run.
-# TEST_BUILD: the tests compile with the flags of `make build` (static,
-# -trimpath), so the packages they compile are the ones the e2e tests'
-# builds of calico-cnm (make build, the plugin, the versioned binaries)
-# reuse from the build cache: with other flags the tree was compiled twice
-# in every run, on a machine whose cores the e2e package keeps busy.
+# The tests compile with BUILD_ENV and BUILD_FLAGS, as `make build`, so
+# the packages they compile are the ones the e2e tests' builds of
+# calico-cnm (make build, the plugin, the versioned binaries) reuse from
+# the build cache: with other flags the tree was compiled twice in every
+# run, on a machine whose cores the e2e package keeps busy.
 TEST_PARALLEL ?= 5
 TEST_PACKAGES ?= 4
-TEST_BUILD := CGO_ENABLED=0
 test:
-	$(TEST_BUILD) $(GO) vet -trimpath $(PKGS)
-	$(TEST_BUILD) $(GO) run ./test/testreport $(TESTREPORT_FLAGS) -- $(GO) test -trimpath -json -count=1 -vet=off -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $(PKGS)
+	$(BUILD_ENV) $(GO) vet $(BUILD_FLAGS) $(PKGS)
+	$(BUILD_ENV) $(GO) run ./test/testreport $(TESTREPORT_FLAGS) -- $(GO) test $(BUILD_FLAGS) -json -count=1 -vet=off -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $(PKGS)
 
 # Tests that need neither root nor dockerd: every package but the e2e suite;
 # under -short the tests that need root or a netns skip, saying so.

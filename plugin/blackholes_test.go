@@ -60,9 +60,9 @@ func TestBlackholePassCutShortByStopLogsNoWarning(t *testing.T) {
 	if _, err := engine.AddPool(context.Background(), ipam.Pool{CIDR: "10.31.0.0/16"}); err != nil {
 		t.Fatal(err)
 	}
-	// The datastore's errors for an ended context are not always
-	// context.Canceled (a grpc status, for one).
-	datastoreCanceled := errors.New("rpc error: code = Canceled desc = context canceled")
+	// An error after the context ended need not wrap context.Canceled
+	// (the datastore's is a grpc status): the pass must ask the context.
+	notContextCanceled := errors.New("rpc error: code = Canceled desc = context canceled")
 
 	for _, tc := range []struct {
 		name       string
@@ -75,7 +75,7 @@ func TestBlackholePassCutShortByStopLogsNoWarning(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			dp := &blackholeRouter{listErr: datastoreCanceled}
+			dp := &blackholeRouter{listErr: notContextCanceled}
 			if tc.stopInList {
 				dp.cancel = cancel
 			}

@@ -52,8 +52,8 @@ type Link interface {
 	// first packet routed to it. A device made by this process holds no
 	// session: without a greeting, a peer that keeps sending on the
 	// session it had with the daemon before (a TCP stream across a
-	// restart) is not answered until its own WireGuard gives up on that
-	// session, 15 s after it last heard from us.
+	// restart) is not answered until its own WireGuard starts a handshake,
+	// 15 s after the first of those packets went unanswered.
 	Greet(peers []wgtypes.Key) error
 	// Close removes the device.
 	Close() error
@@ -144,9 +144,10 @@ func (k *kernelLink) State() (DeviceState, error) {
 	return st, nil
 }
 
-// Greet does nothing on a kernel device: it lives in the kernel, its
-// sessions outlive the daemon, and the kernel handshakes with a peer
-// added later at its first packet.
+// Greet does nothing on a kernel device: it lives in the kernel and its
+// sessions outlive the daemon. A kernel device deleted behind the daemon
+// and made again does lose them, and is not greeted: this machine's
+// kernel has no WireGuard to prove a greeting on.
 func (k *kernelLink) Greet([]wgtypes.Key) error { return nil }
 
 func (k *kernelLink) Close() error {

@@ -47,6 +47,10 @@ func (h *wgHost) open(t *testing.T, peer *wgHost) {
 		if err != nil {
 			return err
 		}
+		// Detach, not Close: Close deletes wireguard.cali in the namespace
+		// of the calling thread, the test's. The namespace takes the TUN
+		// with it.
+		t.Cleanup(func() { _ = l.Detach() })
 		h.link = l
 		return l.Configure(wgtypes.Config{PrivateKey: &h.key, ListenPort: &port, Peers: []wgtypes.PeerConfig{{
 			PublicKey:  peer.key.PublicKey(),
@@ -54,10 +58,6 @@ func (h *wgHost) open(t *testing.T, peer *wgHost) {
 			AllowedIPs: []net.IPNet{{IP: net.ParseIP("10.78.0.0").To4(), Mask: net.CIDRMask(26, 32)}},
 		}}})
 	})
-	// Detach, not Close: Close deletes wireguard.cali in the namespace of
-	// the calling thread, the test's. The namespace takes the TUN with it.
-	l := h.link
-	t.Cleanup(func() { _ = l.Detach() })
 }
 
 // lastHandshake is when h's device last completed a handshake with peer.

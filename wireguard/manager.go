@@ -76,6 +76,10 @@ type Manager struct {
 	haveKey   bool
 	addr      netip.Addr
 	published bool // this node's key was written to its record since the key or the setting last changed
+	// greet: the device was made by this process and its peers are not
+	// greeted yet. A daemon before may have had sessions with them, which
+	// they keep sending on (see Link.Greet).
+	greet     bool
 	foreign   string
 	clean     bool                       // off, and everything removed
 	silent    map[wgtypes.Key]time.Time  // peer -> when it was first seen sending without a handshake
@@ -245,6 +249,11 @@ func (m *Manager) Sync(ctx context.Context) error {
 		return err
 	}
 	nodes := follow.Nodes(m.d.Records)
+	// A greeting under a key the peers have not read yet (the first pass
+	// with WireGuard on, a new key) is refused, and each peer logs it as a
+	// handshake it could not verify; their traffic starts the handshake
+	// once they know the key.
+	greet := m.greet && recordedKey(nodes, m.d.NodeName) == m.key.PublicKey().String()
 	if err := m.register(ctx, nodes, port, ifAddr); err != nil {
 		return err
 	}
@@ -257,7 +266,8 @@ func (m *Manager) Sync(ctx context.Context) error {
 		return err
 	}
 	// Peers go before the routes that use them, and after them.
-	err = errors.Join(m.syncPeers(want, state, false), m.syncRoutes(want), m.syncPeers(want, state, true))
+	err = errors.Join(m.syncPeers(want, state, false, greet), m.syncRoutes(want), m.syncPeers(want, state, true, false))
+	m.greet = false
 	m.publish(cfg, mode, port)
 	// Counts handshakes and notes silent peers even when nobody asks.
 	m.mu.Lock()
@@ -311,7 +321,7 @@ func (m *Manager) prepare(port int) error {
 		if err != nil {
 			return fmt.Errorf("creating %s: %w", Device, err)
 		}
-		m.link = link
+		m.link, m.greet = link, true
 		m.log.WithFields(logrus.Fields{"device": Device, "implementation": link.Implementation(), "mtu": m.uplinkMTU - Overhead}).Info("WireGuard device ready")
 	}
 	st, err := m.link.State()
@@ -491,13 +501,15 @@ func (m *Manager) linkState() (DeviceState, error) {
 // syncPeers removes the unwanted peers (removes) or adds and fixes the
 // wanted ones (!removes); an unchanged peer is not touched, so its
 // session goes on.
-func (m *Manager) syncPeers(want Desired, have DeviceState, removes bool) error {
+// syncPeers adds and changes peers, or with removes removes them; with
+// greet, it asks the device for a handshake with each peer it adds.
+func (m *Manager) syncPeers(want Desired, have DeviceState, removes, greet bool) error {
 	haveBy := map[wgtypes.Key]PeerState{}
 	for _, p := range have.Peers {
 		haveBy[p.PublicKey] = p
 	}
 	var cfg wgtypes.Config
-	var added []wgtypes.Key
+	var toGreet []wgtypes.Key
 	if removes {
 		wanted := map[wgtypes.Key]bool{}
 		for _, p := range want.Peers {
@@ -519,8 +531,8 @@ func (m *Manager) syncPeers(want Desired, have DeviceState, removes bool) error 
 				pc.AllowedIPs = append(pc.AllowedIPs, net.IPNet{IP: a.Addr().AsSlice(), Mask: net.CIDRMask(a.Bits(), a.Addr().BitLen())})
 			}
 			cfg.Peers = append(cfg.Peers, pc)
-			if _, ok := haveBy[p.PublicKey]; !ok {
-				added = append(added, p.PublicKey)
+			if _, ok := haveBy[p.PublicKey]; !ok && greet {
+				toGreet = append(toGreet, p.PublicKey)
 			}
 		}
 	}
@@ -529,10 +541,8 @@ func (m *Manager) syncPeers(want Desired, have DeviceState, removes bool) error 
 	}
 	m.mu.Lock()
 	err := m.link.Configure(cfg)
-	if err == nil && len(added) > 0 {
-		// A peer new to the device has no session with it; after a
-		// restart the peer may still be sending on the old one.
-		if gerr := m.link.Greet(added); gerr != nil {
+	if err == nil && len(toGreet) > 0 {
+		if gerr := m.link.Greet(toGreet); gerr != nil {
 			m.log.WithError(gerr).WithField("device", Device).Info("WireGuard peers not greeted: they handshake at their first packet")
 		}
 	}
@@ -550,6 +560,16 @@ func (m *Manager) syncPeers(want Desired, have DeviceState, removes bool) error 
 		m.log.WithFields(f).Info("WireGuard peer programmed")
 	}
 	return nil
+}
+
+// recordedKey is the WireGuard public key node's record holds.
+func recordedKey(nodes []datastore.Node, node string) string {
+	for _, n := range nodes {
+		if n.Name == node {
+			return n.WireGuardPublicKey
+		}
+	}
+	return ""
 }
 
 func sortedPrefixes(ps []netip.Prefix) []netip.Prefix {

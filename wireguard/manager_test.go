@@ -198,6 +198,14 @@ func newManagerFixture(t *testing.T) *managerFixture {
 		kernel: &fakeKernel{routes: map[netip.Prefix]Route{}},
 		dir:    t.TempDir(),
 	}
+	f.startManager(t)
+	return f
+}
+
+// startManager makes f's manager, as a daemon's start (again) does: same
+// datastore, state dir and kernel.
+func (f *managerFixture) startManager(t *testing.T) {
+	t.Helper()
 	log, hook := test.NewNullLogger()
 	f.logs = hook
 	m, err := NewManager(Deps{
@@ -213,7 +221,6 @@ func newManagerFixture(t *testing.T) *managerFixture {
 		t.Fatal(err)
 	}
 	f.m = m
-	return f
 }
 
 // onWithPeerB turns WireGuard on with node b (block 10.0.1.0/26, tunnel
@@ -537,41 +544,51 @@ func TestDeviceDeletedBehindTheManager(t *testing.T) {
 	}
 }
 
-// TestNewPeersAreGreeted: the manager asks the device for a handshake
-// with every peer it adds (all of them on a device it just made, as after
-// a restart), and not with a peer it only changes: that one keeps its
-// session.
-func TestNewPeersAreGreeted(t *testing.T) {
+// TestPeersGreetedAfterARestart: a device made by this process (a
+// daemon's restart, a device deleted behind it) asks for a handshake with
+// every peer at its first pass, when the peers already know this node's
+// key; never on the first pass with WireGuard on, whose key the peers have
+// not read yet (they would log a handshake they cannot verify), nor for a
+// peer only changed or added later, which has no old session to resume.
+func TestPeersGreetedAfterARestart(t *testing.T) {
 	f := newManagerFixture(t)
 	p := netip.MustParsePrefix
+	sortKeys := func(ks []wgtypes.Key) []wgtypes.Key {
+		out := slices.Clone(ks)
+		slices.SortFunc(out, func(x, y wgtypes.Key) int { return strings.Compare(x.String(), y.String()) })
+		return out
+	}
 	kb := f.onWithPeerB(t)
-	if !slices.Equal(f.link.greeted, []wgtypes.Key{kb}) {
-		t.Fatalf("greeted %v after the first pass, want b", f.link.greeted)
+	if len(f.link.peers) != 1 || len(f.link.greeted) != 0 {
+		t.Fatalf("first pass with WireGuard on: peers %v, greeted %v; want b, nobody greeted", f.link.peers, f.link.greeted)
 	}
 
 	f.blocks.owners[p("10.0.4.0/26")] = "b"
-	f.link.touched, f.link.greeted = nil, nil
-	f.sync(t)
-	if len(f.link.touched) != 1 || len(f.link.greeted) != 0 {
-		t.Errorf("b changed (a second block): touched %v, greeted %v; want b touched, nobody greeted", f.link.touched, f.link.greeted)
-	}
-
 	kc := mustKey(t)
 	f.blocks.owners[p("10.0.2.0/26")] = "c"
 	f.putNode(t, datastore.Node{Name: "c", WireGuardPublicKey: kc.String(), WireGuardAddr: "172.16.1.3"})
+	f.link.touched = nil
 	f.sync(t)
-	if !slices.Equal(f.link.greeted, []wgtypes.Key{kc}) {
-		t.Errorf("c joined: greeted %v, want c alone", f.link.greeted)
+	if len(f.link.touched) != 2 || len(f.link.greeted) != 0 {
+		t.Errorf("b changed, c joined: touched %v, greeted %v; want both touched, nobody greeted", f.link.touched, f.link.greeted)
 	}
 
-	// A device made again has no session with anyone.
+	// The daemon restarts: a new manager, the same key, a new device.
+	f.startManager(t)
+	f.sync(t)
+	if got, want := sortKeys(f.link.greeted), sortKeys([]wgtypes.Key{kb, kc}); f.opened != 2 || !slices.Equal(got, want) {
+		t.Errorf("after a restart (device opened %d times): greeted %v, want b and c", f.opened, got)
+	}
+	f.link.greeted = nil
+	f.sync(t)
+	if len(f.link.greeted) != 0 {
+		t.Errorf("the pass after: greeted %v, want nobody", f.link.greeted)
+	}
+
+	// A device deleted behind the manager and made again.
 	f.kernel.gone = true
 	f.sync(t)
-	got := slices.Clone(f.link.greeted)
-	slices.SortFunc(got, func(x, y wgtypes.Key) int { return strings.Compare(x.String(), y.String()) })
-	want := []wgtypes.Key{kb, kc}
-	slices.SortFunc(want, func(x, y wgtypes.Key) int { return strings.Compare(x.String(), y.String()) })
-	if f.opened != 2 || !slices.Equal(got, want) {
-		t.Errorf("device made again (opened %d): greeted %v, want b and c", f.opened, got)
+	if got, want := sortKeys(f.link.greeted), sortKeys([]wgtypes.Key{kb, kc}); f.opened != 3 || !slices.Equal(got, want) {
+		t.Errorf("device made again (opened %d times): greeted %v, want b and c", f.opened, got)
 	}
 }

@@ -23,7 +23,8 @@ import (
 var ErrNotRestored = errors.New("the thread could not return to its network namespace and will be terminated")
 
 // Do runs fn on a thread inside target and returns fn's error, joined
-// with ErrNotRestored when the thread could not leave target.
+// with ErrNotRestored when the thread could not leave target. When target
+// cannot be entered, fn does not run.
 func Do(target netns.NsHandle, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {

@@ -2,6 +2,7 @@ package nsthread_test
 
 import (
 	"errors"
+	"runtime"
 	"testing"
 
 	"github.com/vishvananda/netns"
@@ -13,6 +14,9 @@ import (
 // TestDoRunsInsideAndLeavesTheCallerWhereItWas: fn runs in the target's
 // namespace, its error comes back, and the caller's thread never moved.
 func TestDoRunsInsideAndLeavesTheCallerWhereItWas(t *testing.T) {
+	// Both reads of the caller's namespace are of this one thread.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	name := netnstest.NewNamed(t, "nsthread", "running code inside another network namespace")
 	target, err := netns.GetFromName(name)
 	if err != nil {

@@ -24,7 +24,8 @@ func (h *Host) DialContext(ctx context.Context, network, addr string) (net.Conn,
 	}
 	defer target.Close()
 	// A socket belongs to the namespace of the thread that creates it and
-	// stays there.
+	// stays there: a thread that could not leave the namespace afterwards
+	// is lost, the connection is not.
 	var c net.Conn
 	err = nsthread.Do(target, func() error {
 		var d net.Dialer
@@ -32,13 +33,10 @@ func (h *Host) DialContext(ctx context.Context, network, addr string) (net.Conn,
 		c, derr = d.DialContext(ctx, network, addr)
 		return derr
 	})
-	if err != nil {
-		if c != nil {
-			c.Close()
-		}
-		return nil, err
+	if c != nil {
+		return c, nil
 	}
-	return c, nil
+	return nil, fmt.Errorf("harness: dialing %s from %s: %w", addr, h.NetnsPath, err)
 }
 
 // Forward listens on a loopback port of the test process's namespace and
