@@ -517,6 +517,19 @@ func TestWireGuardWrongKey(t *testing.T) {
 
 	out := c.mustCtl(t, "node", "rotate-key", "--state-dir", hc.StateDir)
 	t.Logf("c: %s", strings.TrimSpace(out))
+	fresh, ok := strings.CutPrefix(strings.TrimSpace(out), "new WireGuard public key: ")
+	if !ok {
+		t.Fatalf("rotate-key on c printed %q", out)
+	}
+	// The pings' time starts once a encrypts to c's new key: a's pass
+	// that reprograms the peer took 5 s on a loaded machine, and the
+	// handshake after it waits for a's next packet.
+	waitWGPeers(t, a, []string{"b", "c"}, func(p wireguard.PeerStatus) error {
+		if p.Node == "c" && p.PublicKey != fresh {
+			return fmt.Errorf("still has key %s, not c's new %s", p.PublicKey, fresh)
+		}
+		return nil
+	})
 	a.ping(t, "ca", ipC)
 	hc.ping(t, "cc", ipA)
 }
