@@ -29,14 +29,22 @@ const (
 )
 
 // togetherScript is every replica's command. It prints one line per
-// connection, "<target> ok|fail", to a file of its own under /sync/res.
-// The first connection has no retry: it is what the test is about. The
-// mesh, once everyone is up, checks the policy in steady state, so it
-// tries a failed connection once more (a denied one fails twice): on a
-// loaded machine a busybox server may take longer than the 1 s timeout.
+// connection, "<target> ok" or "<target> fail <why>", to a file of its own
+// under /sync/res. The first connection has no retry: it is what the test
+// is about. The mesh, once everyone is up, checks the policy in steady
+// state, so it tries a failed connection once more (a denied one fails
+// twice): on a loaded machine a busybox server may take longer than the
+// 1 s timeout. A name is looked up (Docker's resolver, inside the
+// container: no packet to the target) before the timed connect, with
+// retries: a slow answer from a loaded dockerd is not what is tested.
 const togetherScript = `#!/bin/sh
 me=$(hostname)
-try() { if nc -w 1 "$1" ` + "80" + ` </dev/null >/tmp/out 2>&1 && [ -s /tmp/out ]; then echo "$1 ok"; else echo "$1 fail"; fi; }
+addr() { i=0; while [ $i -lt 10 ]; do a=$(nslookup -type=a "$1" 2>/dev/null | awk '/^Address: [0-9.]+$/ {print $2; exit}'); [ -n "$a" ] && { echo "$a"; return; }; i=$((i+1)); sleep 0.2; done; }
+try() {
+  a=$(addr "$1")
+  if [ -z "$a" ]; then echo "$1 fail (no address)"; return; fi
+  if nc -w 1 "$a" ` + "80" + ` </dev/null >/tmp/out 2>&1 && [ -s /tmp/out ]; then echo "$1 ok"; else echo "$1 fail ($a: $(head -c 60 /tmp/out | tr '\n' ' '))"; fi
+}
 try ` + togetherServer + ` > /sync/res/first-$ROLE-$me
 nc -ll -p 80 -e echo "$ROLE" &
 i=0; until netstat -ltn | grep -q ':80 '; do sleep 0.01; i=$((i+1)); [ $i -gt 500 ] && break; done
