@@ -141,9 +141,33 @@ func composeStartedTogether(t *testing.T, name string, rounds ...int) {
 	for _, round := range rounds {
 		bad := runTogether(t, h, fmt.Sprintf("round%d", round))
 		if len(bad) > 0 {
-			t.Errorf("round %d: %d connection(s) not as the policy says:\n%s", round, len(bad), strings.Join(bad, "\n"))
+			t.Errorf("round %d: %d connection(s) not as the policy says:\n%s\nhow the daemon labelled the joining containers:\n%s",
+				round, len(bad), strings.Join(bad, "\n"), labelLines(h.plugin.LogPath))
 		}
 	}
+}
+
+// labelLines are the lines of a daemon's log that say where a joining
+// endpoint's labels came from other than Docker naming its container
+// (a guess, or none), for a round that failed.
+func labelLines(logPath string) string {
+	b, err := os.ReadFile(logPath)
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		for _, s := range []string{"not named by Docker", "learnt the labels", "cannot learn the container's labels"} {
+			if strings.Contains(line, s) {
+				out = append(out, line)
+				break
+			}
+		}
+	}
+	if len(out) == 0 {
+		return "(none: Docker named every joining container)"
+	}
+	return strings.Join(out, "\n")
 }
 
 // runTogether brings a project of togetherCompose up, collects every
