@@ -266,8 +266,13 @@ func (m *Manager) Sync(ctx context.Context) error {
 		return err
 	}
 	// Peers go before the routes that use them, and after them.
-	err = errors.Join(m.syncPeers(want, state, false, greet), m.syncRoutes(want), m.syncPeers(want, state, true, false))
-	m.greet = false
+	added := m.syncPeers(want, state, false, greet)
+	if added == nil {
+		// Greeted, or needing no greeting: peers added later have no
+		// session to resume. A failed add leaves it for the next pass.
+		m.greet = false
+	}
+	err = errors.Join(added, m.syncRoutes(want), m.syncPeers(want, state, true, false))
 	m.publish(cfg, mode, port)
 	// Counts handshakes and notes silent peers even when nobody asks.
 	m.mu.Lock()
@@ -500,9 +505,8 @@ func (m *Manager) linkState() (DeviceState, error) {
 
 // syncPeers removes the unwanted peers (removes) or adds and fixes the
 // wanted ones (!removes); an unchanged peer is not touched, so its
-// session goes on.
-// syncPeers adds and changes peers, or with removes removes them; with
-// greet, it asks the device for a handshake with each peer it adds.
+// session goes on. With greet, it asks the device for a handshake with
+// each peer it adds.
 func (m *Manager) syncPeers(want Desired, have DeviceState, removes, greet bool) error {
 	haveBy := map[wgtypes.Key]PeerState{}
 	for _, p := range have.Peers {

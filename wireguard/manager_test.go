@@ -123,7 +123,9 @@ type fakeLink struct {
 	peers   map[wgtypes.Key]PeerState
 	touched []wgtypes.Key // peers added or changed, in order
 	greeted []wgtypes.Key // peers asked for a handshake, in order
-	closed  bool
+	// peersErr: the next configuration of peers fails (once).
+	peersErr error
+	closed   bool
 	// detached: let go of, left in place (Release).
 	detached bool
 }
@@ -137,6 +139,10 @@ func (l *fakeLink) Configure(c wgtypes.Config) error {
 	}
 	if c.ListenPort != nil {
 		l.port = *c.ListenPort
+	}
+	if err := l.peersErr; err != nil && len(c.Peers) > 0 {
+		l.peersErr = nil
+		return err
 	}
 	for _, p := range c.Peers {
 		if p.Remove {
@@ -590,5 +596,23 @@ func TestPeersGreetedAfterARestart(t *testing.T) {
 	f.sync(t)
 	if got, want := sortKeys(f.link.greeted), sortKeys([]wgtypes.Key{kb, kc}); f.opened != 3 || !slices.Equal(got, want) {
 		t.Errorf("device made again (opened %d times): greeted %v, want b and c", f.opened, got)
+	}
+
+	// A restart whose first adding of the peers fails greets them at the
+	// pass that adds them.
+	f.startManager(t)
+	prevOpen := f.opened
+	openLink := f.m.d.OpenLink
+	f.m.d.OpenLink = func(mtu int, log logrus.FieldLogger, inv InvalidHandshake) (Link, error) {
+		l, err := openLink(mtu, log, inv)
+		f.link.peersErr = errors.New("device busy")
+		return l, err
+	}
+	if err := f.m.Sync(context.Background()); err == nil || f.opened != prevOpen+1 || len(f.link.greeted) != 0 {
+		t.Fatalf("a failing peer configuration: %v, opened %d, greeted %v; want the error, a new device, nobody greeted", err, f.opened-prevOpen, f.link.greeted)
+	}
+	f.sync(t)
+	if got, want := sortKeys(f.link.greeted), sortKeys([]wgtypes.Key{kb, kc}); !slices.Equal(got, want) {
+		t.Errorf("the pass after a failed add: greeted %v, want b and c", got)
 	}
 }
